@@ -1,0 +1,231 @@
+"""Synthetic `qwen3moe` GGUF models that llama.cpp loads: seeded random weights, streamed to disk.
+
+Quantised tensors are written as random quant bytes with a sane fp16 scale per block, tensor by
+tensor (a 1.5 GB file takes well under a minute). The optional Engram (n-gram) table goes in a
+separate GGUF (`<model>.engram.gguf`) since llama.cpp rejects unknown tensors.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import gguf
+from gguf import GGMLQuantizationType as QT
+
+ARCH = "qwen3moe"
+ENGRAM_ARCH = "engram"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Shape and weight types of a synthetic model."""
+
+    n_layers: int
+    hidden: int
+    n_heads: int
+    n_kv: int
+    head_dim: int
+    n_experts: int
+    top_k: int
+    expert_ff: int
+    vocab: int
+    context: int = 4096
+    rope_base: float = 1_000_000.0
+    eps: float = 1e-6
+    dense_type: str = "F16"  # attention projections
+    embd_type: str = "Q8_0"  # token_embd and output
+    # expert types per layer (cycled): "Q8_0", "Q4_0", "F16", or "gate_up/down" e.g. "Q4_0/Q8_0"
+    expert_types: tuple[str, ...] = ("Q8_0",)
+    # Engram: layers that add rows, n-gram orders, heads per order, rows, row type
+    engram_layers: tuple[int, ...] = (1,)
+    engram_orders: tuple[int, ...] = (2, 3, 4)
+    engram_heads: int = 8
+    engram_rows: int = 65536
+    engram_type: str = "Q8_0"
+    extra: dict = field(default_factory=dict)
+
+
+PRESETS: dict[str, Preset] = {
+    # ~27 MB; every expert kernel type appears (Q8_0, Q4_0, F16, mixed)
+    "tiny": Preset(n_layers=4, hidden=256, n_heads=6, n_kv=2, head_dim=64, n_experts=32, top_k=4,
+                   expert_ff=192, vocab=512, expert_types=("Q8_0", "Q4_0", "F16", "Q4_0/Q8_0"),
+                   engram_rows=16384),
+    # ~1.4 GB, memory-bound decode: experts Q8_0 dominate the bytes read per token
+    "small": Preset(n_layers=8, hidden=2048, n_heads=8, n_kv=4, head_dim=64, n_experts=32,
+                    top_k=8, expert_ff=768, vocab=8192, expert_types=("Q8_0",), engram_rows=1 << 20),
+}
+PRESETS["small-q4"] = replace(PRESETS["small"], expert_types=("Q4_0",))
+PRESETS["tiny-q8"] = replace(PRESETS["tiny"], expert_types=("Q8_0",))
+
+
+def _byte_table() -> list[str]:
+    """GPT-2 byte-to-unicode mapping (256 printable stand-ins, one per byte)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    table = dict(zip(bs, cs))
+    return [chr(table[b]) for b in range(256)]
+
+
+def _add_tokenizer(w: gguf.GGUFWriter, vocab: int) -> None:
+    """A gpt2 BPE tokenizer: 256 byte tokens, a few merges, fillers, bos/eos (llama.cpp loads it)."""
+    toks = _byte_table()
+    merges = [("Ġ", "t"), ("h", "e"), ("i", "n"), ("Ġt", "he"), ("e", "r")]
+    for a, b in merges:
+        toks.append(a + b)
+    n_special = 2
+    toks += [f"<|filler_{i}|>" for i in range(vocab - len(toks) - n_special)]
+    toks += ["<|bos|>", "<|eos|>"]
+    if len(toks) != vocab:
+        raise ValueError(f"vocab {vocab} too small for the tokenizer")
+    types = [1] * (vocab - n_special) + [3, 3]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(toks)
+    w.add_token_types(types)
+    w.add_token_merges([f"{a} {b}" for a, b in merges])
+    w.add_bos_token_id(vocab - 2)
+    w.add_eos_token_id(vocab - 1)
+    w.add_pad_token_id(vocab - 1)
+    w.add_add_bos_token(False)
+
+
+def _rand_tensor(rng: np.random.Generator, shape: tuple[int, ...], qt: QT, std: float) -> np.ndarray:
+    """Random weights of numpy shape `shape` in type `qt` (quant bytes with per-block fp16 scales)."""
+    if qt == QT.F32:
+        return (rng.standard_normal(shape, dtype=np.float32) * std).astype(np.float32)
+    if qt == QT.F16:
+        return (rng.standard_normal(shape, dtype=np.float32) * std).astype(np.float16)
+    block, size = gguf.GGML_QUANT_SIZES[qt]
+    n = int(np.prod(shape))
+    nb = n // block
+    raw = rng.integers(0, 256, size=(nb, size), dtype=np.uint8)
+    if qt == QT.Q8_0:
+        q_std = 73.6  # std of uniform int8
+    elif qt == QT.Q4_0:
+        q_std = 4.6  # std of uniform nibble - 8
+    else:
+        raise ValueError(f"make_model cannot write {qt.name}")
+    d = (std / q_std) * rng.uniform(0.5, 1.5, size=nb).astype(np.float32)
+    raw[:, :2] = d.astype(np.float16).view(np.uint8).reshape(nb, 2)
+    return raw.reshape(gguf.quant_shape_to_byte_shape(shape, qt))
+
+
+def _expert_types(p: Preset, layer: int) -> tuple[QT, QT]:
+    """(gate/up type, down type) of `layer`."""
+    s = p.expert_types[layer % len(p.expert_types)]
+    gu, _, dn = s.partition("/")
+    return QT[gu], QT[dn or gu]
+
+
+def _layer_specs(p: Preset, i: int) -> list[tuple[str, tuple[int, ...], QT, float]]:
+    """(name, numpy shape, type, std) of the tensors of block `i`."""
+    H, F, E, hd = p.hidden, p.expert_ff, p.n_experts, p.head_dim
+    dt = QT[p.dense_type]
+    gu, dn = _expert_types(p, i)
+    b = f"blk.{i}."
+    return [
+        (b + "attn_norm.weight", (H,), QT.F32, -1.0),
+        (b + "attn_q.weight", (p.n_heads * hd, H), dt, H ** -0.5),
+        (b + "attn_k.weight", (p.n_kv * hd, H), dt, H ** -0.5),
+        (b + "attn_v.weight", (p.n_kv * hd, H), dt, H ** -0.5),
+        (b + "attn_output.weight", (H, p.n_heads * hd), dt, (p.n_heads * hd) ** -0.5),
+        (b + "attn_q_norm.weight", (hd,), QT.F32, -1.0),
+        (b + "attn_k_norm.weight", (hd,), QT.F32, -1.0),
+        (b + "ffn_norm.weight", (H,), QT.F32, -1.0),
+        (b + "ffn_gate_inp.weight", (E, H), QT.F32, 4 * H ** -0.5),
+        (b + "ffn_gate_exps.weight", (E, F, H), gu, H ** -0.5),
+        (b + "ffn_up_exps.weight", (E, F, H), gu, H ** -0.5),
+        (b + "ffn_down_exps.weight", (E, H, F), dn, F ** -0.5),
+    ]
+
+
+def _write(path: Path, arch: str, kv, specs, seed: int) -> None:
+    """Stream tensors `specs` [(name, shape, type, std)] to `path` atomically (std < 0: norm weights)."""
+    tmp = path.with_name(path.name + ".tmp")
+    w = gguf.GGUFWriter(tmp, arch)
+    kv(w)
+    for name, shape, qt, _ in specs:
+        nbytes = gguf.quant_shape_to_byte_shape(shape, qt)[-1] * int(np.prod(shape[:-1]))
+        if qt in (QT.F32, QT.F16):
+            nbytes = int(np.prod(shape)) * (4 if qt == QT.F32 else 2)
+        w.add_tensor_info(name, shape, np.dtype(np.float32), nbytes, raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for k, (name, shape, qt, std) in enumerate(specs):
+        rng = np.random.default_rng([seed, k])
+        if std < 0:  # norm weights around 1
+            arr = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            arr = _rand_tensor(rng, shape, qt, std)
+        w.write_tensor_data(arr)
+    w.close()
+    os.replace(tmp, path)
+
+
+def make_model(preset: str, out: str | Path, seed: int = 0, engram: bool = False) -> Path:
+    """Write preset `preset` as a qwen3moe GGUF at `out` (plus `<out>.engram.gguf` if engram); returns the path."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r} ({', '.join(PRESETS)})")
+    p = PRESETS[preset]
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def kv(w: gguf.GGUFWriter) -> None:
+        w.add_name(f"moe-offload synthetic {preset}")
+        w.add_context_length(p.context)
+        w.add_embedding_length(p.hidden)
+        w.add_block_count(p.n_layers)
+        w.add_feed_forward_length(p.expert_ff)
+        w.add_expert_feed_forward_length(p.expert_ff)
+        w.add_expert_count(p.n_experts)
+        w.add_expert_used_count(p.top_k)
+        w.add_head_count(p.n_heads)
+        w.add_head_count_kv(p.n_kv)
+        w.add_key_length(p.head_dim)
+        w.add_value_length(p.head_dim)
+        w.add_layer_norm_rms_eps(p.eps)
+        w.add_rope_dimension_count(p.head_dim)
+        w.add_rope_freq_base(p.rope_base)
+        w.add_file_type(1)
+        _add_tokenizer(w, p.vocab)
+
+    et = QT[p.embd_type]
+    specs = [("token_embd.weight", (p.vocab, p.hidden), et, 1.0)]
+    for i in range(p.n_layers):
+        specs += _layer_specs(p, i)
+    specs += [("output_norm.weight", (p.hidden,), QT.F32, -1.0),
+              ("output.weight", (p.vocab, p.hidden), et, p.hidden ** -0.5)]
+    _write(out, ARCH, kv, specs, seed)
+    if engram:
+        make_engram(p, engram_path(out), seed)
+    return out
+
+
+def engram_path(model: str | Path) -> Path:
+    """Where the Engram table of `model` lives: `<model>.engram.gguf`."""
+    model = Path(model)
+    return model.with_name(model.name + ".engram.gguf")
+
+
+def make_engram(p: Preset, out: Path, seed: int = 0) -> Path:
+    """Write an Engram table for preset `p`: rows of `hidden` values hashed from n-grams."""
+
+    def kv(w: gguf.GGUFWriter) -> None:
+        w.add_uint32("engram.embedding_length", p.hidden)
+        w.add_uint64("engram.rows", p.engram_rows)
+        w.add_array("engram.layers", list(p.engram_layers))
+        w.add_array("engram.orders", list(p.engram_orders))
+        w.add_uint32("engram.heads", p.engram_heads)
+
+    _write(out, ENGRAM_ARCH, kv, [("per_layer_token_embd.weight", (p.engram_rows, p.hidden),
+                                   QT[p.engram_type], 0.5)], seed + 7919)
+    return out

@@ -1,0 +1,88 @@
+"""`moe-offload`: argument parsing and dispatch only. Bad input -> one line on stderr, exit 2.
+
+Each command imports its package lazily, so `plan` never loads torch or numba.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from specs.errors import SpecError
+
+
+def _cmd_plan(a) -> int:
+    from planner.predict import predict
+    from planner.search import base_plan
+    from planner.summary import plan_summary
+    from specs.loaders import load_hardware, load_model
+
+    hw, model = load_hardware(a.hw), load_model(a.model)
+    plan = base_plan(model, hw, context=a.context, engine=a.engine)
+    summary = plan_summary(model, hw, plan, predict(model, hw, plan, prompt_tokens=a.prompt_tokens))
+    if a.out:
+        from specs.loaders import dump_plan, write_atomic
+        write_atomic(a.out, dump_plan(plan))
+    if a.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        from reports.tables import render_plan_report
+        render_plan_report(summary)
+        if a.out:
+            print(f"plan written to {a.out}")
+    return 0
+
+
+def _cmd_schema(a) -> int:
+    from specs.hardware import HardwareSpec
+    from specs.model import ModelSpec
+    from specs.plan import Plan
+
+    cls = {"plan": Plan, "hardware": HardwareSpec, "model": ModelSpec}[a.what]
+    print(json.dumps(cls.model_json_schema(), indent=2))
+    return 0
+
+
+def _cmd_list(a) -> int:
+    from specs.loaders import builtin_hardware, builtin_models
+
+    print("hardware profiles: " + ", ".join(builtin_hardware()))
+    print("model presets:     " + ", ".join(builtin_models()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="moe-offload", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("plan", help="choose a placement and print the ceiling report")
+    p.add_argument("--hw", required=True, help="hardware profile: YAML path or built-in name")
+    p.add_argument("--model", default="deepseek-v4.1-flash", help="preset name, config.json or .gguf")
+    p.add_argument("--objective", choices=["decode", "ttft"], default="decode")
+    p.add_argument("--context", type=int, default=None, help="KV context to reserve (tokens)")
+    p.add_argument("--prompt-tokens", type=int, default=512, help="prompt length for TTFT (tokens)")
+    p.add_argument("--engine", choices=["llamacpp", "tiered-cache", "strata", "custom"], default=None)
+    p.add_argument("--out", help="write the chosen plan JSON here")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_plan)
+
+    p = sub.add_parser("schema", help="print the JSON Schema of a file format")
+    p.add_argument("what", choices=["plan", "hardware", "model"])
+    p.set_defaults(func=_cmd_schema)
+
+    p = sub.add_parser("list", help="list built-in hardware profiles and model presets")
+    p.set_defaults(func=_cmd_list)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `moe-offload` command; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SpecError as e:
+        print(f"moe-offload: {e.line()}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("moe-offload: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,60 @@
+"""Human tables (rich) for the ceiling report and simulation results."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+GB, GIB = 1e9, 2**30
+
+
+def _gib(x: float) -> str:
+    return f"{x / GIB:,.2f} GiB"
+
+
+def render_plan_report(s: dict, console: Console | None = None) -> None:
+    """Print the ceiling report of `plan_summary` as tables."""
+    c = console or Console()
+    m = s["model"]
+    c.print(f"[bold]{m['name']}[/] on [bold]{s['hardware']}[/]: {m['routed_experts']:,} routed experts, "
+            f"{m['routed_params'] / 1e9:,.1f}B routed weights, {m['expert_format']} "
+            f"({m['expert_bits']:.2f} bits) = {_gib(m['routed_bytes'])}; one expert {m['expert_bytes'] / 1e6:.2f} MB")
+
+    t = Table(title="Bytes read per token")
+    t.add_column("component"); t.add_column("bytes/token", justify="right"); t.add_column("note")
+    t.add_row("routed experts", f"{m['routed_bytes_per_token'] / GB:.3f} GB", "MoE layers x top-k x expert bytes")
+    t.add_row("dense path", f"{m['dense_bytes_per_token'] / GB:.3f} GB",
+              f"{m['dense_ms_per_token']:.1f} ms at VRAM bandwidth (upper estimate)")
+    if m["engram_rows_per_token"]:
+        t.add_row("Engram (pages)", f"{m['engram_bytes_per_token'] / 1e3:.1f} KB",
+                  f"{m['engram_rows_per_token']} rows, {m['engram_used_bytes_per_token']:,.0f} B used, "
+                  f"{m['engram_page_crossing'] * 100:.1f}% cross a page")
+    c.print(t)
+
+    for key, title in (("ceilings", f"Expert ceilings on {s['hardware']}"),
+                       ("standard_ceilings", "Expert ceilings on the standard buses")):
+        t = Table(title=title)
+        t.add_column("tier"); t.add_column("GB/s", justify="right"); t.add_column("tok/s", justify="right")
+        t.add_column("source")
+        for row in s[key]:
+            t.add_row(row["tier"], f"{row['bandwidth_gbs']:.1f}", f"{row['tok_s']:.1f}", row["source"])
+        c.print(t)
+
+    mem = s["memory"]
+    t = Table(title="Memory map")
+    t.add_column("tier"); t.add_column("holds"); t.add_column("bytes", justify="right")
+    for tier in ("vram", "ram", "nvme"):
+        for k, v in mem[tier].items():
+            if v:
+                t.add_row(tier.upper(), k, _gib(v))
+    c.print(t)
+    if mem["vram_capacity"]:
+        c.print(f"VRAM {_gib(mem['vram_capacity'] - mem['vram_free'])} of {_gib(mem['vram_capacity'])} used; "
+                f"expert cache {mem['cache_slots']:,} slots ({_gib(mem['cache_bytes'])}); "
+                f"KV fits {mem['kv_tokens_fit']:,} tokens")
+    p = s["predicted"]
+    c.print(f"[bold]Predicted[/] ({p['method']}): decode {p['decode_tok_s']:.2f} tok/s, "
+            f"TTFT {p['ttft_s']:.2f} s, bound by {p['bottleneck']}")
+    e = s["engram"]
+    if e["reads_per_s"]:
+        c.print(f"Engram at that speed: {e['reads_per_s']:,.0f} row reads/s, {e['bytes_per_s'] / 1e6:.2f} MB/s "
+                f"({e['share_of_nvme'] * 100:.2f}% of the NVMe's sequential rate)")

@@ -1,0 +1,299 @@
+"""Placement policies shared by the simulator and the executor: miss auction, expert caches, prefill.
+
+Pure numpy; the executor imports this module unchanged. Cache slots form one pool over all layers
+(decayed-count, static) or an even per-layer split (LRU, as in per-layer LRU-N published results).
+`end_step()` reports residency changes as (layer, expert_in, expert_out); -1 marks "none" (a fill
+into a free slot has expert_out = -1, an eviction without a fill in that layer has expert_in = -1).
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import numpy as np
+
+Change = tuple[int, int, int]  # (layer, expert_in, expert_out); -1 = none
+
+
+# ----------------------------------------------------------------------------- miss auction
+
+def auction_cost_ms(k: int, n_hit: int, n_miss: int, t_hit_ms: float, t_zc_ms: float,
+                    c_a_ms: float, c_b_ms: float) -> float:
+    """Layer time t(k) in ms when k of n_miss misses go to the CPU and the rest are zero-copy."""
+    gpu = t_hit_ms * (n_hit + n_miss - k) + t_zc_ms * (n_miss - k)
+    cpu = (c_a_ms + c_b_ms * k) if k > 0 else 0.0
+    return max(gpu, cpu)
+
+
+def auction_split(n_hit: int, n_miss: int, t_hit_ms: float, t_zc_ms: float, c_a_ms: float,
+                  c_b_ms: float) -> tuple[int, float]:
+    """(k_cpu, t_ms): misses handed to the CPU minimising t(k) (ties: fewest CPU experts)."""
+    best_k, best_t = 0, math.inf
+    for k in range(n_miss + 1):
+        t = auction_cost_ms(k, n_hit, n_miss, t_hit_ms, t_zc_ms, c_a_ms, c_b_ms)
+        if t < best_t - 1e-12:
+            best_k, best_t = k, t
+    return best_k, best_t
+
+
+# ----------------------------------------------------------------------------- expert caches
+
+class ExpertCacheBase:
+    """Residency of (layer, expert) pairs in a VRAM cache of `slots` experts."""
+
+    def __init__(self, slots: int, n_layers: int, n_experts: int):
+        self.slots = int(min(slots, n_layers * n_experts))
+        self.n_layers, self.n_experts = n_layers, n_experts
+        self.res = np.zeros((n_layers, n_experts), dtype=bool)
+        self._changes: list[Change] = []
+        self.step = 0
+
+    def contains(self, layer: int, expert: int) -> bool:
+        """True when (layer, expert) is resident in VRAM."""
+        return bool(self.res[layer, expert])
+
+    def resident(self, layer: int) -> np.ndarray:
+        """Residency mask [n_experts] of one layer (a copy)."""
+        return self.res[layer].copy()
+
+    @property
+    def n_resident(self) -> int:
+        """Experts resident now."""
+        return int(self.res.sum())
+
+    def observe(self, layer: int, experts) -> None:
+        """Record that `experts` (ids, repeats count) were routed to in `layer` this step."""
+
+    def end_step(self) -> list[Change]:
+        """Close a decode step; return the residency changes it made."""
+        self.step += 1
+        out, self._changes = self._changes, []
+        return out
+
+    def release(self) -> None:
+        """Drop every resident (VRAM needed by prefill); the policy decides when to refill."""
+        self.res[:] = False
+        self._changes = []
+
+
+class NoCache(ExpertCacheBase):
+    """No VRAM cache: nothing is ever resident."""
+
+    def __init__(self, n_layers: int, n_experts: int):
+        super().__init__(0, n_layers, n_experts)
+
+
+class DecayedCountCache(ExpertCacheBase):
+    """Count routes, decay scores each step; fill free slots with the hottest; every `swap_every`
+    steps swap up to `swap_max` coldest residents for hotter non-residents (dsv41-flash-offload)."""
+
+    def __init__(self, slots, n_layers, n_experts, decay=0.95, swap_every=16, swap_max=48,
+                 rewarm_steps=4):
+        super().__init__(slots, n_layers, n_experts)
+        self.decay, self.swap_every, self.swap_max = decay, swap_every, swap_max
+        self.rewarm_steps = rewarm_steps
+        self.score = np.zeros((n_layers, n_experts))
+        self.hold = 0  # steps left before free slots may be refilled (after a release)
+
+    def observe(self, layer, experts):
+        np.add.at(self.score[layer], np.asarray(experts, dtype=np.int64), 1.0)
+
+    def _fill_free(self) -> None:
+        free = self.slots - int(self.res.sum())
+        if free <= 0:
+            return
+        flat = np.where(self.res.ravel(), -1.0, self.score.ravel())
+        cand = np.flatnonzero(flat > 0)
+        if cand.size > free:
+            cand = cand[np.argpartition(-flat[cand], free - 1)[:free]]
+        for idx in cand:
+            layer, e = divmod(int(idx), self.n_experts)
+            self.res[layer, e] = True
+            self._changes.append((layer, e, -1))
+
+    def _swap(self) -> None:
+        n_res = int(self.res.sum())
+        m = min(self.swap_max, n_res, self.res.size - n_res)
+        if m <= 0:
+            return
+        flat = self.score.ravel()
+        resmask = self.res.ravel()
+        res_idx = np.flatnonzero(resmask)
+        non_idx = np.flatnonzero(~resmask)
+        cold = res_idx[np.argsort(flat[res_idx], kind="stable")[:m]]
+        hot_part = non_idx[np.argpartition(-flat[non_idx], m - 1)[:m]]
+        hot = hot_part[np.argsort(-flat[hot_part], kind="stable")]
+        for c, h in zip(cold, hot):
+            if flat[h] <= flat[c]:
+                break
+            lc, ec = divmod(int(c), self.n_experts)
+            lh, eh = divmod(int(h), self.n_experts)
+            self.res[lc, ec], self.res[lh, eh] = False, True
+            if lc == lh:
+                self._changes.append((lh, eh, ec))
+            else:
+                self._changes.append((lc, -1, ec))
+                self._changes.append((lh, eh, -1))
+
+    def end_step(self):
+        if self.hold > 0:
+            self.hold -= 1
+        else:
+            self._fill_free()
+            if (self.step + 1) % self.swap_every == 0:
+                self._swap()
+        self.score *= self.decay
+        return super().end_step()
+
+    def release(self):
+        super().release()
+        self.hold = self.rewarm_steps
+
+
+class LRUCache(ExpertCacheBase):
+    """Per-layer least-recently-used cache; slots split evenly over layers; misses enter at once."""
+
+    def __init__(self, slots, n_layers, n_experts, rewarm_steps=0):
+        super().__init__(slots, n_layers, n_experts)
+        q, r = divmod(self.slots, n_layers)
+        self.quota = np.array([q + (1 if i < r else 0) for i in range(n_layers)])
+        self.last = np.full((n_layers, n_experts), -1, dtype=np.int64)
+        self.rewarm_steps, self.hold = rewarm_steps, 0
+
+    def observe(self, layer, experts):
+        ex = np.unique(np.asarray(experts, dtype=np.int64))
+        self.last[layer, ex] = self.step
+        if self.hold > 0 or self.quota[layer] == 0:
+            return
+        row = self.res[layer]
+        for e in ex[~row[ex]]:
+            if row.sum() >= self.quota[layer]:
+                cand = np.flatnonzero(row)
+                victim = int(cand[np.argmin(self.last[layer, cand])])
+                row[victim] = False
+                row[e] = True
+                self._changes.append((layer, int(e), victim))
+            else:
+                row[e] = True
+                self._changes.append((layer, int(e), -1))
+
+    def end_step(self):
+        if self.hold > 0:
+            self.hold -= 1
+        return super().end_step()
+
+    def release(self):
+        super().release()
+        self.hold = self.rewarm_steps
+
+
+class StaticCache(ExpertCacheBase):
+    """A fixed hot list (Strata's shipped profile); without one, first come stays until full."""
+
+    def __init__(self, slots, n_layers, n_experts, hot=None):
+        super().__init__(slots, n_layers, n_experts)
+        self.hot = None
+        if hot is not None:
+            self.hot = hot_mask(hot, self.slots, n_layers, n_experts)
+            self.res[:] = self.hot
+            self._changes = [(int(l), int(e), -1) for l, e in zip(*np.nonzero(self.hot))]
+        self.rewarm = False
+
+    def observe(self, layer, experts):
+        if self.hot is not None or self.rewarm:
+            return
+        for e in np.unique(np.asarray(experts, dtype=np.int64)):
+            if self.res.sum() >= self.slots:
+                return
+            if not self.res[layer, e]:
+                self.res[layer, e] = True
+                self._changes.append((layer, int(e), -1))
+
+    def end_step(self):
+        if self.rewarm and self.hot is not None:
+            self.res[:] = self.hot
+            self._changes = [(int(l), int(e), -1) for l, e in zip(*np.nonzero(self.hot))]
+        self.rewarm = False
+        return super().end_step()
+
+    def release(self):
+        super().release()
+        self.rewarm = True
+
+
+def hot_mask(hot, slots: int, n_layers: int, n_experts: int) -> np.ndarray:
+    """Bool [L, E] of the `slots` hottest: `hot` is scores [L, E], a bool mask, or (layer, expert) pairs."""
+    arr = np.asarray(hot)
+    if arr.shape == (n_layers, n_experts) and arr.dtype != bool:
+        flat = arr.ravel().astype(float)
+        top = np.argsort(-flat, kind="stable")[:slots]
+        mask = np.zeros(flat.size, dtype=bool)
+        mask[top] = True
+        return mask.reshape(n_layers, n_experts)
+    if arr.shape == (n_layers, n_experts):
+        mask = arr.copy()
+    else:
+        mask = np.zeros((n_layers, n_experts), dtype=bool)
+        for layer, e in arr.reshape(-1, 2)[:slots]:
+            mask[int(layer), int(e)] = True
+    if mask.sum() > slots:
+        keep = np.flatnonzero(mask.ravel())[:slots]
+        mask = np.zeros(mask.size, dtype=bool)
+        mask[keep] = True
+        mask = mask.reshape(n_layers, n_experts)
+    return mask
+
+
+def make_cache(cfg, n_layers: int, n_experts: int, seed: int = 0, hot=None) -> ExpertCacheBase:
+    """The cache a `specs.plan.ExpertCache` describes (`hot`: the static policy's profile)."""
+    del seed  # the policies are deterministic; kept for a stable signature
+    if cfg.policy == "none" or cfg.slots == 0:
+        return NoCache(n_layers, n_experts)
+    if cfg.policy == "decayed-count":
+        return DecayedCountCache(cfg.slots, n_layers, n_experts, cfg.decay, cfg.swap_every,
+                                 cfg.swap_max, cfg.rewarm_steps)
+    if cfg.policy == "lru":
+        return LRUCache(cfg.slots, n_layers, n_experts, cfg.rewarm_steps)
+    if cfg.policy == "static":
+        return StaticCache(cfg.slots, n_layers, n_experts, hot)
+    raise ValueError(f"unknown cache policy {cfg.policy!r}")
+
+
+# ----------------------------------------------------------------------------- prefill strategies
+
+def expected_touched(tokens: float, n_experts: int, top_k: int, locality: float = 1.0) -> float:
+    """Distinct experts of a layer that `tokens` tokens touch: E(1-(1-K/E)^T), times `locality`
+    (0.87 was measured for real routing against this uniform form)."""
+    return locality * n_experts * (1.0 - (1.0 - top_k / n_experts) ** tokens)
+
+
+def chunks(prompt_tokens: int, chunk_tokens: int) -> list[int]:
+    """Sizes of the prefill chunks (`-b` or stream-all chunk) of a prompt."""
+    n_full, rest = divmod(int(prompt_tokens), int(chunk_tokens))
+    return [chunk_tokens] * n_full + ([rest] if rest else [])
+
+
+def ubatches(chunk: int, ubatch_tokens: int) -> list[int]:
+    """Micro-batch sizes (`-ub`) of one chunk."""
+    return chunks(chunk, min(ubatch_tokens, chunk))
+
+
+def op_offload(batch_tokens: int, min_batch: int = 32) -> bool:
+    """llama.cpp op offload: a RAM-resident op runs on the GPU (weights copied) for big batches."""
+    return batch_tokens >= min_batch
+
+
+def mtp_tokens(tokens_per_step: float, acceptance: float) -> int:
+    """Tokens verified per MTP step: 1 + the fewest drafts d with sum(a^i, i<=d) >= tokens_per_step."""
+    if tokens_per_step <= 1 or acceptance <= 0:
+        return 1
+    total, d = 1.0, 0
+    while total + 0.01 < tokens_per_step and d < 16:  # published figures are rounded
+        d += 1
+        total += acceptance ** d
+    return d + 1
+
+
+def union_experts(routes: Iterable[np.ndarray]) -> np.ndarray:
+    """Distinct expert ids a multi-token step reads in one layer."""
+    return np.unique(np.concatenate([np.asarray(r, dtype=np.int64).ravel() for r in routes]))

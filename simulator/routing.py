@@ -1,0 +1,177 @@
+"""Routing models: which experts each token picks in each MoE layer.
+
+`sample(n_tokens, rng)` returns int32 [n_tokens, n_layers, k]: k distinct experts per token and
+layer. Popularity-weighted picks without replacement use Gumbel top-k (exact Plackett-Luce).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import brentq
+
+
+def zipf_popularity(n_experts: int, exponent: float) -> np.ndarray:
+    """Route share by rank, p_r proportional to r^-exponent (sums to 1)."""
+    w = np.arange(1, n_experts + 1, dtype=float) ** -float(exponent)
+    return w / w.sum()
+
+
+def inclusion(p: np.ndarray, k: int) -> np.ndarray:
+    """P(expert is among a token's k picks) for popularity p, conditional-Poisson approximation
+    pi_i = 1 - exp(-lam p_i) with sum(pi) = k (sums to k; equals k*p for flat p)."""
+    if k >= len(p):
+        return np.ones_like(p)
+    lam = brentq(lambda x: np.sum(1 - np.exp(-x * p)) - k, 1e-9, 1e9)
+    return 1 - np.exp(-lam * p)
+
+
+def top_share(p: np.ndarray, k: int, frac_experts: float) -> float:
+    """Share of reads served by the most popular `frac_experts` of the experts."""
+    pi = np.sort(inclusion(p, k))[::-1]
+    n = max(1, int(round(frac_experts * len(p))))
+    return float(pi[:n].sum() / pi.sum())
+
+
+def fit_exponent(n_experts: int, k: int, frac_experts: float = 0.046, frac_reads: float = 0.41) -> float:
+    """Zipf exponent whose top `frac_experts` serve `frac_reads` of the reads (e.g. 4.6% -> 41%)."""
+    flat = frac_experts
+    if frac_reads <= flat + 1e-9:
+        return 0.0
+    return brentq(lambda s: top_share(zipf_popularity(n_experts, s), k, frac_experts) - frac_reads,
+                  0.0, 5.0, xtol=1e-6)
+
+
+def _gumbel_topk(logp: np.ndarray, n_tokens: int, k: int, rng) -> np.ndarray:
+    """[n_tokens, L, k] picks without replacement, proportional to exp(logp [L, E])."""
+    L, E = logp.shape
+    out = np.empty((n_tokens, L, k), dtype=np.int32)
+    block = max(1, 2_000_000 // (L * E))
+    for t0 in range(0, n_tokens, block):
+        t1 = min(n_tokens, t0 + block)
+        g = logp[None] + rng.gumbel(size=(t1 - t0, L, E))
+        out[t0:t1] = np.argpartition(-g, k - 1, axis=2)[:, :, :k]
+    return out
+
+
+class Routing:
+    """Base: `popularity` [L, E] (route shares per layer) and `sample`."""
+
+    n_layers: int
+    n_experts: int
+    k: int
+
+    @property
+    def popularity(self) -> np.ndarray:
+        return np.full((self.n_layers, self.n_experts), 1.0 / self.n_experts)
+
+    def sample(self, n_tokens: int, rng: np.random.Generator) -> np.ndarray:
+        raise NotImplementedError
+
+
+class Uniform(Routing):
+    """Every expert equally likely; k distinct per token and layer."""
+
+    def __init__(self, n_layers: int, n_experts: int, k: int):
+        self.n_layers, self.n_experts, self.k = n_layers, n_experts, k
+
+    def sample(self, n_tokens, rng):
+        return _gumbel_topk(np.zeros((self.n_layers, self.n_experts)), n_tokens, self.k, rng)
+
+
+class Skewed(Routing):
+    """Zipf popularity per layer (exponent per layer or one for all), ranks shuffled per layer;
+    `locality` = chance a pick repeats one of the previous token's experts in that layer."""
+
+    def __init__(self, n_layers: int, n_experts: int, k: int, exponent=1.0, locality: float = 0.0,
+                 seed: int = 0):
+        self.n_layers, self.n_experts, self.k = n_layers, n_experts, k
+        self.exponent = np.broadcast_to(np.asarray(exponent, dtype=float), (n_layers,)).copy()
+        self.locality = float(locality)
+        perm_rng = np.random.default_rng(seed + 7919)
+        pop = np.empty((n_layers, n_experts))
+        for layer in range(n_layers):
+            pop[layer, perm_rng.permutation(n_experts)] = zipf_popularity(n_experts, self.exponent[layer])
+        self._pop = pop
+
+    @classmethod
+    def fitted(cls, n_layers, n_experts, k, frac_experts=0.046, frac_reads=0.41, locality=0.0, seed=0):
+        """A skewed model whose top `frac_experts` of experts serve `frac_reads` of reads."""
+        return cls(n_layers, n_experts, k, fit_exponent(n_experts, k, frac_experts, frac_reads),
+                   locality, seed)
+
+    @property
+    def popularity(self):
+        return self._pop
+
+    def sample(self, n_tokens, rng):
+        fresh = _gumbel_topk(np.log(self._pop), n_tokens, self.k, rng)
+        if self.locality <= 0 or n_tokens < 2:
+            return fresh
+        out = fresh
+        reuse = rng.random((n_tokens, self.n_layers)) < self.locality
+        for t in range(1, n_tokens):
+            rows = np.flatnonzero(reuse[t])
+            if rows.size:  # repeat the previous token's set in those layers (then draw the rest)
+                out[t, rows] = out[t - 1, rows]
+        return out
+
+
+class Replay(Routing):
+    """Replays a recorded trace: a list of [L, k] arrays or an array [T, L, k]; wraps around."""
+
+    def __init__(self, routes, n_experts: int):
+        arr = np.asarray([np.asarray(r) for r in routes], dtype=np.int32)
+        if arr.ndim != 3:
+            raise ValueError("a routing trace is [tokens, layers, k] expert ids")
+        self.trace, self.n_experts = arr, n_experts
+        self.n_layers, self.k = arr.shape[1], arr.shape[2]
+        self._pos = 0
+
+    @classmethod
+    def from_jsonl(cls, path: str | Path, n_experts: int) -> "Replay":
+        """Read the executor's trace: one JSON object per token with 'experts' (or 'routes'),
+        a list over MoE layers of routed expert ids."""
+        routes = []
+        for line in Path(path).read_text().splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                experts = rec.get("experts", rec.get("routes"))
+                if experts is not None:
+                    routes.append(experts)
+        return cls(routes, n_experts)
+
+    @property
+    def popularity(self):
+        counts = np.zeros((self.n_layers, self.n_experts))
+        for layer in range(self.n_layers):
+            np.add.at(counts[layer], self.trace[:, layer].ravel(), 1.0)
+        return counts / counts.sum(axis=1, keepdims=True)
+
+    def sample(self, n_tokens, rng):
+        idx = (self._pos + np.arange(n_tokens)) % len(self.trace)
+        self._pos = int((self._pos + n_tokens) % len(self.trace))
+        return self.trace[idx]
+
+
+def make_routing(kind: str, n_layers: int, n_experts: int, k: int, seed: int = 0, **kw) -> Routing:
+    """'uniform', 'skewed' (exponent=, locality=) or 'fitted' (frac_experts=, frac_reads=, locality=)."""
+    if kind == "uniform":
+        return Uniform(n_layers, n_experts, k)
+    if kind == "skewed":
+        return Skewed(n_layers, n_experts, k, kw.get("exponent", 1.0), kw.get("locality", 0.0), seed)
+    if kind == "fitted":
+        return Skewed.fitted(n_layers, n_experts, k, kw.get("frac_experts", 0.046),
+                             kw.get("frac_reads", 0.41), kw.get("locality", 0.0), seed)
+    raise ValueError(f"unknown routing model {kind!r} (uniform, skewed, fitted)")
+
+
+def distinct_per_layer(tokens: float, n_experts: int, k: int) -> float:
+    """Expected distinct experts per layer for `tokens` uniform tokens: E(1-(1-k/E)^T)."""
+    return n_experts * (1 - (1 - k / n_experts) ** tokens) if tokens > 0 else 0.0
+
+
+__all__ = ["Uniform", "Skewed", "Replay", "make_routing", "fit_exponent", "zipf_popularity",
+           "inclusion", "top_share", "distinct_per_layer", "math"]

@@ -1,0 +1,67 @@
+"""Weight formats: bits per weight and block geometry, GGUF types taken from the `gguf` tables."""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import gguf
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """A storage format: `block_weights` weights stored in `block_bytes` bytes.
+
+    GGUF types come from `gguf.GGML_QUANT_SIZES`; codebook formats with no fixed block (EXL3) and
+    per-file averages (a GSQ-RCO mix) are given by bits per weight with block_weights == 0.
+    """
+
+    name: str
+    block_weights: int  # 0: no fixed block, bytes = weights * bits / 8
+    block_bytes: int
+    bits: float  # bits per weight, including block scales
+    gguf_type: int | None = None
+    codebook: bool = False  # arithmetic-heavy decode (trellis/codebook/i-quant lattice)
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Bits per weight including scales."""
+        return self.bits
+
+    def bytes_for(self, n_weights: int) -> float:
+        """Bytes needed to store `n_weights` weights (whole blocks for block formats)."""
+        if self.block_weights:
+            return math.ceil(n_weights / self.block_weights) * self.block_bytes
+        return n_weights * self.bits / 8.0
+
+
+def gguf_format(name: str) -> WeightFormat:
+    """The GGUF type `name` (e.g. 'Q4_0', 'IQ4_NL'), geometry from the gguf package."""
+    try:
+        qt = gguf.GGMLQuantizationType[name.upper()]
+    except KeyError:
+        raise ValueError(f"unknown GGUF type {name!r}") from None
+    return gguf_format_from_type(int(qt))
+
+
+def gguf_format_from_type(type_id: int) -> WeightFormat:
+    """The GGUF type with numeric id `type_id`."""
+    qt = gguf.GGMLQuantizationType(type_id)
+    block, size = gguf.GGML_QUANT_SIZES[qt]
+    return WeightFormat(name=qt.name, block_weights=block, block_bytes=size, bits=size * 8 / block,
+                        gguf_type=int(qt), codebook=qt.name.startswith("IQ"))
+
+
+_BPW = re.compile(r"^(?P<kind>EXL3|BPW|MIX)[:@-]?(?P<bits>\d+(\.\d+)?)$", re.IGNORECASE)
+
+
+def parse_format(name: str) -> WeightFormat:
+    """'Q8_0' / 'IQ3_S' (GGUF), 'EXL3:3.02' (codebook at 3.02 bpw), 'BPW:4.25' or 'MIX:3.5' (average)."""
+    m = _BPW.match(name.strip())
+    if m:
+        kind, bits = m["kind"].upper(), float(m["bits"])
+        if not 0 < bits <= 32:
+            raise ValueError(f"bits per weight {bits} out of range (0, 32]")
+        return WeightFormat(name=f"{kind}:{m['bits']}", block_weights=0, block_bytes=0, bits=bits,
+                            codebook=kind == "EXL3")
+    return gguf_format(name)

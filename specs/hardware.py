@@ -1,0 +1,116 @@
+"""HardwareSpec (YAML): GPU, PCIe, system memory, CPU, NVMe. Every figure carries its source."""
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from .figure import Figure
+from .formats import WeightFormat
+
+
+def _positive(f: Figure) -> Figure:
+    if not f > 0:
+        raise ValueError(f"must be > 0 (got {float(f)})")
+    return f
+
+
+def _non_negative(f: Figure) -> Figure:
+    if f < 0:
+        raise ValueError(f"must be >= 0 (got {float(f)})")
+    return f
+
+
+def _fraction(f: Figure) -> Figure:
+    if not 0 < f <= 1:
+        raise ValueError(f"must be in (0, 1] (got {float(f)})")
+    return f
+
+
+Pos = Annotated[Figure, AfterValidator(_positive)]
+NonNeg = Annotated[Figure, AfterValidator(_non_negative)]
+Frac = Annotated[Figure, AfterValidator(_fraction)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GPU(_Strict):
+    name: str
+    vram_bytes: Pos
+    bw_gbs: Pos  # VRAM bandwidth, GB/s (1e9 bytes/s)
+    fp16_tflops: Pos  # dense fp16/bf16 tensor throughput
+    reserved_bytes: NonNeg  # CUDA context, graphs, activations, DMA staging: not for weights
+
+
+class PCIe(_Strict):
+    gen: int = Field(ge=1, le=7)
+    lanes: int = Field(ge=1, le=32)
+    h2d_gbs: Pos  # host-to-device copies from pinned memory
+    zero_copy_gbs: Pos  # the GPU reading mapped host memory directly
+
+
+class Memory(_Strict):
+    channels: int = Field(ge=1, le=24)
+    mts: Pos  # DIMM transfer rate, MT/s
+    capacity_bytes: Pos
+    efficiency: Frac  # achievable fraction of peak for streaming reads
+    os_reserve_bytes: NonNeg  # kept by the OS and other programs
+
+    @property
+    def peak_gbs(self) -> float:
+        """Peak bandwidth in GB/s: channels x MT/s x 8 bytes."""
+        return self.channels * self.mts * 8 / 1000.0
+
+    @property
+    def usable_gbs(self) -> float:
+        """Streaming read bandwidth in GB/s: peak x efficiency."""
+        return self.peak_gbs * self.efficiency
+
+
+class CPU(_Strict):
+    model: str
+    cores: int = Field(ge=1)
+    threads_used: int = Field(ge=1)  # cores given to the CPU expert tier
+    isa: list[str] = Field(default_factory=list)
+    # Expert-kernel throughput (GB/s of expert weights, all threads_used cores) per weight family:
+    # keys are format names ('Q4_0', 'EXL3') or families ('codebook', 'block', 'default').
+    expert_gbs: dict[str, Pos]
+
+    def expert_gbs_for(self, fmt: WeightFormat) -> float:
+        """GB/s at which the CPU tier computes experts stored in `fmt` (arithmetic or bus bound)."""
+        family = fmt.name.split(":")[0]
+        for key in (fmt.name, family, "codebook" if fmt.codebook else "block", "default"):
+            if key in self.expert_gbs:
+                return float(self.expert_gbs[key])
+        raise KeyError(f"cpu.expert_gbs has no entry for {fmt.name} (nor 'default')")
+
+
+class NVMe(_Strict):
+    seq_read_gbs: Pos
+    rand_4k_iops: Pos
+    latency_us: Pos
+    capacity_bytes: Pos
+
+
+class HardwareSpec(_Strict):
+    """One machine. `constants` holds fitted simulator overheads (ms), each with its provenance."""
+
+    name: str
+    gpu: GPU | None = None
+    pcie: PCIe | None = None
+    memory: Memory
+    cpu: CPU
+    nvme: NVMe
+    page_bytes: int = Field(default=4096, ge=512)
+    constants: dict[str, NonNeg] = Field(default_factory=dict)
+    notes: str = ""
+
+    def constant(self, name: str, default: float) -> float:
+        """A fitted constant by name, or `default` when the profile has none."""
+        return float(self.constants[name]) if name in self.constants else default
+
+    def to_yaml_dict(self) -> dict:
+        """A dict that dumps to the YAML profile format (figures as {value, source, ref})."""
+        return self.model_dump(mode="json", exclude_none=True)

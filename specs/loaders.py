@@ -1,0 +1,129 @@
+"""Loaders: built-in presets and profiles, YAML/JSON files, HF config.json, GGUF headers.
+
+Every failure becomes a SpecError naming the file, the field and the reason.
+"""
+from __future__ import annotations
+
+import json
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from .errors import SpecError, from_validation
+from .hardware import HardwareSpec
+from .model import ModelSpec
+from .plan import Plan
+
+_DATA = resources.files("specs") / "data"
+
+
+def builtin_models() -> list[str]:
+    """Names of the built-in model presets."""
+    return sorted(p.name[:-5] for p in (_DATA / "models").iterdir() if p.name.endswith(".yaml"))
+
+
+def builtin_hardware() -> list[str]:
+    """Names of the built-in hardware profiles."""
+    return sorted(p.name[:-5] for p in (_DATA / "hardware").iterdir() if p.name.endswith(".yaml"))
+
+
+def read_structured(path: str | os.PathLike, text: str | None = None) -> Any:
+    """Parse a YAML or JSON file; malformed input is a SpecError naming the line."""
+    path = str(path)
+    try:
+        if text is None:
+            text = Path(path).read_text()
+    except OSError as e:
+        raise SpecError(path, None, f"cannot read: {e.strerror or e}") from None
+    try:
+        if path.endswith(".json"):
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except json.JSONDecodeError as e:
+        raise SpecError(path, f"line {e.lineno}", f"malformed JSON: {e.msg}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else None
+        raise SpecError(path, where, f"malformed YAML: {getattr(e, 'problem', None) or e}") from None
+
+
+def _validate(cls: type[BaseModel], data: Any, path: str) -> Any:
+    if not isinstance(data, dict):
+        raise SpecError(path, None, f"expected a mapping of fields, got {type(data).__name__}")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise from_validation(path, e) from None
+
+
+def load_hardware(name_or_path: str) -> HardwareSpec:
+    """A hardware profile from a YAML path or a built-in name ('epyc8ch-3090[.yaml]')."""
+    p = Path(name_or_path)
+    if p.is_file():
+        return _validate(HardwareSpec, read_structured(p), str(p))
+    name = p.name[:-5] if p.name.endswith(".yaml") else p.name[:-4] if p.name.endswith(".yml") else p.name
+    if name in builtin_hardware():
+        f = _DATA / "hardware" / f"{name}.yaml"
+        return _validate(HardwareSpec, read_structured(f"{name}.yaml", f.read_text()), f"{name}.yaml")
+    raise SpecError(str(name_or_path), None,
+                    f"no such file or built-in hardware profile (built-in: {', '.join(builtin_hardware())})")
+
+
+def load_model(name_or_path: str, expert_format: str | None = None) -> ModelSpec:
+    """A ModelSpec from a preset name, a ModelSpec YAML, an HF config.json or a GGUF header."""
+    p = Path(name_or_path)
+    if p.is_file():
+        if p.suffix == ".gguf" or _is_gguf(p):
+            from .gguf_header import model_from_gguf  # gguf's reader only when needed
+            return model_from_gguf(p)
+        data = read_structured(p)
+        if p.suffix == ".json":
+            from .hf_config import model_from_config
+            return model_from_config(data, str(p), expert_format=expert_format)
+        return _validate(ModelSpec, data, str(p))
+    if name_or_path in builtin_models():
+        f = _DATA / "models" / f"{name_or_path}.yaml"
+        return _validate(ModelSpec, read_structured(f"{name_or_path}.yaml", f.read_text()),
+                         f"{name_or_path}.yaml")
+    raise SpecError(str(name_or_path), None,
+                    f"no such file or built-in model preset (built-in: {', '.join(builtin_models())})")
+
+
+def load_plan(path: str | os.PathLike) -> Plan:
+    """A Plan from its JSON file."""
+    return _validate(Plan, read_structured(path), str(path))
+
+
+def _is_gguf(p: Path) -> bool:
+    with open(p, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` atomically (temporary file in the same folder, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def dump_plan(plan: Plan) -> str:
+    """A Plan as indented JSON text."""
+    return json.dumps(plan.model_dump(mode="json"), indent=2) + "\n"
+
+
+def dump_hardware(hw: HardwareSpec) -> str:
+    """A HardwareSpec as YAML text (figures keep their provenance)."""
+    return yaml.safe_dump(hw.to_yaml_dict(), sort_keys=False)

@@ -1,0 +1,124 @@
+"""The memory map of a plan: bytes per tier (VRAM, RAM, NVMe), cache slots and KV tokens that fit."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import SpecError
+from .hardware import HardwareSpec
+from .model import ModelSpec
+from .plan import Plan
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class MemoryMap:
+    """Bytes each tensor group takes in each tier, and what is left."""
+
+    vram: dict[str, float] = field(default_factory=dict)
+    ram: dict[str, float] = field(default_factory=dict)
+    nvme: dict[str, float] = field(default_factory=dict)
+    vram_capacity: float = 0.0
+    ram_capacity: float = 0.0
+    nvme_capacity: float = 0.0
+    expert_bytes: float = 0.0
+    kv_bytes_per_token: float = 0.0
+
+    @property
+    def vram_used(self) -> float:
+        return sum(self.vram.values())
+
+    @property
+    def ram_used(self) -> float:
+        return sum(self.ram.values())
+
+    @property
+    def vram_free(self) -> float:
+        """VRAM bytes left after everything the plan places there."""
+        return self.vram_capacity - self.vram_used
+
+    @property
+    def free_slots(self) -> int:
+        """Further experts the free VRAM would hold as cache slots."""
+        return max(0, int(self.vram_free // self.expert_bytes))
+
+    @property
+    def kv_tokens_fit(self) -> int:
+        """Context tokens whose KV fits in the VRAM the plan gives KV plus what is free."""
+        if not self.kv_bytes_per_token:
+            return 0
+        kv = self.vram.get("kv cache", 0.0) + max(0.0, self.vram_free)
+        return int(kv // self.kv_bytes_per_token)
+
+    def check_fits(self, plan_file: str | None = None) -> None:
+        """Raise a SpecError with the byte accounting when VRAM or RAM is over-committed."""
+        for tier, parts, cap in (("VRAM", self.vram, self.vram_capacity), ("RAM", self.ram, self.ram_capacity)):
+            used = sum(parts.values())
+            if used > cap:
+                detail = " + ".join(f"{k} {v / GIB:.2f}" for k, v in parts.items() if v)
+                raise SpecError(plan_file, tier.lower(),
+                                f"plan does not fit in {tier}: {detail} = {used / GIB:.2f} GiB > {cap / GIB:.2f} GiB")
+
+
+def memory_map(model: ModelSpec, hw: HardwareSpec, plan: Plan) -> MemoryMap:
+    """Where each byte of `model` lives under `plan` on `hw` (VRAM, RAM, NVMe, in bytes)."""
+    p = plan.placement
+    kv_tok = model.kv_bytes_per_token(plan.kv.dtype)
+    kv_bytes = kv_tok * plan.kv.context
+    bad = [layer for layer in p.gpu_expert_layers if layer not in set(model.layers_moe)]
+    if bad:
+        raise SpecError(None, "placement.gpu_expert_layers", f"layers {bad} are not MoE layers of {model.name}")
+    per_layer = model.routed_bytes / model.n_moe_layers
+    static_gpu = per_layer * len(p.gpu_expert_layers)
+    cpu_side = model.routed_bytes - static_gpu
+    if p.experts_home == "gpu":
+        static_gpu, cpu_side = model.routed_bytes, 0.0
+
+    vram: dict[str, float] = {}
+    if hw.gpu is not None:
+        vram["reserved"] = float(hw.gpu.reserved_bytes)
+        vram["workspace"] = float(plan.gpu_workspace_bytes)
+        if p.dense == "gpu":
+            vram["dense path"] = model.dense_resident_bytes
+        if p.kv == "gpu":
+            vram["kv cache"] = kv_bytes
+        vram["static experts"] = static_gpu
+        vram["expert cache"] = plan.expert_cache.slots * model.expert_bytes
+        if p.engram == "gpu":
+            vram["engram"] = model.engram_table_bytes
+    elif p.dense == "gpu" or p.kv == "gpu" or static_gpu or plan.expert_cache.slots or p.engram == "gpu":
+        raise SpecError(None, "placement", f"hardware {hw.name} has no GPU but the plan puts weights in VRAM")
+
+    ram: dict[str, float] = {"os reserve": float(hw.memory.os_reserve_bytes)}
+
+    if p.dense == "cpu":
+        ram["dense path"] = model.dense_resident_bytes
+    if p.kv == "cpu":
+        ram["kv cache"] = kv_bytes
+    if p.engram == "ram":
+        ram["engram"] = model.engram_table_bytes
+    nvme: dict[str, float] = {}
+    if p.experts_home == "nvme":
+        nvme["experts"] = cpu_side
+        ram["experts (page cache)"] = min(cpu_side, float(p.expert_ram_bytes or 0))
+    elif p.expert_ram_bytes is not None and p.expert_ram_bytes < cpu_side:
+        ram["experts"] = float(p.expert_ram_bytes)
+        nvme["experts"] = cpu_side - p.expert_ram_bytes
+    else:
+        ram["experts"] = cpu_side
+    if p.engram == "nvme" and model.engram is not None:
+        nvme["engram"] = model.engram_table_bytes
+
+    return MemoryMap(vram=vram, ram=ram, nvme=nvme,
+                     vram_capacity=float(hw.gpu.vram_bytes) if hw.gpu else 0.0,
+                     ram_capacity=float(hw.memory.capacity_bytes), nvme_capacity=float(hw.nvme.capacity_bytes),
+                     expert_bytes=model.expert_bytes, kv_bytes_per_token=kv_tok)
+
+
+def size_cache(model: ModelSpec, hw: HardwareSpec, plan: Plan) -> Plan:
+    """The plan with its expert cache grown to every slot the free VRAM holds (policy kept)."""
+    if plan.expert_cache.policy == "none" or hw.gpu is None:
+        return plan
+    base = plan.model_copy(update={"expert_cache": plan.expert_cache.model_copy(update={"slots": 0})})
+    slots = min(memory_map(model, hw, base).free_slots, model.routed_experts)
+    return plan.model_copy(update={"expert_cache": plan.expert_cache.model_copy(update={"slots": slots})})

@@ -1,0 +1,279 @@
+"""ModelSpec: the shape of a MoE model and the exact bytes each part costs per token.
+
+Figures follow DESIGN.md "The physics": one expert = 3 matrices of hidden x expert_ffn; decode
+reads top_k experts in each MoE layer, the dense path once, one embedding row, and Engram rows
+at page granularity.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .formats import WeightFormat, parse_format
+
+KV_DTYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "fp8": 1.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _check_format(v: str) -> str:
+    parse_format(v)  # raises ValueError with the reason
+    return v
+
+
+class AttentionSpec(_Strict):
+    n_heads: int = Field(ge=1)
+    n_kv_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    kv_layers: int | None = Field(default=None, ge=0)  # layers that hold a KV cache (None: all)
+    # KV elements per token over all layers, when the cache is not plain K and V (MLA, compressed).
+    kv_elems_per_token: int | None = Field(default=None, ge=1)
+
+
+class EngramSpec(_Strict):
+    """n-gram lookup tables: `rows` rows of `row_values` values, read by hashing recent tokens."""
+
+    rows: int = Field(ge=1)
+    row_values: int = Field(ge=1)
+    format: str = "IQ4_NL"
+    layers: list[int]  # layers that read the table
+    orders: int = Field(default=3, ge=1)  # n-gram orders hashed per layer
+    heads: int = Field(default=8, ge=1)  # hash heads per order
+    row_align: int = Field(default=16, ge=1)  # bytes; rows start at multiples of this
+
+    _fmt = field_validator("format")(classmethod(lambda cls, v: _check_format(v)))
+
+    @property
+    def row_bytes(self) -> float:
+        """Bytes of one row in the table's format (256 values of IQ4_NL = 144)."""
+        return parse_format(self.format).bytes_for(self.row_values)
+
+    @property
+    def table_bytes(self) -> float:
+        """Bytes of the whole table."""
+        return self.rows * self.row_bytes
+
+    @property
+    def rows_per_token_per_layer(self) -> int:
+        """Rows one layer reads per token: orders x heads (3 x 8 = 24)."""
+        return self.orders * self.heads
+
+    @property
+    def rows_per_token(self) -> int:
+        """Rows read per token over all Engram layers (2 x 24 = 48)."""
+        return self.rows_per_token_per_layer * len(self.layers)
+
+    def page_crossing_fraction(self, page_bytes: int) -> float:
+        """Fraction of rows that straddle a page edge, over aligned start offsets within a page."""
+        step, rb = self.row_align, int(self.row_bytes)
+        starts = range(0, page_bytes, step)
+        return sum(1 for s in starts if s + rb > page_bytes) / len(starts)
+
+    def bytes_per_token(self, page_bytes: int) -> float:
+        """Bytes read from storage per token: whole pages, MADV_RANDOM (no read-ahead)."""
+        pages_per_row = -(-int(self.row_bytes) // page_bytes)  # rows longer than a page
+        return self.rows_per_token * (pages_per_row + self.page_crossing_fraction(page_bytes)) * page_bytes
+
+    def used_bytes_per_token(self) -> float:
+        """Bytes the model actually uses per token (48 x 144 = 6,912)."""
+        return self.rows_per_token * self.row_bytes
+
+
+class MTPSpec(_Strict):
+    """A multi-token-prediction drafter shipped with the model (published acceptance)."""
+
+    acceptance: float = Field(ge=0, le=1)
+    tokens_per_step: float = Field(ge=1)
+
+
+class TensorInfo(_Strict):
+    """One tensor of a GGUF file: exact bytes from its type and shape."""
+
+    name: str
+    type: str
+    shape: list[int]
+    bytes: int
+    group: Literal["experts", "embedding", "engram", "dense"]
+
+
+class ModelSpec(_Strict):
+    name: str
+    arch: str = "moe"
+    source: str = ""  # where the shape came from (config.json URL, GGUF file, article)
+    n_layers: int = Field(ge=1)
+    moe_layers: list[int] | None = None  # None: every layer is MoE
+    hidden: int = Field(ge=1)
+    n_experts: int = Field(ge=1)  # routed experts per MoE layer
+    top_k: int = Field(ge=1)
+    expert_ffn: int = Field(ge=1)
+    n_shared_experts: int = Field(default=0, ge=0)
+    shared_ffn: int = Field(default=0, ge=0)
+    dense_ffn: int = Field(default=0, ge=0)  # FFN width of the non-MoE layers
+    vocab: int = Field(ge=1)
+    context_length: int | None = Field(default=None, ge=1)  # longest context the model supports
+    tied_embeddings: bool = False
+    attention: AttentionSpec
+    expert_format: str
+    dense_format: str = "F16"
+    embedding_format: str | None = None  # default: dense_format
+    # Reported resident dense path (bytes), when the engine's layout is not derivable from the
+    # config (e.g. dsv41-flash-offload expands wo_a to FP16): overrides the computed figure.
+    dense_resident_bytes_reported: float | None = Field(default=None, gt=0)
+    embedding_bytes_reported: float | None = Field(default=None, gt=0)
+    engram: EngramSpec | None = None
+    mtp: MTPSpec | None = None
+    tensors: list[TensorInfo] | None = None  # exact accounting from a GGUF header
+
+    _formats = field_validator("expert_format", "dense_format", "embedding_format")(
+        classmethod(lambda cls, v: v if v is None else _check_format(v)))
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.top_k > self.n_experts:
+            raise ValueError(f"top_k {self.top_k} exceeds n_experts {self.n_experts}")
+        if self.moe_layers is not None and any(not 0 <= i < self.n_layers for i in self.moe_layers):
+            raise ValueError(f"moe_layers must lie in [0, {self.n_layers})")
+        if self.engram and any(not 0 <= i < self.n_layers for i in self.engram.layers):
+            raise ValueError(f"engram.layers must lie in [0, {self.n_layers})")
+        return self
+
+    # ---- routed experts -------------------------------------------------------------------
+    @property
+    def layers_moe(self) -> list[int]:
+        """Indices of the MoE layers."""
+        return list(range(self.n_layers)) if self.moe_layers is None else list(self.moe_layers)
+
+    @property
+    def n_moe_layers(self) -> int:
+        return len(self.layers_moe)
+
+    @property
+    def fmt_experts(self) -> WeightFormat:
+        return parse_format(self.expert_format)
+
+    @property
+    def params_per_expert(self) -> int:
+        """Weights in one routed expert: gate, up and down, 3 x hidden x expert_ffn."""
+        return 3 * self.hidden * self.expert_ffn
+
+    @property
+    def routed_experts(self) -> int:
+        """Routed experts in the whole model (40 x 384 = 15,360)."""
+        return self.n_moe_layers * self.n_experts
+
+    @property
+    def routed_params(self) -> int:
+        """Routed-expert weights in the whole model."""
+        return self.routed_experts * self.params_per_expert
+
+    def _group_bytes(self, group: str) -> float | None:
+        if self.tensors is None:
+            return None
+        return float(sum(t.bytes for t in self.tensors if t.group == group))
+
+    @property
+    def routed_bytes(self) -> float:
+        """Bytes of all routed experts (exact tensor bytes when read from a GGUF)."""
+        exact = self._group_bytes("experts")
+        if exact is not None:
+            return exact
+        return self.routed_experts * self.fmt_experts.bytes_for(self.params_per_expert)
+
+    @property
+    def expert_bytes(self) -> float:
+        """Bytes of one routed expert (average over layers when types are mixed)."""
+        return self.routed_bytes / self.routed_experts
+
+    def routed_bytes_per_token(self, experts_per_token: int | None = None) -> float:
+        """Routed-expert bytes one token reads: MoE layers x top-k x expert bytes."""
+        k = self.top_k if experts_per_token is None else experts_per_token
+        return self.n_moe_layers * k * self.expert_bytes
+
+    # ---- dense path -----------------------------------------------------------------------
+    @property
+    def embedding_bytes(self) -> float:
+        """Bytes of the input embedding table (one row is read per token)."""
+        exact = self._group_bytes("embedding")
+        if exact is not None:
+            return exact
+        if self.embedding_bytes_reported is not None:
+            return self.embedding_bytes_reported
+        fmt = parse_format(self.embedding_format or self.dense_format)
+        return fmt.bytes_for(self.vocab * self.hidden)
+
+    def _computed_dense_params(self) -> int:
+        a = self.attention
+        q_dim, kv_dim = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+        attn = self.hidden * q_dim * 2 + self.hidden * kv_dim * 2  # q, o, k, v
+        n_dense = self.n_layers - self.n_moe_layers
+        shared = 3 * self.hidden * self.shared_ffn * self.n_shared_experts
+        router = self.hidden * self.n_experts
+        head = 0 if self.tied_embeddings else self.vocab * self.hidden
+        return (self.n_layers * attn + self.n_moe_layers * (shared + router)
+                + n_dense * 3 * self.hidden * self.dense_ffn + head)
+
+    @property
+    def dense_resident_bytes(self) -> float:
+        """Bytes of the dense path held resident: attention, shared experts, routers, norms,
+        embeddings and head (everything but routed experts and Engram tables)."""
+        exact = self._group_bytes("dense")
+        if exact is not None:
+            return exact + self.embedding_bytes
+        if self.dense_resident_bytes_reported is not None:
+            return self.dense_resident_bytes_reported
+        return parse_format(self.dense_format).bytes_for(self._computed_dense_params()) + self.embedding_bytes
+
+    @property
+    def dense_bytes_per_token(self) -> float:
+        """Dense bytes read per token: resident dense path minus the embedding table plus one row
+        (an upper estimate: every dense weight is read once per token)."""
+        row = self.embedding_bytes / self.vocab
+        return self.dense_resident_bytes - self.embedding_bytes + row
+
+    @property
+    def dense_params_per_token(self) -> float:
+        """Dense weights multiplied per token (from bytes at the dense format when reported)."""
+        if self.tensors is None and self.dense_resident_bytes_reported is None:
+            return float(self._computed_dense_params())
+        return self.dense_bytes_per_token * 8 / parse_format(self.dense_format).bits
+
+    @property
+    def dense_flops_per_token(self) -> float:
+        """FLOPs of the dense path per token, 2 per weight (Kaplan et al. 2020, C = 2N)."""
+        return 2.0 * self.dense_params_per_token
+
+    @property
+    def expert_flops(self) -> float:
+        """FLOPs of one routed expert on one token (2 per weight)."""
+        return 2.0 * self.params_per_expert
+
+    def attention_flops_per_token(self, context: int) -> float:
+        """Attention-score FLOPs of one token against `context` earlier ones (QK^T and PV)."""
+        a = self.attention
+        layers = self.n_layers if a.kv_layers is None else a.kv_layers
+        return 4.0 * a.n_heads * a.head_dim * context * layers
+
+    # ---- KV cache and Engram ----------------------------------------------------------------
+    def kv_bytes_per_token(self, dtype: str = "f16") -> float:
+        """KV-cache bytes one token of context costs, over all KV layers."""
+        a = self.attention
+        if a.kv_elems_per_token is not None:
+            elems = a.kv_elems_per_token
+        else:
+            layers = self.n_layers if a.kv_layers is None else a.kv_layers
+            elems = 2 * a.n_kv_heads * a.head_dim * layers
+        return elems * KV_DTYPE_BYTES[dtype]
+
+    def engram_bytes_per_token(self, page_bytes: int = 4096) -> float:
+        """Engram bytes read from storage per token at page granularity (0 without tables)."""
+        return self.engram.bytes_per_token(page_bytes) if self.engram else 0.0
+
+    @property
+    def engram_table_bytes(self) -> float:
+        exact = self._group_bytes("engram")
+        if exact is not None:
+            return exact
+        return self.engram.table_bytes if self.engram else 0.0

@@ -1,0 +1,137 @@
+"""The Plan (JSON): where each tensor group lives and the policies that move experts between tiers.
+
+One Plan object drives both a simulated run (simulator/) and a real one (executor/).
+Engine presets (`llamacpp`, `tiered-cache`, `strata`) are Plan templates: `plan_template(name)`.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Engine = Literal["llamacpp", "tiered-cache", "strata", "custom"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Placement(_Strict):
+    """Home tier of each tensor group."""
+
+    dense: Literal["gpu", "cpu"] = "gpu"  # attention, norms, routers, shared experts, head
+    kv: Literal["gpu", "cpu"] = "gpu"
+    experts_home: Literal["ram", "nvme", "gpu"] = "ram"  # the home copy of every routed expert
+    # Bytes of RAM the expert home copy may occupy (page cache); None = all experts if they fit.
+    # Experts beyond it are read from NVMe through the page cache (Strata on a 64 GB machine).
+    expert_ram_bytes: int | None = Field(default=None, ge=0)
+    # Layers whose expert tensors live wholly in VRAM (llama.cpp static split: `--n-cpu-moe N`
+    # keeps layers [0, N) on the CPU and puts the rest here).
+    gpu_expert_layers: list[int] = Field(default_factory=list)
+    engram: Literal["nvme", "ram", "gpu", "none"] = "nvme"
+
+    @model_validator(mode="after")
+    def _layers_unique(self):
+        if len(set(self.gpu_expert_layers)) != len(self.gpu_expert_layers):
+            raise ValueError("gpu_expert_layers lists a layer twice")
+        if any(layer < 0 for layer in self.gpu_expert_layers):
+            raise ValueError("gpu_expert_layers has a negative layer")
+        return self
+
+
+class ExpertCache(_Strict):
+    """VRAM cache of routed experts, mirrored from their home copy (a stale entry is only slower)."""
+
+    slots: int = Field(default=0, ge=0)
+    policy: Literal["none", "decayed-count", "lru", "static"] = "none"
+    decay: float = Field(default=0.95, gt=0, le=1)  # per-step score decay (decayed-count)
+    swap_every: int = Field(default=16, ge=1)  # steps between swaps (decayed-count)
+    swap_max: int = Field(default=48, ge=0)  # most experts swapped per swap
+    rewarm_steps: int = Field(default=4, ge=0)  # decode steps after a prefill before the refill
+    release_during_prefill: bool = True
+
+
+class MissPolicy(_Strict):
+    """How experts missing from VRAM are served. Constants in ms (0xSero/dsv41-flash-offload)."""
+
+    kind: Literal["auction", "cpu", "zero-copy", "copy"] = "cpu"
+    t_hit_ms: float = Field(default=0.03, gt=0)  # per GPU-computed expert
+    t_zc_ms: float = Field(default=0.58, gt=0)  # per zero-copy expert over PCIe
+    c_a_ms: float = Field(default=0.11, ge=0)  # per CPU job
+    c_b_ms: float = Field(default=0.20, gt=0)  # per CPU expert
+
+
+class Prefill(_Strict):
+    """Prefill strategy: llama.cpp op offload, stream-all per chunk, or on the CPU."""
+
+    strategy: Literal["op-offload", "stream-all", "cpu"] = "op-offload"
+    chunk_tokens: int = Field(default=2048, ge=1)  # llama.cpp -b; stream-all chunk
+    ubatch_tokens: int = Field(default=512, ge=1)  # llama.cpp -ub
+    op_offload_min_batch: int = Field(default=32, ge=1)  # batches this large run on the GPU
+
+    @model_validator(mode="after")
+    def _ubatch_le_chunk(self):
+        if self.ubatch_tokens > self.chunk_tokens:
+            raise ValueError("ubatch_tokens exceeds chunk_tokens")
+        return self
+
+
+class KVCache(_Strict):
+    context: int = Field(default=32768, ge=1)  # tokens reserved
+    dtype: Literal["f32", "f16", "bf16", "fp8", "q8_0", "q4_0"] = "f16"
+
+
+class MTP(_Strict):
+    """Multi-token prediction: draft tokens per step and how many are accepted."""
+
+    enabled: bool = False
+    tokens_per_step: float = Field(default=1.0, ge=1)  # committed tokens per step (3.29 published)
+    acceptance: float = Field(default=0.0, ge=0, le=1)
+
+
+class Plan(_Strict):
+    """A complete placement. JSON on disk; identical for simulate and execute."""
+
+    engine: Engine = "custom"
+    placement: Placement = Field(default_factory=Placement)
+    expert_cache: ExpertCache = Field(default_factory=ExpertCache)
+    miss_policy: MissPolicy = Field(default_factory=MissPolicy)
+    prefill: Prefill = Field(default_factory=Prefill)
+    kv: KVCache = Field(default_factory=KVCache)
+    streams: int = Field(default=1, ge=1)
+    mtp: MTP = Field(default_factory=MTP)
+    experts_per_token: int | None = Field(default=None, ge=1)  # run fewer than top-k (Strata Faster)
+    cpu_threads: int | None = Field(default=None, ge=1)  # None = all cores of the profile
+    # VRAM the engine keeps for CUDA graphs, activations and DMA staging (bytes), beyond weights
+    gpu_workspace_bytes: int = Field(default=0, ge=0)
+    note: str = ""
+
+    @model_validator(mode="after")
+    def _cache_policy(self):
+        if self.expert_cache.slots and self.expert_cache.policy == "none":
+            raise ValueError("expert_cache.slots > 0 needs a policy (decayed-count, lru or static)")
+        return self
+
+
+def plan_template(engine: str) -> Plan:
+    """The Plan an engine uses by default, before sizing to a machine (cache slots are 0)."""
+    if engine == "llamacpp":
+        # Static placement at load; experts in RAM (`--cpu-moe`), op offload for prefill.
+        return Plan(engine="llamacpp", miss_policy=MissPolicy(kind="cpu"),
+                    prefill=Prefill(strategy="op-offload", chunk_tokens=2048, ubatch_tokens=512))
+    if engine == "tiered-cache":
+        # dsv41-flash-offload ("FreeToken"): pinned RAM home, VRAM mirror cache, CPU/PCIe auction.
+        return Plan(engine="tiered-cache",
+                    expert_cache=ExpertCache(policy="decayed-count", swap_every=16, swap_max=48),
+                    miss_policy=MissPolicy(kind="auction"),
+                    prefill=Prefill(strategy="stream-all", chunk_tokens=16384, ubatch_tokens=16384),
+                    kv=KVCache(context=262144, dtype="fp8"),
+                    gpu_workspace_bytes=5 * 2**30)  # ~5 GiB graphs, activations, staging (README)
+    if engine == "strata":
+        # Shipped hot-expert profile (static cache), CPU misses read in place, SSD beyond RAM.
+        return Plan(engine="strata", expert_cache=ExpertCache(policy="static"),
+                    miss_policy=MissPolicy(kind="cpu"),
+                    prefill=Prefill(strategy="op-offload"))
+    if engine == "custom":
+        return Plan()
+    raise ValueError(f"unknown engine {engine!r} (llamacpp, tiered-cache, strata, custom)")

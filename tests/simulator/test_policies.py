@@ -1,0 +1,135 @@
+"""Placement policies shared with the executor: the miss auction and the expert caches."""
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from simulator.policies import (auction_cost_ms, auction_split, expected_touched, make_cache,
+                                mtp_tokens, chunks, ubatches, op_offload)
+from specs.plan import ExpertCache
+
+
+def test_auction_worked_example():
+    """2 hits, 4 misses with the published constants: 3 misses to the CPU, 0.71 ms per layer."""
+    k, t = auction_split(2, 4, 0.03, 0.58, 0.11, 0.20)
+    assert k == 3
+    assert abs(t - 0.71) < 1e-9
+
+
+def test_auction_no_misses_costs_hits_only():
+    """Without misses nothing goes to the CPU and c_a is not paid."""
+    assert auction_split(6, 0, 0.03, 0.58, 0.11, 0.20) == (0, 6 * 0.03)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 12), st.integers(0, 12), st.floats(0.001, 2), st.floats(0.001, 5),
+       st.floats(0, 2), st.floats(0.001, 2))
+def test_auction_optimal_against_brute_force(nh, nm, th, tz, ca, cb):
+    """The chosen k attains the minimum of t(k) over every k in [0, n_miss]."""
+    k, t = auction_split(nh, nm, th, tz, ca, cb)
+    brute = min(auction_cost_ms(j, nh, nm, th, tz, ca, cb) for j in range(nm + 1))
+    assert 0 <= k <= nm
+    assert abs(t - brute) < 1e-9
+    assert abs(auction_cost_ms(k, nh, nm, th, tz, ca, cb) - t) < 1e-12
+
+
+def _drive(cache, steps, rng, n_layers, n_experts, k, p=None):
+    hits = total = 0
+    for _ in range(steps):
+        for layer in range(n_layers):
+            ex = rng.choice(n_experts, size=k, replace=False, p=p)
+            hits += sum(cache.contains(layer, int(e)) for e in ex)
+            total += k
+            cache.observe(layer, ex)
+        cache.end_step()
+    return hits / total
+
+
+def test_decayed_count_swaps_at_most_swap_max_every_swap_every():
+    """Once full, residency changes only on multiples of swap_every and by at most swap_max pairs."""
+    L, E = 4, 64
+    cache = make_cache(ExpertCache(slots=32, policy="decayed-count", swap_every=4, swap_max=3), L, E)
+    rng = np.random.default_rng(1)
+    for step in range(40):
+        for layer in range(L):
+            cache.observe(layer, rng.integers(0, E, 6))
+        changes = cache.end_step()
+        assert cache.n_resident <= 32
+        if step >= 2 and cache.n_resident == 32:
+            outs = [c for c in changes if c[2] >= 0]
+            assert len(outs) <= 3
+            if (step + 1) % 4:
+                assert outs == []
+
+
+def test_decayed_count_learns_hot_set():
+    """With a fixed hot set routed to most, the cache converges on it (hit rate near its share)."""
+    L, E = 2, 100
+    p = np.full(E, 0.2 / 90)
+    p[:10] = 0.08
+    cache = make_cache(ExpertCache(slots=20, policy="decayed-count", decay=0.99, swap_every=4,
+                                   swap_max=4), L, E)
+    rng = np.random.default_rng(2)
+    _drive(cache, 200, rng, L, E, 1, p)
+    assert cache.resident(0)[:10].all() and cache.resident(1)[:10].all()
+
+
+def test_release_then_rewarm_after_rewarm_steps():
+    """release() empties the cache; free slots are refilled only after rewarm_steps steps."""
+    cache = make_cache(ExpertCache(slots=8, policy="decayed-count", rewarm_steps=4), 1, 16)
+    for _ in range(3):
+        cache.observe(0, np.arange(8))
+        cache.end_step()
+    assert cache.n_resident == 8
+    cache.release()
+    assert cache.n_resident == 0
+    for _ in range(4):
+        cache.observe(0, np.arange(8))
+        cache.end_step()
+        assert cache.n_resident == 0
+    cache.observe(0, np.arange(8))
+    cache.end_step()
+    assert cache.n_resident == 8
+
+
+def test_lru_per_layer_evicts_least_recent():
+    """LRU with 2 slots per layer: routing 0,1 then 2 evicts 0; changes name expert in and out."""
+    cache = make_cache(ExpertCache(slots=2, policy="lru"), 1, 8)
+    cache.observe(0, [0]); cache.end_step()
+    cache.observe(0, [1]); cache.end_step()
+    cache.observe(0, [2])
+    assert cache.end_step() == [(0, 2, 0)]
+    assert list(np.flatnonzero(cache.resident(0))) == [1, 2]
+
+
+def test_static_hot_list_never_changes():
+    """A static cache holds exactly its hot list, whatever is routed."""
+    hot = np.zeros((2, 10)); hot[0, 3] = 5; hot[1, 7] = 4; hot[1, 1] = 1
+    cache = make_cache(ExpertCache(slots=2, policy="static"), 2, 10, hot=hot)
+    for _ in range(5):
+        cache.observe(0, [1, 2]); cache.end_step()
+    assert cache.contains(0, 3) and cache.contains(1, 7) and not cache.contains(1, 1)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.sampled_from(["decayed-count", "lru", "static"]), st.integers(0, 1000))
+def test_cache_holding_every_expert_hits_one(policy, seed):
+    """A cache with a slot for every expert hits 1.0 once warm (hot list = everything for static)."""
+    L, E = 3, 16
+    hot = np.ones((L, E)) if policy == "static" else None
+    cache = make_cache(ExpertCache(slots=L * E, policy=policy, swap_every=2), L, E, hot=hot)
+    rng = np.random.default_rng(seed)
+    for _ in range(30):  # warm: every expert routed at least once
+        for layer in range(L):
+            cache.observe(layer, np.arange(E))
+        cache.end_step()
+    assert _drive(cache, 20, rng, L, E, 4) == 1.0
+
+
+def test_prefill_helpers():
+    """Chunks, micro-batches, the op-offload threshold, MTP tokens and the touched-expert form."""
+    assert chunks(5000, 2048) == [2048, 2048, 904]
+    assert ubatches(904, 512) == [512, 392]
+    assert op_offload(32) and not op_offload(31)
+    assert mtp_tokens(3.29, 0.87) == 4  # 1 + .87 + .87^2 + .87^3 = 3.29
+    assert mtp_tokens(1.0, 0.0) == 1
+    assert abs(expected_touched(1, 384, 6) - 6) < 1e-9
+    assert expected_touched(1024, 384, 6) > 383
