@@ -33,6 +33,19 @@ def _cmd_plan(a) -> int:
     return 0
 
 
+def _cmd_fit(a) -> int:
+    from reports.tables import render_memory_map
+    from specs.loaders import load_hardware, load_model, load_plan
+    from specs.memory import memory_map
+
+    hw, model, plan = load_hardware(a.hw), load_model(a.model), load_plan(a.plan)
+    mm = memory_map(model, hw, plan)
+    render_memory_map(mm)
+    mm.check_fits(a.plan)
+    print(f"{a.plan} fits: {mm.free_slots:,} more expert slots free in VRAM")
+    return 0
+
+
 def _cmd_schema(a) -> int:
     from specs.hardware import HardwareSpec
     from specs.model import ModelSpec
@@ -65,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the chosen plan JSON here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_plan)
+
+    p = sub.add_parser("fit", help="check that a plan fits in VRAM and RAM (memory map)")
+    p.add_argument("--hw", required=True)
+    p.add_argument("--model", default="deepseek-v4.1-flash")
+    p.add_argument("--plan", required=True, help="plan JSON file")
+    p.set_defaults(func=_cmd_fit)
 
     p = sub.add_parser("schema", help="print the JSON Schema of a file format")
     p.add_argument("what", choices=["plan", "hardware", "model"])

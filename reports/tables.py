@@ -11,6 +11,23 @@ def _gib(x: float) -> str:
     return f"{x / GIB:,.2f} GiB"
 
 
+def _memory_table(c: Console, tiers: dict) -> None:
+    t = Table(title="Memory map")
+    t.add_column("tier"); t.add_column("holds"); t.add_column("bytes", justify="right")
+    for tier in ("vram", "ram", "nvme"):
+        for k, v in tiers[tier].items():
+            if v:
+                t.add_row(tier.upper(), k, _gib(v))
+    c.print(t)
+
+
+def render_memory_map(mm, console: Console | None = None) -> None:
+    """Print a specs.memory.MemoryMap as a table with the totals per tier."""
+    c = console or Console()
+    _memory_table(c, {"vram": mm.vram, "ram": mm.ram, "nvme": mm.nvme})
+    c.print(f"VRAM {_gib(mm.vram_used)} of {_gib(mm.vram_capacity)}; RAM {_gib(mm.ram_used)} of {_gib(mm.ram_capacity)}")
+
+
 def render_plan_report(s: dict, console: Console | None = None) -> None:
     """Print the ceiling report of `plan_summary` as tables."""
     c = console or Console()
@@ -40,13 +57,7 @@ def render_plan_report(s: dict, console: Console | None = None) -> None:
         c.print(t)
 
     mem = s["memory"]
-    t = Table(title="Memory map")
-    t.add_column("tier"); t.add_column("holds"); t.add_column("bytes", justify="right")
-    for tier in ("vram", "ram", "nvme"):
-        for k, v in mem[tier].items():
-            if v:
-                t.add_row(tier.upper(), k, _gib(v))
-    c.print(t)
+    _memory_table(c, mem)
     if mem["vram_capacity"]:
         c.print(f"VRAM {_gib(mem['vram_capacity'] - mem['vram_free'])} of {_gib(mem['vram_capacity'])} used; "
                 f"expert cache {mem['cache_slots']:,} slots ({_gib(mem['cache_bytes'])}); "

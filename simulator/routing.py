@@ -1,7 +1,7 @@
 """Routing models: which experts each token picks in each MoE layer.
 
 `sample(n_tokens, rng)` returns int32 [n_tokens, n_layers, k]: k distinct experts per token and
-layer. Popularity-weighted picks without replacement use Gumbel top-k (exact Plackett-Luce).
+layer. Popularity-weighted picks without replacement follow Plackett-Luce (sequential draws).
 """
 from __future__ import annotations
 
@@ -44,16 +44,29 @@ def fit_exponent(n_experts: int, k: int, frac_experts: float = 0.046, frac_reads
                   0.0, 5.0, xtol=1e-6)
 
 
-def _gumbel_topk(logp: np.ndarray, n_tokens: int, k: int, rng) -> np.ndarray:
-    """[n_tokens, L, k] picks without replacement, proportional to exp(logp [L, E])."""
-    L, E = logp.shape
-    out = np.empty((n_tokens, L, k), dtype=np.int32)
-    block = max(1, 2_000_000 // (L * E))
-    for t0 in range(0, n_tokens, block):
-        t1 = min(n_tokens, t0 + block)
-        g = logp[None] + rng.gumbel(size=(t1 - t0, L, E))
-        out[t0:t1] = np.argpartition(-g, k - 1, axis=2)[:, :, :k]
-    return out
+def _pl_sample(pop: np.ndarray, n_tokens: int, k: int, rng) -> np.ndarray:
+    """[n_tokens, L, k] picks without replacement, proportional to pop [L, E] (Plackett-Luce:
+    pick j is drawn from pop and redrawn while it repeats an earlier pick)."""
+    L, E = pop.shape
+    cdf = np.cumsum(pop / pop.sum(axis=1, keepdims=True), axis=1)
+    cdf[:, -1] = 1.0
+    flat = (cdf + np.arange(L)[:, None]).ravel()
+    base = (np.arange(L) * E)[None, :]
+
+    def draw(shape_mask_layers):
+        u = rng.random(shape_mask_layers.shape) + shape_mask_layers
+        return np.minimum(np.searchsorted(flat, u, side="right"), L * E - 1)
+
+    layer_of = np.broadcast_to(np.arange(L)[None, :, None], (n_tokens, L, k))
+    out = draw(layer_of.astype(float)) - base[..., None]
+    for j in range(1, k):
+        dup = (out[:, :, j:j + 1] == out[:, :, :j]).any(axis=2)
+        while dup.any():
+            t_idx, l_idx = np.nonzero(dup)
+            out[t_idx, l_idx, j] = draw(l_idx.astype(float)) - l_idx * E
+            dup = np.zeros_like(dup)
+            dup[t_idx, l_idx] = (out[t_idx, l_idx, j][:, None] == out[t_idx, l_idx, :j]).any(axis=1)
+    return out.astype(np.int32)
 
 
 class Routing:
@@ -78,7 +91,7 @@ class Uniform(Routing):
         self.n_layers, self.n_experts, self.k = n_layers, n_experts, k
 
     def sample(self, n_tokens, rng):
-        return _gumbel_topk(np.zeros((self.n_layers, self.n_experts)), n_tokens, self.k, rng)
+        return _pl_sample(np.ones((self.n_layers, self.n_experts)), n_tokens, self.k, rng)
 
 
 class Skewed(Routing):
@@ -107,7 +120,7 @@ class Skewed(Routing):
         return self._pop
 
     def sample(self, n_tokens, rng):
-        fresh = _gumbel_topk(np.log(self._pop), n_tokens, self.k, rng)
+        fresh = _pl_sample(self._pop, n_tokens, self.k, rng)
         if self.locality <= 0 or n_tokens < 2:
             return fresh
         out = fresh

@@ -1,0 +1,210 @@
+"""Decode as events: per step and layer, the dense path on the GPU, routing, hits and misses
+against the cache, misses served as the plan says (auction, CPU, zero-copy, copy, static
+per-layer placement), a sync at each GPU/CPU handover, Engram rows from NVMe, cache swaps on the
+copy engine. A step carries every stream's tokens (and MTP drafts) and reads their union.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .policies import auction_split
+
+_CRIT = ("gpu", "pcie_h2d", "cpu", "nvme", "handover")
+
+
+class DecodeRun:
+    """Simulates `n_steps` decode steps on a Machine; `step_s` holds each step's duration (s)."""
+
+    def __init__(self, m, model, plan, routing, cache, page_cache, rng, tokens_per_step: int,
+                 committed_per_step: float, context: int, on_step_start=None):
+        self.m, self.model, self.plan, self.cache, self.page = m, model, plan, cache, page_cache
+        self.routing, self.rng = routing, rng
+        self.ntok, self.committed = tokens_per_step, committed_per_step
+        self.context = float(context)
+        self.eb = model.expert_bytes
+        self.L = model.n_moe_layers
+        self.moe_index = {layer: i for i, layer in enumerate(model.layers_moe)}
+        self.static_gpu = set(self.moe_index[x] for x in plan.placement.gpu_expert_layers
+                              if x in self.moe_index)
+        self.kind = plan.miss_policy.kind
+        mp = plan.miss_policy
+        self.auction = (mp.t_hit_ms, mp.t_zc_ms, mp.c_a_ms, mp.c_b_ms)
+        self.dense_on_gpu = m.has_gpu and plan.placement.dense == "gpu"
+        self.kv_tok = model.kv_bytes_per_token(plan.kv.dtype)
+        self.engram_layers = set(model.engram.layers) if (model.engram and plan.placement.engram
+                                                          in ("nvme",)) else set()
+        self.handover_s = m.c.handover_ms * 1e-3
+        self.step_s: list[float] = []
+        self.crit = dict.fromkeys(_CRIT, 0.0)
+        self.hits = self.reads = 0
+        self.bytes_by_tier = {"vram": 0.0, "zero_copy": 0.0, "cpu": 0.0, "copy": 0.0, "nvme": 0.0}
+        self.on_step_start = on_step_start
+
+    # ---- step ---------------------------------------------------------------------------------
+    def start(self, n_steps: int, done) -> None:
+        """Run n_steps steps, then done()."""
+        self.left, self.done = n_steps, done
+        self.routes = self.routing.sample(n_steps * self.ntok, self.rng).reshape(
+            n_steps, self.ntok, self.routing.n_layers, self.routing.k)
+        self.step_idx = 0
+        self._step()
+
+    def _step(self) -> None:
+        if self.step_idx >= self.left:
+            self.done()
+            return
+        self.t0 = self.m.sim.now
+        self.r = self.routes[self.step_idx]
+        self.engram_ready, self.engram_wait = True, None
+        if self.engram_layers:
+            self.engram_ready = False
+            eng = self.model.engram
+            page = self.m.hw.page_bytes
+            nbytes = self.ntok * self.model.engram_bytes_per_token(page)
+            self.bytes_by_tier["nvme"] += nbytes
+            self.m.nvme_read(nbytes, self._engram_done, random=True)
+            del eng
+        self._layer(0)
+
+    def _engram_done(self) -> None:
+        self.engram_ready = True
+        if self.engram_wait is not None:
+            cb, self.engram_wait = self.engram_wait, None
+            cb()
+
+    def _layer(self, layer: int) -> None:
+        if layer >= self.model.n_layers:
+            self._step_end()
+            return
+        if layer in self.engram_layers and not self.engram_ready:
+            self.engram_wait = lambda: self._layer(layer)
+            self.crit["nvme"] -= self.m.sim.now
+            return
+        m = self.m
+        w_bytes = self.model.dense_bytes_per_token / self.model.n_layers
+        kv = self.kv_tok * self.context * self.ntok / self.model.n_layers
+        self.lt = m.sim.now
+        if self.dense_on_gpu:
+            m.gpu.submit(m.gpu_read_s(w_bytes + kv), lambda: self._routed(layer))
+        else:
+            m.cpu_read(w_bytes + kv, lambda: self._routed(layer), rate=m.cpu_dense_rate)
+
+    def _routed(self, layer: int) -> None:
+        m = self.m
+        i = self.moe_index.get(layer)
+        if i is None:
+            self.crit["gpu" if self.dense_on_gpu else "cpu"] += m.sim.now - self.lt
+            self._layer(layer + 1)
+            return
+        self.crit["gpu" if self.dense_on_gpu else "cpu"] += m.sim.now - self.lt
+        picks = self.r[:, i, :]
+        ex = np.unique(picks)
+        self.reads += ex.size
+        if i in self.static_gpu:
+            hit = np.ones(ex.size, dtype=bool)
+        else:
+            hit = self.cache.res[i, ex]
+        self.cache.observe(i, picks.ravel())
+        n_h = int(hit.sum())
+        n_m = ex.size - n_h
+        self.hits += n_h
+        miss = ex[~hit]
+        if n_m == 0 or not m.has_gpu:
+            k_cpu = n_m
+        elif self.kind == "auction":
+            k_cpu = auction_split(n_h, n_m, *self.auction)[0]
+        elif self.kind == "cpu":
+            k_cpu = n_m
+        else:
+            k_cpu = 0
+        n_ssd_cpu = n_ssd_gpu = 0
+        if self.page is not None and n_m:
+            in_ram = self.page.res[i, miss]
+            self.page.observe(i, miss)
+            n_ssd_cpu = int((~in_ram[:k_cpu]).sum())
+            n_ssd_gpu = int((~in_ram[k_cpu:]).sum())
+        self.pending, self.lt = 2, m.sim.now
+        self.last = "gpu"
+        eb = self.eb
+        self.bytes_by_tier["vram"] += n_h * eb
+        # GPU side: resident experts, then zero-copy or copied misses
+        n_gpu_miss = n_m - k_cpu
+        hit_s = m.gpu_read_s(n_h * eb)
+        nxt = lambda: self._join(layer, "gpu")
+        if n_gpu_miss:
+            tier = "copy" if self.kind == "copy" else "zero_copy"
+            self.bytes_by_tier[tier] += n_gpu_miss * eb
+            if n_ssd_gpu:
+                self.bytes_by_tier["nvme"] += n_ssd_gpu * eb
+            if self.kind == "copy":
+                after = lambda: m.dma(n_gpu_miss * eb, lambda: m.gpu.submit(
+                    m.gpu_read_s(n_gpu_miss * eb), lambda: self._join(layer, "pcie_h2d")))
+            else:
+                after = lambda: m.gpu.acquire(lambda: m.sim.after(hit_s, lambda: m.zero_copy(
+                    n_gpu_miss * eb, lambda: (m.gpu.release(), self._join(layer, "pcie_h2d")))))
+            if n_ssd_gpu:
+                m.nvme_read(n_ssd_gpu * eb, after)
+            else:
+                after()
+            if self.kind == "copy":
+                m.gpu.submit(hit_s)
+        elif self.dense_on_gpu or m.has_gpu:
+            m.gpu.submit(hit_s, nxt)
+        else:
+            self.pending -= 1
+        # CPU side
+        if k_cpu:
+            self.bytes_by_tier["cpu"] += k_cpu * eb
+            ho = self.handover_s if m.has_gpu else 0.0
+            ram_part = (k_cpu - n_ssd_cpu) * eb
+            if n_ssd_cpu:
+                self.bytes_by_tier["nvme"] += n_ssd_cpu * eb
+                self.sub = 2
+                sub_done = lambda: self._cpu_sub(layer, n_ssd_cpu * eb)
+                m.nvme_read(n_ssd_cpu * eb, sub_done)
+                go = lambda: m.cpu_read(ram_part, sub_done) if ram_part else sub_done()
+            else:
+                go = lambda: m.cpu_read(ram_part, lambda: self._join(layer, "cpu"))
+            m.sim.after(ho, go) if ho else go()
+        else:
+            self.pending -= 1
+            if self.pending == 0:
+                self._join(layer, "gpu", count=False)
+
+    def _cpu_sub(self, layer, ssd_bytes) -> None:
+        self.sub -= 1
+        if self.sub == 0:
+            self.m.cpu_read(ssd_bytes, lambda: self._join(layer, "nvme"))
+
+    def _join(self, layer: int, who: str, count: bool = True) -> None:
+        if count:
+            self.pending -= 1
+            self.last = who
+        if self.pending > 0:
+            return
+        self.crit[self.last] += self.m.sim.now - self.lt
+        self._layer(layer + 1)
+
+    def _step_end(self) -> None:
+        m = self.m
+        over = m.c.step_overhead_ms * 1e-3
+        changes = self.cache.end_step()
+        n_in = sum(1 for c in changes if c[1] >= 0)
+        if n_in:  # swaps stream in on the copy engine, overlapping the next steps
+            m.dma(n_in * self.eb)
+        self.context += self.committed
+        self.step_idx += 1
+        if over:
+            self.crit["gpu"] += over
+            m.sim.after(over, self._record)
+        else:
+            self._record()
+
+    def _record(self) -> None:
+        self.step_s.append(self.m.sim.now - self.t0)
+        self._step()
+
+    @property
+    def hit_rate(self) -> float:
+        """Share of distinct routed experts served from VRAM."""
+        return self.hits / self.reads if self.reads else 0.0

@@ -1,0 +1,64 @@
+"""`moe-offload plan`: the ceiling report and its --json contract (DESIGN.md interface contract)."""
+import json
+import subprocess
+import sys
+
+from moe_offload.cli import main
+from specs.loaders import load_model, load_plan
+
+
+def plan_json(capsys, *argv):
+    assert main(["plan", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_design_card_example_runs(capsys):
+    """`moe-offload plan --hw epyc8ch-3090.yaml`: --model defaults to deepseek-v4.1-flash."""
+    assert main(["plan", "--hw", "epyc8ch-3090.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert "deepseek-v4.1-flash on epyc8ch-3090" in out and "Memory map" in out
+
+
+def test_json_has_the_contract_fields(capsys):
+    s = plan_json(capsys, "--hw", "epyc8ch-3090")
+    m = load_model("deepseek-v4.1-flash")
+    assert s["model"]["routed_experts"] == 15_360
+    assert s["model"]["routed_params"] == m.routed_params
+    assert s["model"]["expert_bytes"] == m.expert_bytes
+    assert s["model"]["routed_bytes_per_token"] == m.routed_bytes_per_token()
+    assert s["model"]["dense_bytes_per_token"] == m.dense_bytes_per_token
+    assert s["model"]["engram_bytes_per_token"] == m.engram_bytes_per_token(4096)
+    assert {"tier", "bandwidth_gbs", "tok_s"} <= set(s["ceilings"][0])
+    assert {"decode_tok_s", "ttft_s", "bottleneck"} <= set(s["predicted"])
+    assert s["plan"]["engine"] == "tiered-cache" and s["plan"]["expert_cache"]["slots"] > 0
+
+
+def test_json_ceilings_on_standard_buses_match_the_physics(capsys):
+    s = plan_json(capsys, "--hw", "epyc8ch-3090")
+    assert [round(c["tok_s"]) for c in s["standard_ceilings"]] == [16, 26, 32, 64, 8, 294]
+
+
+def test_predicted_never_beats_the_vram_ceiling(capsys):
+    s = plan_json(capsys, "--hw", "epyc8ch-3090")
+    vram = next(c for c in s["ceilings"] if c["tier"] == "VRAM")
+    assert 0 < s["predicted"]["decode_tok_s"] < vram["tok_s"]
+
+
+def test_written_plan_loads_back(capsys, tmp_path):
+    out = tmp_path / "plan.json"
+    s = plan_json(capsys, "--hw", "i5-13600k-ddr5-3090", "--model", "qwen3.8-flash-next-iq3_s", "--out", str(out))
+    assert load_plan(out).model_dump(mode="json") == s["plan"]
+
+
+def test_plan_fits_experts_beyond_ram_on_nvme(capsys):
+    """DeepSeek 2.00 bpw (132 GB of experts) on a 64 GB box: the rest stays on the SSD."""
+    s = plan_json(capsys, "--hw", "rtx5070-64g", "--model", "deepseek-v4.1-flash-1017-gsq-2.00")
+    assert s["memory"]["nvme"]["experts"] > 60e9
+    assert s["memory"]["ram"]["experts"] <= 56e9 + 1
+
+
+def test_plan_path_imports_neither_torch_nor_numba():
+    code = ("import sys; from moe_offload.cli import main; main(['plan', '--hw', 'epyc8ch-3090', '--json']);"
+            "print('torch' in sys.modules, 'numba' in sys.modules, file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stderr.strip() == "False False"

@@ -1,0 +1,77 @@
+"""config.json of each supported family loads to the right expert count and width."""
+import json
+
+import pytest
+
+from specs.errors import SpecError
+from specs.loaders import load_model
+
+MIXTRAL_8X7B = {"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336,
+                "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000,
+                "max_position_embeddings": 32768, "torch_dtype": "bfloat16"}
+QWEN15_MOE_A27B = {"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632,
+                   "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16,
+                   "num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+                   "shared_expert_intermediate_size": 5632, "decoder_sparse_step": 1,
+                   "mlp_only_layers": [], "vocab_size": 151936}
+QWEN3_30B_A3B = {"model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48,
+                 "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                 "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                 "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936}
+DEEPSEEK_V3 = {"model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432,
+               "num_hidden_layers": 61, "first_k_dense_replace": 3, "moe_layer_freq": 1,
+               "n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048,
+               "n_shared_experts": 1, "num_attention_heads": 128, "num_key_value_heads": 128,
+               "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+               "v_head_dim": 128, "vocab_size": 129280,
+               "quantization_config": {"quant_method": "fp8"}}
+DEEPSEEK_V2_LITE = {"model_type": "deepseek_v2", "hidden_size": 2048, "intermediate_size": 10944,
+                    "num_hidden_layers": 27, "first_k_dense_replace": 1, "n_routed_experts": 64,
+                    "num_experts_per_tok": 6, "moe_intermediate_size": 1408, "n_shared_experts": 2,
+                    "num_attention_heads": 16, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+                    "qk_nope_head_dim": 128, "vocab_size": 102400}
+
+
+def _load(tmp_path, cfg, name="config.json"):
+    p = tmp_path / name
+    p.write_text(json.dumps(cfg))
+    return load_model(str(p))
+
+
+@pytest.mark.parametrize("cfg, experts, per_layer, width, top_k", [
+    (MIXTRAL_8X7B, 32 * 8, 8, 14336, 2),
+    (QWEN15_MOE_A27B, 24 * 60, 60, 1408, 4),
+    (QWEN3_30B_A3B, 48 * 128, 128, 768, 8),
+    (DEEPSEEK_V3, 58 * 256, 256, 2048, 8),
+    (DEEPSEEK_V2_LITE, 26 * 64, 64, 1408, 6),
+], ids=["mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3", "deepseek-v2"])
+def test_config_loads_expert_count_and_width(tmp_path, cfg, experts, per_layer, width, top_k):
+    m = _load(tmp_path, cfg)
+    assert (m.routed_experts, m.n_experts, m.expert_ffn, m.top_k) == (experts, per_layer, width, top_k)
+
+
+def test_deepseek_v3_routed_weights_and_mla_cache(tmp_path):
+    """58 MoE layers x 256 x 3 x 7168 x 2048 = 653.9B routed weights; MLA caches 576 per layer."""
+    m = _load(tmp_path, DEEPSEEK_V3)
+    assert round(m.routed_params / 1e9, 1) == 653.9
+    assert m.kv_bytes_per_token("f16") == 576 * 61 * 2
+    assert m.fmt_experts.bits == 8
+
+
+def test_mixtral_is_46_7B_total_with_dense(tmp_path):
+    m = _load(tmp_path, MIXTRAL_8X7B)
+    total = m.routed_params + m.dense_params_per_token + m.vocab * m.hidden
+    assert round(total / 1e9, 1) == 46.7
+
+
+def test_dense_config_is_not_moe(tmp_path):
+    with pytest.raises(SpecError, match="model_type: not a supported MoE config"):
+        _load(tmp_path, {"model_type": "llama", "hidden_size": 4096})
+
+
+def test_missing_key_is_named(tmp_path):
+    cfg = dict(QWEN3_30B_A3B)
+    del cfg["moe_intermediate_size"]
+    with pytest.raises(SpecError, match="config.json: moe_intermediate_size: missing"):
+        _load(tmp_path, cfg)

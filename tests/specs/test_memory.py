@@ -1,0 +1,53 @@
+"""The memory map: bytes per tier, cache slots and KV tokens (DESIGN.md, run D107)."""
+import pytest
+
+from specs.errors import SpecError
+from specs.loaders import load_hardware, load_model
+from specs.memory import memory_map, size_cache
+from specs.plan import KVCache, Placement, Plan, plan_template
+
+GIB = 2**30
+
+
+def test_tiered_cache_on_epyc_leaves_709_slots_8_76_GiB():
+    """24 GiB - 7.7 dense - 1.5 KV (297,224 fp8 tokens) - ~5 workspace - context = 709 slots (D107)."""
+    m, hw = load_model("deepseek-v4.1-flash"), load_hardware("epyc8ch-3090")
+    plan = plan_template("tiered-cache").model_copy(update={"kv": KVCache(context=297_224, dtype="fp8")})
+    plan = size_cache(m, hw, plan)
+    assert plan.expert_cache.slots == 709
+    assert round(plan.expert_cache.slots * m.expert_bytes / GIB, 2) == 8.76
+    mm = memory_map(m, hw, plan)
+    assert round(mm.vram["kv cache"] / GIB, 2) == 1.5
+    assert round(mm.ram["experts"] / GIB, 1) == 189.8
+    assert mm.vram_free >= 0
+
+
+def test_static_split_moves_whole_layers_to_vram():
+    m, hw = load_model("qwen3.8-flash-next-iq3_s"), load_hardware("i5-13600k-ddr5-3090")
+    plan = Plan(placement=Placement(gpu_expert_layers=[46, 47]), kv=KVCache(context=4096))
+    mm = memory_map(m, hw, plan)
+    assert mm.vram["static experts"] == pytest.approx(m.routed_bytes * 2 / 48)
+    assert mm.ram["experts"] + mm.vram["static experts"] == pytest.approx(m.routed_bytes)
+
+
+def test_plan_over_vram_names_the_byte_accounting():
+    m, hw = load_model("deepseek-v4.1-flash"), load_hardware("epyc8ch-3090")
+    plan = Plan(expert_cache={"slots": 5000, "policy": "lru"}, kv=KVCache(context=4096))
+    with pytest.raises(SpecError) as e:
+        memory_map(m, hw, plan).check_fits("p.json")
+    assert "does not fit in VRAM" in e.value.line() and f"expert cache {5000 * m.expert_bytes / GIB:.2f}" in e.value.line()
+    assert e.value.line().startswith("p.json: vram:")
+
+
+def test_plan_over_ram_is_rejected():
+    m, hw = load_model("deepseek-v4.1-flash"), load_hardware("rtx5070-64g")
+    with pytest.raises(SpecError, match="does not fit in RAM"):
+        memory_map(m, hw, Plan(kv=KVCache(context=4096))).check_fits()
+
+
+def test_experts_beyond_ram_go_to_nvme():
+    m, hw = load_model("deepseek-v4.1-flash-1017-gsq-2.00"), load_hardware("rtx5070-64g")
+    plan = Plan(placement=Placement(expert_ram_bytes=56_000_000_000), kv=KVCache(context=4096))
+    mm = memory_map(m, hw, plan)
+    assert mm.ram["experts"] == 56e9
+    assert mm.nvme["experts"] == pytest.approx(m.routed_bytes - 56e9)
