@@ -29,100 +29,179 @@ def _h2f(lo, hi):
     return -v if h & 0x8000 else v
 
 
-@njit(fastmath=True, inline="always")
-def _dot_q8(row, x):
-    """Q8_0 row (bytes) . x."""
-    acc = np.float32(0.0)
-    for b in range(x.shape[0] // 32):
-        o = b * 34
-        s = np.float32(0.0)
-        for j in range(32):
-            s += np.float32(np.int8(row[o + 2 + j])) * x[b * 32 + j]
-        acc += s * _h2f(row[o], row[o + 1])
-    return acc
+_U = np.uint64
 
 
 @njit(fastmath=True, inline="always")
-def _dot_q4(row, x):
-    """Q4_0 row (bytes) . x."""
-    acc = np.float32(0.0)
-    for b in range(x.shape[0] // 32):
-        o = b * 18
-        s = np.float32(0.0)
-        for j in range(16):
-            q = np.int32(row[o + 2 + j])
-            s += np.float32((q & 15) - 8) * x[b * 32 + j] + np.float32((q >> 4) - 8) * x[b * 32 + 16 + j]
-        acc += s * _h2f(row[o], row[o + 1])
-    return acc
+def _q8_rows4(w, o0, rb, x, qk):
+    """Dots of 4 Q8_0 rows starting at byte o0 (row stride rb) with x."""
+    nb = _U(x.shape[0] // 32)
+    two, c34, c32 = _U(2), _U(34), _U(32)
+    o1, o2, o3 = o0 + rb, o0 + 2 * rb, o0 + 3 * rb
+    a0 = a1 = a2 = a3 = np.float32(0.0)
+    for b in range(nb):
+        o = _U(b) * c34
+        xo = _U(b) * c32
+        t0 = t1 = t2 = t3 = np.float32(0.0)
+        for j in range(qk):
+            xv = x[xo + j]
+            t0 += np.float32(np.int8(w[o0 + o + two + j])) * xv
+            t1 += np.float32(np.int8(w[o1 + o + two + j])) * xv
+            t2 += np.float32(np.int8(w[o2 + o + two + j])) * xv
+            t3 += np.float32(np.int8(w[o3 + o + two + j])) * xv
+        a0 += t0 * _h2f(w[o0 + o], w[o0 + o + _U(1)])
+        a1 += t1 * _h2f(w[o1 + o], w[o1 + o + _U(1)])
+        a2 += t2 * _h2f(w[o2 + o], w[o2 + o + _U(1)])
+        a3 += t3 * _h2f(w[o3 + o], w[o3 + o + _U(1)])
+    return a0, a1, a2, a3
 
 
 @njit(fastmath=True, inline="always")
-def _deq_f16(row, buf):
-    """F16 row (bytes) -> buf float32 (exact, subnormals included)."""
-    ib = buf.view(np.int32)
-    for j in range(buf.shape[0]):
-        h = np.int32(row[2 * j]) | (np.int32(row[2 * j + 1]) << 8)
-        ib[j] = ((h & 0x8000) << 16) | ((h & 0x7FFF) << 13)
-    for j in range(buf.shape[0]):
-        buf[j] *= _TWO112
+def _q8_row(w, o0, x, qk):
+    """Dot of one Q8_0 row at byte o0 with x."""
+    nb = _U(x.shape[0] // 32)
+    two, c34, c32 = _U(2), _U(34), _U(32)
+    a = np.float32(0.0)
+    for b in range(nb):
+        o = o0 + _U(b) * c34
+        xo = _U(b) * c32
+        t = np.float32(0.0)
+        for j in range(qk):
+            t += np.float32(np.int8(w[o + two + j])) * x[xo + j]
+        a += t * _h2f(w[o], w[o + _U(1)])
+    return a
 
 
 @njit(fastmath=True, inline="always")
-def _deq(code, row, buf):
-    """Dequantise one row of type `code` into buf float32 [cols]."""
+def _q4_rows4(w, o0, rb, x, qk):
+    """Dots of 4 Q4_0 rows starting at byte o0 (row stride rb) with x."""
+    nb = _U(x.shape[0] // 32)
+    two, c18, c32, c16 = _U(2), _U(18), _U(32), _U(16)
+    o1, o2, o3 = o0 + rb, o0 + 2 * rb, o0 + 3 * rb
+    a0 = a1 = a2 = a3 = np.float32(0.0)
+    for b in range(nb):
+        o = _U(b) * c18
+        xo = _U(b) * c32
+        t0 = t1 = t2 = t3 = np.float32(0.0)
+        for j in range(qk):
+            xl = x[xo + j]
+            xh = x[xo + c16 + j]
+            q0 = np.int32(w[o0 + o + two + j])
+            q1 = np.int32(w[o1 + o + two + j])
+            q2 = np.int32(w[o2 + o + two + j])
+            q3 = np.int32(w[o3 + o + two + j])
+            t0 += np.float32((q0 & 15) - 8) * xl + np.float32((q0 >> 4) - 8) * xh
+            t1 += np.float32((q1 & 15) - 8) * xl + np.float32((q1 >> 4) - 8) * xh
+            t2 += np.float32((q2 & 15) - 8) * xl + np.float32((q2 >> 4) - 8) * xh
+            t3 += np.float32((q3 & 15) - 8) * xl + np.float32((q3 >> 4) - 8) * xh
+        a0 += t0 * _h2f(w[o0 + o], w[o0 + o + _U(1)])
+        a1 += t1 * _h2f(w[o1 + o], w[o1 + o + _U(1)])
+        a2 += t2 * _h2f(w[o2 + o], w[o2 + o + _U(1)])
+        a3 += t3 * _h2f(w[o3 + o], w[o3 + o + _U(1)])
+    return a0, a1, a2, a3
+
+
+@njit(fastmath=True, inline="always")
+def _q4_row(w, o0, x, qk):
+    """Dot of one Q4_0 row at byte o0 with x."""
+    nb = _U(x.shape[0] // 32)
+    two, c18, c32, c16 = _U(2), _U(18), _U(32), _U(16)
+    a = np.float32(0.0)
+    for b in range(nb):
+        o = o0 + _U(b) * c18
+        xo = _U(b) * c32
+        t = np.float32(0.0)
+        for j in range(qk):
+            q = np.int32(w[o + two + j])
+            t += np.float32((q & 15) - 8) * x[xo + j] + np.float32((q >> 4) - 8) * x[xo + c16 + j]
+        a += t * _h2f(w[o], w[o + _U(1)])
+    return a
+
+
+@njit(fastmath=True, inline="always")
+def _deq(code, w, o0, buf, qk):
+    """Dequantise the row at byte o0 of flat bytes w into buf float32 [cols]."""
+    n = _U(buf.shape[0])
     if code == F16:
-        _deq_f16(row, buf)
+        ib = buf.view(np.int32)
+        for j in range(n):
+            h = np.int32(w[o0 + _U(2) * j]) | (np.int32(w[o0 + _U(2) * j + _U(1)]) << 8)
+            ib[j] = ((h & 0x8000) << 16) | ((h & 0x7FFF) << 13)
+        for j in range(n):
+            buf[j] *= _TWO112
     elif code == Q8_0:
-        for b in range(buf.shape[0] // 32):
-            o = b * 34
-            d = _h2f(row[o], row[o + 1])
-            for j in range(32):
-                buf[b * 32 + j] = np.float32(np.int8(row[o + 2 + j])) * d
+        for b in range(n // _U(32)):
+            o = o0 + _U(b) * _U(34)
+            d = _h2f(w[o], w[o + _U(1)])
+            for j in range(qk):
+                buf[_U(b) * _U(32) + j] = np.float32(np.int8(w[o + _U(2) + j])) * d
     else:
-        for b in range(buf.shape[0] // 32):
-            o = b * 18
-            d = _h2f(row[o], row[o + 1])
-            for j in range(16):
-                q = np.int32(row[o + 2 + j])
-                buf[b * 32 + j] = np.float32((q & 15) - 8) * d
-                buf[b * 32 + 16 + j] = np.float32((q >> 4) - 8) * d
+        for b in range(n // _U(32)):
+            o = o0 + _U(b) * _U(18)
+            d = _h2f(w[o], w[o + _U(1)])
+            for j in range(qk // 2):
+                q = np.int32(w[o + _U(2) + j])
+                buf[_U(b) * _U(32) + j] = np.float32((q & 15) - 8) * d
+                buf[_U(b) * _U(32) + _U(16) + j] = np.float32((q >> 4) - 8) * d
 
 
 @njit(fastmath=True, inline="always")
-def _dot(code, row, x, buf):
-    """row (type `code`) . x; buf [cols] scratch for F16."""
-    if code == Q8_0:
-        return _dot_q8(row, x)
-    if code == Q4_0:
-        return _dot_q4(row, x)
-    _deq_f16(row, buf)
+def _vdot(a, b):
     s = np.float32(0.0)
-    for j in range(x.shape[0]):
-        s += buf[j] * x[j]
+    for j in range(_U(a.shape[0])):
+        s += a[j] * b[j]
     return s
 
 
-@njit(fastmath=True, inline="always")
-def _rows_times(code, row, xs, idx, n, buf, out, col):
-    """out[i, col] = row . xs[idx[i]] for i < n (dequantise once when n > 1)."""
-    if n == 1:
-        out[0, col] = _dot(code, row, xs[idx[0]], buf)
+@njit(fastmath=True)
+def _rows_dot(code, w, r0, r1, rb, x, buf, res, qk):
+    """res[r - r0] = row_r . x for rows [r0, r1) of flat expert bytes w (row stride rb)."""
+    r = r0
+    rbu = _U(rb)
+    if code == Q8_0:
+        while r + 4 <= r1:
+            a0, a1, a2, a3 = _q8_rows4(w, _U(r) * rbu, rbu, x, _U(qk))
+            res[r - r0], res[r - r0 + 1], res[r - r0 + 2], res[r - r0 + 3] = a0, a1, a2, a3
+            r += 4
+        while r < r1:
+            res[r - r0] = _q8_row(w, _U(r) * rbu, x, _U(qk))
+            r += 1
+    elif code == Q4_0:
+        while r + 4 <= r1:
+            a0, a1, a2, a3 = _q4_rows4(w, _U(r) * rbu, rbu, x, _U(qk // 2))
+            res[r - r0], res[r - r0 + 1], res[r - r0 + 2], res[r - r0 + 3] = a0, a1, a2, a3
+            r += 4
+        while r < r1:
+            res[r - r0] = _q4_row(w, _U(r) * rbu, x, _U(qk // 2))
+            r += 1
+    else:
+        while r < r1:
+            _deq(code, w, _U(r) * rbu, buf, _U(qk))
+            res[r - r0] = _vdot(buf, x)
+            r += 1
+
+
+@njit(fastmath=True)
+def _rows_matmul(code, w, r0, r1, rb, xs, idx, m, buf, res, qk):
+    """res[k, r - r0] = row_r . xs[idx[k]] for k < m; one token: fused dots, else dequantise once."""
+    if m == 1:
+        _rows_dot(code, w, r0, r1, rb, xs[idx[0]], buf, res[0], qk)
         return
-    _deq(code, row, buf)
-    for i in range(n):
-        x = xs[idx[i]]
-        s = np.float32(0.0)
-        for j in range(x.shape[0]):
-            s += buf[j] * x[j]
-        out[i, col] = s
+    for r in range(r0, r1):
+        _deq(code, w, _U(r) * _U(rb), buf, _U(qk))
+        for k in range(m):
+            res[k, r - r0] = _vdot(buf, xs[idx[k]])
 
 
 @njit(parallel=True, nogil=True, fastmath=True, cache=True)
-def _moe(gd, gc, ud, uc, dd, dc, x, experts, offs, tok, wts, act, out):
-    """SwiGLU experts: out[t] += sum_a wts[a] * down_e(silu(gate_e x_t) * up_e x_t), CSR by expert."""
+def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, qk):
+    """SwiGLU experts: out[t] += sum_a wts[a] * down_e(silu(gate_e x_t) * up_e x_t), CSR by expert.
+
+    gd/ud/dd: flat expert bytes [E, rows * row_bytes]; act [m, F] scratch; qk = 32 (block size).
+    """
     n = experts.shape[0]
-    F = gd.shape[1]
-    H = dd.shape[1]
+    grb = gd.shape[1] // F
+    drb = dd.shape[1] // H
     maxm = 1
     for i in range(n):
         maxm = max(maxm, offs[i + 1] - offs[i])
@@ -130,57 +209,66 @@ def _moe(gd, gc, ud, uc, dd, dc, x, experts, offs, tok, wts, act, out):
     for it in prange(n * nch):  # phase 1: act[a, f] = silu(g) * u
         i = it // nch
         r0 = (it % nch) * _ROWS
+        r1 = min(F, r0 + _ROWS)
         e = experts[i]
         a0 = offs[i]
         m = offs[i + 1] - a0
         idx = tok[a0:a0 + m]
         buf = np.empty(x.shape[1], np.float32)
-        g = np.empty((m, 1), np.float32)
-        u = np.empty((m, 1), np.float32)
-        for r in range(r0, min(F, r0 + _ROWS)):
-            _rows_times(gc, gd[e, r], x, idx, m, buf, g, 0)
-            _rows_times(uc, ud[e, r], x, idx, m, buf, u, 0)
-            for k in range(m):
-                gv = g[k, 0]
-                act[a0 + k, r] = gv / (np.float32(1.0) + np.exp(-gv)) * u[k, 0]
+        g = np.empty((m, _ROWS), np.float32)
+        u = np.empty((m, _ROWS), np.float32)
+        _rows_matmul(gc, gd[e], r0, r1, grb, x, idx, m, buf, g, qk)
+        _rows_matmul(uc, ud[e], r0, r1, grb, x, idx, m, buf, u, qk)
+        for k in range(m):
+            for r in range(r1 - r0):
+                gv = g[k, r]
+                act[a0 + k, r0 + r] = gv / (np.float32(1.0) + np.exp(-gv)) * u[k, r]
     nh = (H + _ROWS - 1) // _ROWS
     for it in prange(nh):  # phase 2: each thread owns rows of out, loops over experts
         r0 = it * _ROWS
+        r1 = min(H, r0 + _ROWS)
         buf = np.empty(F, np.float32)
-        y = np.empty((maxm, 1), np.float32)
+        y = np.empty((maxm, _ROWS), np.float32)
         lidx = np.arange(maxm)
         for i in range(n):
             e = experts[i]
             a0 = offs[i]
             m = offs[i + 1] - a0
-            sub = act[a0:a0 + m]
-            for r in range(r0, min(H, r0 + _ROWS)):
-                _rows_times(dc, dd[e, r], sub, lidx, m, buf, y, 0)
-                for k in range(m):
-                    out[tok[a0 + k], r] += wts[a0 + k] * y[k, 0]
+            _rows_matmul(dc, dd[e], r0, r1, drb, act[a0:a0 + m], lidx, m, buf, y, qk)
+            for k in range(m):
+                t = tok[a0 + k]
+                for r in range(r1 - r0):
+                    out[t, r0 + r] += wts[a0 + k] * y[k, r]
 
 
 @njit(parallel=True, nogil=True, fastmath=True, cache=True)
-def _matmul(wd, code, e, x, out):
-    """out[t, r] = W_e[r] . x[t] for one expert matrix (in place), rows split across threads."""
-    R = wd.shape[1]
+def _matmul(wd, code, R, x, out, qk):
+    """out[t, r] = W[r] . x[t] for one expert matrix (flat bytes wd, in place), rows across threads."""
     T = x.shape[0]
+    rb = wd.shape[0] // R
     nch = (R + _ROWS - 1) // _ROWS
     for it in prange(nch):
+        r0 = it * _ROWS
+        r1 = min(R, r0 + _ROWS)
         buf = np.empty(x.shape[1], np.float32)
-        col = np.empty((T, 1), np.float32)
+        res = np.empty((T, _ROWS), np.float32)
         idx = np.arange(T)
-        for r in range(it * _ROWS, min(R, (it + 1) * _ROWS)):
-            _rows_times(code, wd[e, r], x, idx, T, buf, col, 0)
-            for t in range(T):
-                out[t, r] = col[t, 0]
+        _rows_matmul(code, wd, r0, r1, rb, x, idx, T, buf, res, qk)
+        for t in range(T):
+            for r in range(r1 - r0):
+                out[t, r0 + r] = res[t, r]
+
+
+def flat(w) -> np.ndarray:
+    """ExpertTensor bytes as a flat [E, rows * row_bytes] uint8 view (no copy)."""
+    return w.data.reshape(w.data.shape[0], -1)
 
 
 def expert_matmul(w, e: int, x: np.ndarray) -> np.ndarray:
     """W_e x for ExpertTensor `w`, expert `e`, x [T, cols] f32 -> [T, rows] f32."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     out = np.empty((x.shape[0], w.rows), np.float32)
-    _matmul(w.data, w.code, int(e), x, out)
+    _matmul(flat(w)[int(e)], w.code, w.rows, x, out, 32)
     return out
 
 
@@ -214,8 +302,8 @@ def moe_cpu(gate, up, down, x: np.ndarray, experts, offs, tok, wts, out: np.ndar
         out = np.zeros((x.shape[0], down.rows), np.float32)
     act = np.empty((max(1, tok.shape[0]), gate.rows), np.float32)
     if experts.shape[0]:
-        _moe(gate.data, gate.code, up.data, up.code, down.data, down.code, x,
-             experts, offs, tok, wts, act, out)
+        _moe(flat(gate), gate.code, flat(up), up.code, flat(down), down.code, gate.rows, down.rows,
+             x, experts, offs, tok, wts, act, out, 32)
     return out
 
 

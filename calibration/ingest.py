@@ -1,0 +1,148 @@
+"""A user's llama.cpp runs as measured evidence: llama-bench output (json, jsonl, csv, md) and
+llama-server timing lines, each turned into a run with the placement its flags set up."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from planner.llamacpp import parse
+from specs.errors import SpecError
+from specs.model import ModelSpec
+from specs.plan import Plan
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """One llama-bench test: prompt processing (pp) or generation (tg) of n tokens."""
+
+    test: str  # 'pp64', 'tg32', 'pp512+tg128'
+    n_prompt: int
+    n_gen: int
+    tok_s: float
+    tok_s_std: float
+    flags: tuple[str, ...]  # the llama.cpp flags that set up the placement
+    backend: str
+    model_file: str
+    build: str
+    source: str  # file it came from
+
+    @property
+    def metric(self) -> str:
+        """'decode_tok_s' for generation tests, 'prefill_tok_s' for prompt processing."""
+        return "decode_tok_s" if self.n_gen and not self.n_prompt else "prefill_tok_s"
+
+    def plan(self, model: ModelSpec) -> Plan:
+        """The placement these flags give on `model` (no GPU when the backend is CPU only)."""
+        return parse(list(self.flags), model, has_gpu=self.backend.upper() not in ("CPU", "BLAS"))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# llama-bench record fields -> the llama.cpp flag that sets them
+_FIELD_FLAGS = (("n_gpu_layers", "-ngl"), ("n_cpu_moe", "--n-cpu-moe"), ("n_ubatch", "-ub"),
+                ("n_batch", "-b"), ("n_threads", "-t"))
+# Markdown column names llama-bench uses for the same fields
+_MD_COLUMNS = {"ngl": "n_gpu_layers", "n_cpu_moe": "n_cpu_moe", "n_ubatch": "n_ubatch",
+               "n_batch": "n_batch", "threads": "n_threads", "ot": "tensor_buft_overrides",
+               "nopo": "no_op_offload", "backend": "backends", "model": "model_type", "test": "test"}
+
+
+def _flags(rec: dict, path: str) -> tuple[str, ...]:
+    out: list[str] = []
+    for key, flag in _FIELD_FLAGS:
+        if key in rec and rec[key] not in (None, ""):
+            v = int(float(rec[key]))
+            if key == "n_gpu_layers" and v < 0:
+                v = 999  # -1: llama-bench's "all layers"
+            out += [flag, str(v)]
+    ot = str(rec.get("tensor_buft_overrides", "none") or "none")
+    if ot != "none":
+        for item in ot.split(";"):
+            out += ["-ot", item]
+    if str(rec.get("no_op_offload", "0")).lower() in ("1", "true"):
+        out.append("--no-op-offload")
+    return tuple(out)
+
+
+def _test_name(n_prompt: int, n_gen: int) -> str:
+    return "+".join(x for x in (f"pp{n_prompt}" if n_prompt else "", f"tg{n_gen}" if n_gen else "") if x)
+
+
+def _from_record(rec: dict, path: str) -> BenchRun:
+    try:
+        n_prompt, n_gen = int(float(rec["n_prompt"])), int(float(rec["n_gen"]))
+        return BenchRun(test=_test_name(n_prompt, n_gen), n_prompt=n_prompt, n_gen=n_gen,
+                        tok_s=float(rec["avg_ts"]), tok_s_std=float(rec.get("stddev_ts", 0) or 0),
+                        flags=_flags(rec, path), backend=str(rec.get("backends", "")),
+                        model_file=str(rec.get("model_filename", "")), build=str(rec.get("build_commit", "")),
+                        source=path)
+    except KeyError as e:
+        raise SpecError(path, str(e.args[0]), "missing from the llama-bench record") from None
+    except ValueError as e:
+        raise SpecError(path, None, f"bad number in a llama-bench record: {e}") from None
+
+
+def _parse_md(text: str, path: str, extra_flags: tuple[str, ...]) -> list[BenchRun]:
+    rows = [ln for ln in text.splitlines() if ln.startswith("|")]
+    if len(rows) < 3:
+        raise SpecError(path, None, "no llama-bench Markdown table found")
+    head = [c.strip() for c in rows[0].strip("|").split("|")]
+    runs = []
+    for ln in rows[2:]:
+        cells = dict(zip(head, (c.strip() for c in ln.strip("|").split("|"))))
+        m = re.fullmatch(r"(?:pp(\d+))?\+?(?:tg(\d+))?(?: @ d\d+)?", cells.get("test", ""))
+        ts = re.fullmatch(r"([\d.]+)\s*±\s*([\d.]+)", cells.get("t/s", ""))
+        if not m or not ts:
+            raise SpecError(path, "test" if not m else "t/s", f"cannot read row {ln.strip()!r}")
+        rec = {_MD_COLUMNS[k]: v for k, v in cells.items() if k in _MD_COLUMNS}
+        rec.update(n_prompt=m[1] or 0, n_gen=m[2] or 0, avg_ts=ts[1], stddev_ts=ts[2])
+        run = _from_record(rec, path)
+        runs.append(BenchRun(**{**asdict(run), "flags": tuple(extra_flags) + run.flags}))
+    return runs
+
+
+def read_llama_bench(path: str | Path, extra_flags: tuple[str, ...] = ()) -> list[BenchRun]:
+    """Every test of a llama-bench output file (-o json, jsonl, csv or md), format detected."""
+    path = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise SpecError(path, None, f"cannot read: {e.strerror or e}") from None
+    body = text.lstrip()
+    try:
+        if body.startswith("["):
+            recs = json.loads(body)
+        elif body.startswith("{"):
+            recs = [json.loads(ln) for ln in body.splitlines() if ln.strip()]
+        elif body.startswith("|"):
+            return _parse_md(body, path, extra_flags)
+        elif body.startswith("build_commit") or "," in body.splitlines()[0]:
+            recs = list(csv.DictReader(io.StringIO(body)))
+        else:
+            raise SpecError(path, None, "not llama-bench output (json, jsonl, csv or md)")
+    except json.JSONDecodeError as e:
+        raise SpecError(path, f"line {e.lineno}", f"malformed JSON: {e.msg}") from None
+    return [BenchRun(**{**asdict(r), "flags": tuple(extra_flags) + r.flags})
+            for r in (_from_record(rec, path) for rec in recs)]
+
+
+_TIMING = re.compile(r"(prompt eval|eval) time\s*=\s*([\d.]+) ms /\s*(\d+) (?:tokens|runs)")
+
+
+def read_server_timings(text: str, source: str, flags: tuple[str, ...], model_file: str = "") -> list[BenchRun]:
+    """llama-server / llama-cli timing lines ('prompt eval time = X ms / N tokens', 'eval time = ...')."""
+    runs = []
+    for kind, ms, n in _TIMING.findall(text):
+        n_tok, t = int(n), float(ms) / 1e3
+        pp = kind == "prompt eval"
+        runs.append(BenchRun(test=_test_name(n_tok if pp else 0, 0 if pp else n_tok), n_prompt=n_tok if pp else 0,
+                             n_gen=0 if pp else n_tok, tok_s=n_tok / t if t else 0.0, tok_s_std=0.0,
+                             flags=tuple(flags), backend="", model_file=model_file, build="", source=source))
+    if not runs:
+        raise SpecError(source, None, "no llama.cpp timing lines ('eval time = ... ms / N tokens') found")
+    return runs

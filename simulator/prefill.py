@@ -1,0 +1,143 @@
+"""Prefill as events: chunks and micro-batches; stream-all (every touched expert copied once per
+chunk on the copy engine, double-buffered against GPU GEMMs), llama.cpp op offload (RAM experts
+copied for every micro-batch of at least the threshold, serial with compute) and CPU prefill.
+Attention is quadratic in context (capped for sparse-attention models)."""
+from __future__ import annotations
+
+from .policies import chunks, expected_touched, op_offload, ubatches
+
+# Sparse attention: each query attends at most this many earlier tokens (DeepSeek V3.2+/V4 DSA
+# top-k). ModelSpec has no field for it yet (reported to the lead); keyed by architecture here.
+SPARSE_ATTENTION_TOPK = {"deepseek-v4": 2048}
+TOUCH_LOCALITY = 1.0  # distinct experts vs the uniform form (0.87 measured once; 1.0 is conservative)
+
+
+def attention_flops(model, start: int, n: int) -> float:
+    """Attention-score FLOPs of tokens start..start+n-1 against their (capped) context."""
+    cap = SPARSE_ATTENTION_TOPK.get(model.arch)
+    per_ctx = model.attention_flops_per_token(1)
+    if cap is None:
+        return per_ctx * (n * start + n * (n - 1) / 2)
+    total = 0.0
+    full_end = min(start + n, cap)
+    if full_end > start:  # tokens whose whole context is below the cap
+        k = full_end - start
+        total += per_ctx * (k * start + k * (k - 1) / 2)
+    total += per_ctx * cap * max(0, start + n - max(start, cap))
+    return total
+
+
+class PrefillRun:
+    """Simulates a prompt's prefill on a Machine; `elapsed_s` and the critical resource after."""
+
+    def __init__(self, m, model, plan, prompt_tokens: int, streams: int = 1):
+        self.m, self.model, self.plan = m, model, plan
+        self.prompt, self.streams = int(prompt_tokens), streams
+        self.pf = plan.prefill
+        self.k = plan.experts_per_token or model.top_k
+        self.eb = model.expert_bytes
+        moe = model.layers_moe
+        self.gpu_layers = set(plan.placement.gpu_expert_layers)
+        self.ram_layers = [l for l in moe if l not in self.gpu_layers]
+        self.crit = {"gpu": 0.0, "copy_engine": 0.0, "cpu": 0.0}
+        self.elapsed_s = 0.0
+
+    def start(self, done) -> None:
+        """Prefill every stream's prompt (one after another), then done()."""
+        self.done, self.t0 = done, self.m.sim.now
+        sizes = chunks(self.prompt, self.pf.chunk_tokens) * self.streams
+        self.jobs = []
+        for s in range(self.streams):
+            pos = 0
+            for c in chunks(self.prompt, self.pf.chunk_tokens):
+                for ub in (ubatches(c, self.pf.ubatch_tokens) if self.pf.strategy != "stream-all" else [c]):
+                    self.jobs.append((pos, ub, c))
+                    pos += ub
+        del sizes
+        self.j = 0
+        self._next()
+
+    def _next(self) -> None:
+        if self.j >= len(self.jobs) or self.prompt == 0:
+            self.elapsed_s = self.m.sim.now - self.t0
+            self.done()
+            return
+        pos, n, chunk = self.jobs[self.j]
+        self.j += 1
+        if self.pf.strategy == "stream-all":
+            self._stream_all(pos, n)
+        else:
+            self._per_layer(pos, n, 0)
+
+    def _compute_s(self, pos: int, n: int, layer: int, experts_on_gpu: bool) -> float:
+        """GPU seconds for one layer of an n-token batch (dense + attention + routed GEMMs)."""
+        md, m = self.model, self.m
+        flops = (md.dense_flops_per_token * n + attention_flops(md, pos, n)) / md.n_layers
+        if experts_on_gpu and layer in set(md.layers_moe):
+            flops += n * self.k * md.expert_flops
+        return m.gpu_flops_s(flops)
+
+    # ---- stream-all: copy every touched expert once per chunk, double-buffered -------------
+    def _stream_all(self, pos: int, n: int) -> None:
+        md, m = self.model, self.m
+        touched = expected_touched(n, md.n_experts, self.k, TOUCH_LOCALITY)
+        layers = list(range(md.n_layers))
+        moe = set(self.ram_layers)
+        self.buf_free, self.copied, self.computed = 2, 0, 0
+        self.copy_t = 0.0
+
+        def issue():
+            while self.buf_free > 0 and self.copied < len(layers):
+                layer = layers[self.copied]
+                self.copied += 1
+                self.buf_free -= 1
+                nbytes = touched * self.eb if layer in moe else 0.0
+                if nbytes:
+                    m.dma(nbytes, lambda layer=layer: compute(layer))
+                else:
+                    compute(layer)
+
+        def compute(layer):
+            m.gpu.submit(self._compute_s(pos, n, layer, True), lambda: finished(layer))
+
+        def finished(layer):
+            self.buf_free += 1
+            self.computed += 1
+            if self.computed == len(layers):
+                self._chunk_done()
+            else:
+                issue()
+        issue()
+
+    def _chunk_done(self) -> None:
+        self._next()
+
+    # ---- op offload / CPU prefill: per layer, serial --------------------------------------------
+    def _per_layer(self, pos: int, n: int, layer: int) -> None:
+        md, m = self.model, self.m
+        if layer >= md.n_layers:
+            self._next()
+            return
+        nxt = lambda: self._per_layer(pos, n, layer + 1)
+        is_moe = layer in set(md.layers_moe)
+        in_ram = is_moe and layer not in self.gpu_layers
+        dense_s = self._compute_s(pos, n, layer, experts_on_gpu=not in_ram)
+        if not in_ram:
+            m.gpu.submit(dense_s, nxt)
+            return
+        if self.pf.strategy == "op-offload" and op_offload(n, self.pf.op_offload_min_batch) and m.has_gpu:
+            # llama.cpp copies the layer's whole expert tensor, then computes; the copy is dropped
+            nbytes = md.n_experts * self.eb
+            exp_s = m.gpu_flops_s(n * self.k * md.expert_flops)
+            m.gpu.submit(dense_s, lambda: m.dma(nbytes, lambda: m.gpu.submit(exp_s, nxt)))
+            return
+        # experts on the CPU: GEMM FLOPs at the per-core rate, weights read from DDR
+        touched = expected_touched(n, md.n_experts, self.k, TOUCH_LOCALITY)
+        nbytes = touched * self.eb
+        cpu_s = n * self.k * md.expert_flops / (m.c.cpu_prefill_gflops_per_core * 1e9 * m.threads)
+        rate = min(m.cpu_expert_rate, nbytes / cpu_s) if cpu_s > 0 else m.cpu_expert_rate
+        after_dense = lambda: m.cpu_read(nbytes, nxt, rate=rate)
+        if m.has_gpu:
+            m.gpu.submit(dense_s, after_dense)
+        else:
+            after_dense()

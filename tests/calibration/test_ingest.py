@@ -1,0 +1,69 @@
+"""llama-bench output in all four formats becomes runs with the right placement (issue 7)."""
+from pathlib import Path
+
+import pytest
+
+from calibration.ingest import read_llama_bench, read_server_timings
+from specs.errors import SpecError
+from specs.model import ModelSpec
+
+FIX = Path(__file__).parent.parent / "fixtures" / "llama-bench"
+# The fixture's model: qwen3moe, hidden 512, 4 layers, 32 experts of width 256, top-4, Q8_0
+TINY = ModelSpec(name="moe-tiny", arch="qwen3moe", n_layers=4, hidden=512, n_experts=32, top_k=4,
+                 expert_ffn=256, vocab=1024, attention={"n_heads": 8, "n_kv_heads": 4, "head_dim": 64},
+                 expert_format="Q8_0", dense_format="Q8_0")
+
+
+@pytest.mark.parametrize("fmt", ["json", "jsonl", "csv", "md"])
+def test_each_format_gives_four_tests_of_one_command(fmt):
+    runs = read_llama_bench(FIX / f"tiny-t12.{fmt}")
+    assert [r.test for r in runs] == ["pp64", "tg32", "pp64", "tg32"]
+    assert [r.metric for r in runs] == ["prefill_tok_s", "decode_tok_s"] * 2
+    assert all(r.backend == "CPU" for r in runs)
+    threads = [r.plan(TINY).cpu_threads for r in runs]
+    assert threads == [1, 1, 2, 2]
+
+
+@pytest.mark.parametrize("fmt", ["json", "jsonl", "csv", "md"])
+def test_cpu_backend_places_everything_on_the_cpu(fmt):
+    plan = read_llama_bench(FIX / f"tiny-t12.{fmt}")[1].plan(TINY)
+    assert plan.placement.dense == "cpu" and plan.placement.gpu_expert_layers == []
+    assert plan.prefill.strategy == "cpu"
+
+
+def test_json_fields_give_batches_and_the_measured_rate():
+    runs = read_llama_bench(FIX / "tiny-t12.json")
+    plan = runs[0].plan(TINY)
+    assert (plan.prefill.chunk_tokens, plan.prefill.ubatch_tokens) == (2048, 512)
+    assert runs[1].tok_s == pytest.approx(690.622637) and runs[1].tok_s_std == pytest.approx(3.233374)
+
+
+def test_markdown_reads_mean_and_std_from_the_t_s_column():
+    runs = read_llama_bench(FIX / "tiny-t12.md")
+    assert (runs[3].tok_s, runs[3].tok_s_std) == (944.75, 97.56)
+
+
+def test_markdown_takes_the_missing_flags_from_the_user():
+    runs = read_llama_bench(FIX / "tiny-t12.md", extra_flags=("-ngl", "0", "-ub", "256"))
+    assert runs[0].plan(TINY).prefill.ubatch_tokens == 256
+
+
+def test_server_timing_lines():
+    text = ("prompt eval time =     120.50 ms /    64 tokens (    1.88 ms per token,   531.12 tokens per second)\n"
+            "       eval time =    1000.00 ms /    50 runs   (   20.00 ms per token,    50.00 tokens per second)\n")
+    runs = read_server_timings(text, "server.log", flags=("-t", "2"))
+    assert [(r.test, round(r.tok_s, 1)) for r in runs] == [("pp64", 531.1), ("tg50", 50.0)]
+
+
+def test_a_flag_llamacpp_would_reject_is_named(tmp_path):
+    runs = read_llama_bench(FIX / "tiny-t12.md", extra_flags=("--n-cpu-moe", "x"))
+    with pytest.raises(SpecError) as e:
+        runs[0].plan(TINY)
+    assert e.value.field == "--n-cpu-moe"
+
+
+def test_not_llama_bench_output(tmp_path):
+    p = tmp_path / "x.txt"
+    p.write_text("hello world\n")
+    with pytest.raises(SpecError, match="not llama-bench output"):
+        read_llama_bench(p)
