@@ -190,14 +190,12 @@ def parse(argv: list[str] | str, model: ModelSpec, has_gpu: bool = True) -> Plan
         elif 0 < n < n_layers_total and on_gpu:
             raise SpecError(None, "-ngl", f"{n} of {n_layers_total} layers on the GPU: a partial dense split "
                             "is not a placement moe-offload models yet")
-    if not on_gpu:
+    ncm = get("--n-cpu-moe", "-ncmoe")
+    cpu = set(model.layers_moe[: _int("--n-cpu-moe", ncm)]) if ncm is not None else set()
+    cpu |= set(parse_overrides(ot, model))  # validated even when nothing goes to a GPU
+    if not on_gpu or "--cpu-moe" in flags or "-cmoe" in flags:
         gpu_layers: list[int] = []
-    elif "--cpu-moe" in flags or "-cmoe" in flags:
-        gpu_layers = []
     else:
-        ncm = get("--n-cpu-moe", "-ncmoe")
-        cpu = set(model.layers_moe[: _int("--n-cpu-moe", ncm)]) if ncm is not None else set()
-        cpu |= set(parse_overrides(ot, model))
         gpu_layers = [i for i in model.layers_moe if i not in cpu]
     b = _int("-b", get("-b", "--batch-size") or "2048", lo=1)
     ub = _int("-ub", get("-ub", "--ubatch-size") or "512", lo=1)
@@ -210,7 +208,7 @@ def parse(argv: list[str] | str, model: ModelSpec, has_gpu: bool = True) -> Plan
         placement=Placement(dense="gpu" if on_gpu else "cpu", kv="gpu" if on_gpu else "cpu",
                             gpu_expert_layers=gpu_layers),
         prefill=Prefill(strategy="cpu" if ("--no-op-offload" in flags or not on_gpu) else "op-offload",
-                        chunk_tokens=max(b, min(ub, b)), ubatch_tokens=min(ub, b)),
+                        chunk_tokens=b, ubatch_tokens=min(ub, b)),
         kv=KVCache(context=_int("-c", get("-c", "--ctx-size") or "4096", lo=1), dtype=KV_TYPES[ctk]),
         cpu_threads=_int("-t", threads, lo=1) if threads else None,
         streams=_int("-np", get("-np", "--parallel") or "1", lo=1),
