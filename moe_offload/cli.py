@@ -46,6 +46,24 @@ def _cmd_fit(a) -> int:
     return 0
 
 
+def _cmd_report(a) -> int:
+    from planner.predict import predict
+    from planner.search import base_plan
+    from planner.summary import plan_summary
+    from planner.whatif import sweeps
+    from reports.build import plan_report
+    from reports.page import write_page
+    from specs.loaders import load_hardware, load_model, load_plan
+
+    hw, model = load_hardware(a.hw), load_model(a.model)
+    plan = load_plan(a.plan) if a.plan else base_plan(model, hw, context=a.context)
+    summary = plan_summary(model, hw, plan, predict(model, hw, plan, prompt_tokens=a.prompt_tokens))
+    page = plan_report(summary, sweeps(model, hw, plan, predict, a.prompt_tokens))
+    md, html = write_page(page, a.out)
+    print(f"report written: {md} and {html}")
+    return 0
+
+
 def _cmd_schema(a) -> int:
     from specs.hardware import HardwareSpec
     from specs.model import ModelSpec
@@ -84,6 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="deepseek-v4.1-flash")
     p.add_argument("--plan", required=True, help="plan JSON file")
     p.set_defaults(func=_cmd_fit)
+
+    p = sub.add_parser("report", help="write a Markdown and HTML report with figures")
+    p.add_argument("--hw", required=True)
+    p.add_argument("--model", default="deepseek-v4.1-flash")
+    p.add_argument("--plan", help="plan JSON (default: the planner's choice)")
+    p.add_argument("--context", type=int, default=None)
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--out", required=True, help="output folder")
+    p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("schema", help="print the JSON Schema of a file format")
     p.add_argument("what", choices=["plan", "hardware", "model"])

@@ -43,7 +43,7 @@ def test_rows_must_have_base_columns(tmp_path):
     with pytest.raises(ValueError):
         store.append_rows(tmp_path / "r.csv", [{"case": "a", "value": 1}])
     with pytest.raises(ValueError):
-        store.make_row("a", "m", 1.0, value=3)
+        store.make_row("a", "m", 1.0, machine="x")
 
 
 def test_interrupted_rewrite_leaves_store_intact(tmp_path, monkeypatch):
