@@ -32,90 +32,86 @@ def _h2f(lo, hi):
 _U = np.uint64
 
 
-@njit(fastmath=True, inline="always")
-def _q8_rows4(w, o0, rb, x, qk):
-    """Dots of 4 Q8_0 rows starting at byte o0 (row stride rb) with x."""
+@njit(fastmath=True)
+def _q8_dot(w, r0, r1, rb, x, res, qk):
+    """res[r - r0] = Q8_0 row r . x for rows [r0, r1) of flat bytes w (row stride rb); 4 rows at a time."""
     nb = _U(x.shape[0] // 32)
-    two, c34, c32 = _U(2), _U(34), _U(32)
-    o1, o2, o3 = o0 + rb, o0 + 2 * rb, o0 + 3 * rb
-    a0 = a1 = a2 = a3 = np.float32(0.0)
-    for b in range(nb):
-        o = _U(b) * c34
-        xo = _U(b) * c32
-        t0 = t1 = t2 = t3 = np.float32(0.0)
-        for j in range(qk):
-            xv = x[xo + j]
-            t0 += np.float32(np.int8(w[o0 + o + two + j])) * xv
-            t1 += np.float32(np.int8(w[o1 + o + two + j])) * xv
-            t2 += np.float32(np.int8(w[o2 + o + two + j])) * xv
-            t3 += np.float32(np.int8(w[o3 + o + two + j])) * xv
-        a0 += t0 * _h2f(w[o0 + o], w[o0 + o + _U(1)])
-        a1 += t1 * _h2f(w[o1 + o], w[o1 + o + _U(1)])
-        a2 += t2 * _h2f(w[o2 + o], w[o2 + o + _U(1)])
-        a3 += t3 * _h2f(w[o3 + o], w[o3 + o + _U(1)])
-    return a0, a1, a2, a3
+    two, c34, c32, one = _U(2), _U(34), _U(32), _U(1)
+    rbu = _U(rb)
+    r = r0
+    while r < r1:
+        o0 = _U(r) * rbu
+        if r + 4 <= r1:
+            o1, o2, o3 = o0 + rbu, o0 + _U(2) * rbu, o0 + _U(3) * rbu
+        else:
+            o1 = o2 = o3 = o0
+        a0 = a1 = a2 = a3 = np.float32(0.0)
+        for b in range(nb):
+            o = _U(b) * c34
+            xo = _U(b) * c32
+            t0 = t1 = t2 = t3 = np.float32(0.0)
+            for j in range(qk):
+                xv = x[xo + j]
+                t0 += np.float32(np.int8(w[o0 + o + two + j])) * xv
+                t1 += np.float32(np.int8(w[o1 + o + two + j])) * xv
+                t2 += np.float32(np.int8(w[o2 + o + two + j])) * xv
+                t3 += np.float32(np.int8(w[o3 + o + two + j])) * xv
+            a0 += t0 * _h2f(w[o0 + o], w[o0 + o + one])
+            a1 += t1 * _h2f(w[o1 + o], w[o1 + o + one])
+            a2 += t2 * _h2f(w[o2 + o], w[o2 + o + one])
+            a3 += t3 * _h2f(w[o3 + o], w[o3 + o + one])
+        res[r - r0] = a0
+        if r + 4 <= r1:
+            res[r - r0 + 1] = a1
+            res[r - r0 + 2] = a2
+            res[r - r0 + 3] = a3
+            r += 4
+        else:
+            r += 1
 
 
-@njit(fastmath=True, inline="always")
-def _q8_row(w, o0, x, qk):
-    """Dot of one Q8_0 row at byte o0 with x."""
+@njit(fastmath=True)
+def _q4_dot(w, r0, r1, rb, x, res, qk):
+    """res[r - r0] = Q4_0 row r . x for rows [r0, r1) of flat bytes w (row stride rb); 4 rows at a time."""
     nb = _U(x.shape[0] // 32)
-    two, c34, c32 = _U(2), _U(34), _U(32)
-    a = np.float32(0.0)
-    for b in range(nb):
-        o = o0 + _U(b) * c34
-        xo = _U(b) * c32
-        t = np.float32(0.0)
-        for j in range(qk):
-            t += np.float32(np.int8(w[o + two + j])) * x[xo + j]
-        a += t * _h2f(w[o], w[o + _U(1)])
-    return a
-
-
-@njit(fastmath=True, inline="always")
-def _q4_rows4(w, o0, rb, x, qk):
-    """Dots of 4 Q4_0 rows starting at byte o0 (row stride rb) with x."""
-    nb = _U(x.shape[0] // 32)
-    two, c18, c32, c16 = _U(2), _U(18), _U(32), _U(16)
-    o1, o2, o3 = o0 + rb, o0 + 2 * rb, o0 + 3 * rb
-    a0 = a1 = a2 = a3 = np.float32(0.0)
-    for b in range(nb):
-        o = _U(b) * c18
-        xo = _U(b) * c32
-        t0 = t1 = t2 = t3 = np.float32(0.0)
-        for j in range(qk):
-            xl = x[xo + j]
-            xh = x[xo + c16 + j]
-            q0 = np.int32(w[o0 + o + two + j])
-            q1 = np.int32(w[o1 + o + two + j])
-            q2 = np.int32(w[o2 + o + two + j])
-            q3 = np.int32(w[o3 + o + two + j])
-            t0 += np.float32((q0 & 15) - 8) * xl + np.float32((q0 >> 4) - 8) * xh
-            t1 += np.float32((q1 & 15) - 8) * xl + np.float32((q1 >> 4) - 8) * xh
-            t2 += np.float32((q2 & 15) - 8) * xl + np.float32((q2 >> 4) - 8) * xh
-            t3 += np.float32((q3 & 15) - 8) * xl + np.float32((q3 >> 4) - 8) * xh
-        a0 += t0 * _h2f(w[o0 + o], w[o0 + o + _U(1)])
-        a1 += t1 * _h2f(w[o1 + o], w[o1 + o + _U(1)])
-        a2 += t2 * _h2f(w[o2 + o], w[o2 + o + _U(1)])
-        a3 += t3 * _h2f(w[o3 + o], w[o3 + o + _U(1)])
-    return a0, a1, a2, a3
-
-
-@njit(fastmath=True, inline="always")
-def _q4_row(w, o0, x, qk):
-    """Dot of one Q4_0 row at byte o0 with x."""
-    nb = _U(x.shape[0] // 32)
-    two, c18, c32, c16 = _U(2), _U(18), _U(32), _U(16)
-    a = np.float32(0.0)
-    for b in range(nb):
-        o = o0 + _U(b) * c18
-        xo = _U(b) * c32
-        t = np.float32(0.0)
-        for j in range(qk):
-            q = np.int32(w[o + two + j])
-            t += np.float32((q & 15) - 8) * x[xo + j] + np.float32((q >> 4) - 8) * x[xo + c16 + j]
-        a += t * _h2f(w[o], w[o + _U(1)])
-    return a
+    two, c18, c32, c16, one = _U(2), _U(18), _U(32), _U(16), _U(1)
+    rbu = _U(rb)
+    hq = _U(qk // 2)
+    r = r0
+    while r < r1:
+        o0 = _U(r) * rbu
+        if r + 4 <= r1:
+            o1, o2, o3 = o0 + rbu, o0 + _U(2) * rbu, o0 + _U(3) * rbu
+        else:
+            o1 = o2 = o3 = o0
+        a0 = a1 = a2 = a3 = np.float32(0.0)
+        for b in range(nb):
+            o = _U(b) * c18
+            xo = _U(b) * c32
+            t0 = t1 = t2 = t3 = np.float32(0.0)
+            for j in range(hq):
+                xl = x[xo + j]
+                xh = x[xo + c16 + j]
+                q0 = np.int32(w[o0 + o + two + j])
+                q1 = np.int32(w[o1 + o + two + j])
+                q2 = np.int32(w[o2 + o + two + j])
+                q3 = np.int32(w[o3 + o + two + j])
+                t0 += np.float32((q0 & 15) - 8) * xl + np.float32((q0 >> 4) - 8) * xh
+                t1 += np.float32((q1 & 15) - 8) * xl + np.float32((q1 >> 4) - 8) * xh
+                t2 += np.float32((q2 & 15) - 8) * xl + np.float32((q2 >> 4) - 8) * xh
+                t3 += np.float32((q3 & 15) - 8) * xl + np.float32((q3 >> 4) - 8) * xh
+            a0 += t0 * _h2f(w[o0 + o], w[o0 + o + one])
+            a1 += t1 * _h2f(w[o1 + o], w[o1 + o + one])
+            a2 += t2 * _h2f(w[o2 + o], w[o2 + o + one])
+            a3 += t3 * _h2f(w[o3 + o], w[o3 + o + one])
+        res[r - r0] = a0
+        if r + 4 <= r1:
+            res[r - r0 + 1] = a1
+            res[r - r0 + 2] = a2
+            res[r - r0 + 3] = a3
+            r += 4
+        else:
+            r += 1
 
 
 @njit(fastmath=True, inline="always")
@@ -156,29 +152,14 @@ def _vdot(a, b):
 @njit(fastmath=True)
 def _rows_dot(code, w, r0, r1, rb, x, buf, res, qk):
     """res[r - r0] = row_r . x for rows [r0, r1) of flat expert bytes w (row stride rb)."""
-    r = r0
-    rbu = _U(rb)
     if code == Q8_0:
-        while r + 4 <= r1:
-            a0, a1, a2, a3 = _q8_rows4(w, _U(r) * rbu, rbu, x, _U(qk))
-            res[r - r0], res[r - r0 + 1], res[r - r0 + 2], res[r - r0 + 3] = a0, a1, a2, a3
-            r += 4
-        while r < r1:
-            res[r - r0] = _q8_row(w, _U(r) * rbu, x, _U(qk))
-            r += 1
+        _q8_dot(w, r0, r1, rb, x, res, qk)
     elif code == Q4_0:
-        while r + 4 <= r1:
-            a0, a1, a2, a3 = _q4_rows4(w, _U(r) * rbu, rbu, x, _U(qk // 2))
-            res[r - r0], res[r - r0 + 1], res[r - r0 + 2], res[r - r0 + 3] = a0, a1, a2, a3
-            r += 4
-        while r < r1:
-            res[r - r0] = _q4_row(w, _U(r) * rbu, x, _U(qk // 2))
-            r += 1
+        _q4_dot(w, r0, r1, rb, x, res, qk)
     else:
-        while r < r1:
-            _deq(code, w, _U(r) * rbu, buf, _U(qk))
+        for r in range(r0, r1):
+            _deq(code, w, _U(r) * _U(rb), buf, _U(qk))
             res[r - r0] = _vdot(buf, x)
-            r += 1
 
 
 @njit(fastmath=True)

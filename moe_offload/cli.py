@@ -64,6 +64,25 @@ def _cmd_report(a) -> int:
     return 0
 
 
+def _cmd_optimize(a) -> int:
+    from planner.optimize import compare_models, optimize
+    from planner.predict import predict
+    from reports.tables import render_options
+    from specs.loaders import load_hardware, load_model
+
+    hw = load_hardware(a.hw)
+    if a.models:
+        rows = compare_models([load_model(m) for m in a.models.split(",")], hw, a.target_tok_s, predict,
+                              a.prompt_tokens, a.context)
+        print(json.dumps(rows, indent=2)) if a.json else render_options(rows, a.target_tok_s, models=True)
+        return 0
+    opts = optimize(load_model(a.model), hw, a.target_tok_s, predict, a.ttft, a.prompt_tokens, a.context)
+    rows = [{"change": o.change, "cost_usd": o.cost_usd, "decode_tok_s": o.decode_tok_s, "ttft_s": o.ttft_s,
+             "bottleneck": o.bottleneck, "meets": o.meets} for o in opts[: a.top]]
+    print(json.dumps(rows, indent=2)) if a.json else render_options(rows, a.target_tok_s)
+    return 0
+
+
 def _cmd_schema(a) -> int:
     from specs.hardware import HardwareSpec
     from specs.model import ModelSpec
@@ -111,6 +130,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--out", required=True, help="output folder")
     p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser("optimize", help="the cheapest change that meets a target speed")
+    p.add_argument("--hw", required=True)
+    p.add_argument("--model", default="deepseek-v4.1-flash")
+    p.add_argument("--models", help="comma-separated models: which meets the target on this machine")
+    p.add_argument("--target-tok-s", type=float, required=True, help="decode target (tok/s)")
+    p.add_argument("--ttft", type=float, default=None, help="TTFT target (s)")
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--context", type=int, default=None)
+    p.add_argument("--top", type=int, default=10, help="rows to show")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_optimize)
 
     p = sub.add_parser("schema", help="print the JSON Schema of a file format")
     p.add_argument("what", choices=["plan", "hardware", "model"])

@@ -69,3 +69,23 @@ def render_plan_report(s: dict, console: Console | None = None) -> None:
     if e["reads_per_s"]:
         c.print(f"Engram at that speed: {e['reads_per_s']:,.0f} row reads/s, {e['bytes_per_s'] / 1e6:.2f} MB/s "
                 f"({e['share_of_nvme'] * 100:.2f}% of the NVMe's sequential rate)")
+
+
+def render_options(rows: list[dict], target: float, models: bool = False, console: Console | None = None) -> None:
+    """Print optimize's ranked changes (or models) against the target tok/s."""
+    c = console or Console()
+    t = Table(title=f"{'Models' if models else 'Changes'} for {target:g} tok/s")
+    first = "model" if models else "change"
+    t.add_column(first)
+    if not models:
+        t.add_column("cost (USD, assumed)", justify="right")
+    for col in ("decode tok/s", "TTFT s", "bound by", "meets"):
+        t.add_column(col, justify="right" if "s" in col.split()[-1] else "left")
+    for r in rows:
+        cells = [r[first]] + ([] if models else [f"{r['cost_usd']:,.0f}"])
+        if "decode_tok_s" in r:
+            cells += [f"{r['decode_tok_s']:.2f}", f"{r['ttft_s']:.2f}", r["bottleneck"]]
+        else:
+            cells += ["-", "-", f"does not fit: {r.get('reason', '')}"]
+        t.add_row(*cells, "yes" if r["meets"] else "no")
+    c.print(t)

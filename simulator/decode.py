@@ -29,6 +29,7 @@ class DecodeRun:
         self.kind = plan.miss_policy.kind
         mp = plan.miss_policy
         self.auction = (mp.t_hit_ms, mp.t_zc_ms, mp.c_a_ms, mp.c_b_ms)
+        self._memo: dict = {}
         self.dense_on_gpu = m.has_gpu and plan.placement.dense == "gpu"
         self.kv_tok = model.kv_bytes_per_token(plan.kv.dtype)
         self.engram_layers = set(model.engram.layers) if (model.engram and plan.placement.engram
@@ -98,13 +99,13 @@ class DecodeRun:
             return
         self.crit["gpu" if self.dense_on_gpu else "cpu"] += m.sim.now - self.lt
         picks = self.r[:, i, :]
-        ex = np.unique(picks)
+        ex = picks[0] if self.ntok == 1 else np.unique(picks)
         self.reads += ex.size
         if i in self.static_gpu:
             hit = np.ones(ex.size, dtype=bool)
         else:
             hit = self.cache.res[i, ex]
-        self.cache.observe(i, picks.ravel())
+        self.cache.observe(i, ex if self.ntok == 1 else picks.ravel())
         n_h = int(hit.sum())
         n_m = ex.size - n_h
         self.hits += n_h
@@ -112,7 +113,10 @@ class DecodeRun:
         if n_m == 0 or not m.has_gpu:
             k_cpu = n_m
         elif self.kind == "auction":
-            k_cpu = auction_split(n_h, n_m, *self.auction)[0]
+            key = (n_h, n_m)
+            k_cpu = self._memo.get(key)
+            if k_cpu is None:
+                k_cpu = self._memo[key] = auction_split(n_h, n_m, *self.auction)[0]
         elif self.kind == "cpu":
             k_cpu = n_m
         else:

@@ -213,6 +213,23 @@ class FluidNet:
     def _resolve(self) -> None:
         """Weighted max-min rates, then one event at the earliest completion."""
         active = self.flows
+        if len(active) == 1:  # fast path: one flow alone gets its cap or its narrowest link
+            f = active[0]
+            f.rate = min([f.cap] + [ln.capacity for ln in f.links])
+            self._version += 1
+            self.sim.at(self.sim.now + f.remaining / f.rate, self._complete, self._version)
+            return
+        load: dict = {}
+        for f in active:  # fast path: no link oversubscribed -> every flow runs at its own limit
+            f.rate = f.cap
+            for ln in f.links:
+                if ln.capacity < f.rate:
+                    f.rate = ln.capacity
+            for ln in f.links:
+                load[ln] = load.get(ln, 0.0) + f.rate
+        if all(v <= ln.capacity * (1 + 1e-12) for ln, v in load.items()):
+            self._schedule()
+            return
         for f in active:
             f.rate = -1.0
         left = {ln: ln.capacity for f in active for ln in f.links}
@@ -238,6 +255,10 @@ class FluidNet:
                 else:
                     still.append(f)
             unfrozen = still
+        self._schedule()
+
+    def _schedule(self) -> None:
+        active = self.flows
         self._version += 1
         nxt = INF
         for f in active:

@@ -1,0 +1,707 @@
+"""Microbenchmarks: each function makes one real measurement on this machine and returns its figures.
+
+- memory: read, copy and triad bandwidth against thread count (numba parallel kernels, STREAM
+  byte counting: read 8, copy 16, triad 24 bytes per element, no write-allocate traffic counted);
+- torch device: a resident expert's SwiGLU on one token (the time per hit), the dense path's
+  matrix-vector bandwidth; on CUDA, pinned and pageable H2D bandwidth and the miss path (copy one
+  expert from pinned RAM, then compute it);
+- disk: random 4 KiB reads with the page cache bypassed (O_DIRECT, else posix_fadvise DONTNEED)
+  at queue depth 1 and N, sequential 1 MiB reads, and 4 KiB reads served from the page cache, on a
+  temporary file created (and removed) here;
+- handover: a device sync plus a thread hand-off to a CPU worker and back;
+- CPU expert kernel: time per job against experts per job for any kernel (`bench_expert_kernel`),
+  fitted to t = c_a + c_b * k with scipy least squares; `executor_expert_job` adapts the
+  executor's numba kernels (executor/kernels.py) to it, per weight format.
+
+`tick` arguments are progress callbacks (one call per unit of work); sizes are arguments so tests
+run the same code on tiny inputs.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import queue
+import statistics
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+Tick = Callable[[], None] | None
+
+
+def _tick(t: Tick) -> None:
+    if t is not None:
+        t()
+
+
+def today() -> str:
+    """UTC date for a measured figure's ref."""
+    return time.strftime("%Y-%m-%d", time.gmtime())
+
+
+# ---------------------------------------------------------------------------------------------
+# memory bandwidth
+# ---------------------------------------------------------------------------------------------
+
+@njit(parallel=True, nogil=True, fastmath=True, cache=True)
+def _k_read(a):
+    s = 0.0
+    for i in prange(a.shape[0]):
+        s += a[i]
+    return s
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _k_copy(a, b):
+    for i in prange(a.shape[0]):
+        b[i] = a[i]
+
+
+@njit(parallel=True, nogil=True, fastmath=True, cache=True)
+def _k_triad(a, b, c, s):
+    for i in prange(a.shape[0]):
+        a[i] = b[i] + s * c[i]
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _k_fill(a, v):
+    for i in prange(a.shape[0]):
+        a[i] = v + (i & 7)
+
+
+BYTES_PER_ELEMENT = {"read": 8, "copy": 16, "triad": 24}
+
+
+def default_thread_counts(max_threads: int | None = None) -> list[int]:
+    """1, 2, 4, ... up to and including the usable thread count."""
+    m = max_threads or numba.config.NUMBA_NUM_THREADS
+    out, t = [], 1
+    while t < m:
+        out.append(t)
+        t *= 2
+    out.append(m)
+    return out
+
+
+@dataclass
+class MemBandwidth:
+    """GB/s (1e9 B/s) per kernel per thread count: best and median of `repeats`."""
+
+    array_bytes: int
+    repeats: int
+    best: dict[str, dict[int, float]] = field(default_factory=dict)
+    median: dict[str, dict[int, float]] = field(default_factory=dict)
+
+    def peak(self, kernel: str = "read") -> tuple[int, float]:
+        """(threads, GB/s) of the best thread count for `kernel`."""
+        t = max(self.best[kernel], key=lambda k: self.best[kernel][k])
+        return t, self.best[kernel][t]
+
+    def method(self, kernel: str, threads: int) -> str:
+        return (f"numba parallel {kernel} {threads} thread(s), {self.array_bytes / 2**30:.2f} GiB "
+                f"arrays, best of {self.repeats}")
+
+
+def bench_memory(array_bytes: int = 1 << 30, threads: Sequence[int] | None = None, repeats: int = 5,
+                 kernels: Sequence[str] = ("read", "copy", "triad"), tick: Tick = None) -> MemBandwidth:
+    """Read, copy and triad bandwidth of three float64 arrays of `array_bytes` each, per thread count.
+
+    One tick per (kernel, thread count). Arrays are first-touched in parallel."""
+    n = max(1024, array_bytes // 8)
+    threads = list(threads or default_thread_counts())
+    maxt = numba.config.NUMBA_NUM_THREADS
+    prev = numba.get_num_threads()
+    a, b, c = (np.empty(n, np.float64) for _ in range(3))
+    res = MemBandwidth(array_bytes=n * 8, repeats=repeats)
+    try:
+        numba.set_num_threads(maxt)
+        for arr, v in ((a, 1.0), (b, 2.0), (c, 0.5)):
+            _k_fill(arr, v)
+        _k_read(a[:16]), _k_copy(a[:16], b[:16]), _k_triad(a[:16], b[:16], c[:16], 3.0)  # compile
+        for k in kernels:
+            res.best[k], res.median[k] = {}, {}
+            for t in threads:
+                numba.set_num_threads(min(t, maxt))
+                times = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    if k == "read":
+                        _k_read(a)
+                    elif k == "copy":
+                        _k_copy(a, b)
+                    else:
+                        _k_triad(a, b, c, 3.0)
+                    times.append(time.perf_counter() - t0)
+                nbytes = n * BYTES_PER_ELEMENT[k]
+                res.best[k][t] = nbytes / min(times) / 1e9
+                res.median[k][t] = nbytes / statistics.median(times) / 1e9
+                _tick(tick)
+    finally:
+        numba.set_num_threads(prev)
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# torch device: resident expert (time per hit), dense path, H2D, miss path
+# ---------------------------------------------------------------------------------------------
+
+def torch_device():
+    """The torch device the executor uses: CUDA when present, else CPU."""
+    import torch
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _sync(dev) -> None:
+    import torch
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+@dataclass
+class HitResult:
+    """A resident expert's SwiGLU for one token on the torch device."""
+
+    device: str
+    dtype: str
+    hidden: int
+    ffn: int
+    expert_bytes: int
+    pool: int
+    t_hit_ms: float  # median per expert
+    gbs: float  # expert bytes / t_hit
+
+    def method(self) -> str:
+        return (f"torch {self.device} {self.dtype} SwiGLU expert {self.hidden}x{self.ffn} "
+                f"({self.expert_bytes / 1e6:.2f} MB), 1 token, {self.pool} resident experts rotated, median")
+
+
+def bench_hit(hidden: int = 2048, ffn: int = 768, pool_bytes: int = 256 << 20, calls: int = 200,
+              repeats: int = 5, tick: Tick = None) -> HitResult:
+    """Median time of one resident expert's SwiGLU (gate, up, down matvecs) for one token.
+
+    A pool of experts larger than the last-level cache is rotated so each call reads its weights
+    from device memory. One tick per repeat."""
+    import torch
+    dev = torch_device()
+    dtype = torch.float16 if dev.type == "cuda" else torch.float32
+    esize = torch.tensor([], dtype=dtype).element_size()
+    ebytes = 3 * hidden * ffn * esize
+    pool = max(2, int(pool_bytes // ebytes))
+    g = torch.randn(pool, ffn, hidden, dtype=dtype, device=dev) * 0.02
+    u = torch.randn(pool, ffn, hidden, dtype=dtype, device=dev) * 0.02
+    d = torch.randn(pool, hidden, ffn, dtype=dtype, device=dev) * 0.02
+    x = torch.randn(hidden, dtype=dtype, device=dev)
+
+    def one(i):
+        h = torch.nn.functional.silu(torch.mv(g[i], x)) * torch.mv(u[i], x)
+        return torch.mv(d[i], h)
+
+    with torch.inference_mode():
+        for i in range(min(pool, 4)):
+            one(i)
+        _sync(dev)
+        per = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for c in range(calls):
+                one(c % pool)
+            _sync(dev)
+            per.append((time.perf_counter() - t0) / calls)
+            _tick(tick)
+    t = statistics.median(per)
+    return HitResult(device=dev.type, dtype=str(dtype).replace("torch.", ""), hidden=hidden, ffn=ffn,
+                     expert_bytes=ebytes, pool=pool, t_hit_ms=t * 1e3, gbs=ebytes / t / 1e9)
+
+
+@dataclass
+class DenseResult:
+    """Dense-path matrix-vector bandwidth on the torch device."""
+
+    device: str
+    dtype: str
+    matrix_bytes: int
+    gbs: float  # best
+    median_gbs: float
+    repeats: int
+
+    def method(self) -> str:
+        return (f"torch {self.device} {self.dtype} matrix-vector over {self.matrix_bytes / 2**20:.0f} MiB, "
+                f"best of {self.repeats}")
+
+
+def bench_dense(matrix_bytes: int = 1 << 30, hidden: int = 4096, repeats: int = 10,
+                tick: Tick = None) -> DenseResult:
+    """y = W x with W of `matrix_bytes` on the device (the dense path reads every weight once)."""
+    import torch
+    dev = torch_device()
+    dtype = torch.float16 if dev.type == "cuda" else torch.float32
+    esize = torch.tensor([], dtype=dtype).element_size()
+    rows = max(16, int(matrix_bytes // (hidden * esize)))
+    w = torch.randn(rows, hidden, dtype=dtype, device=dev)
+    x = torch.randn(hidden, dtype=dtype, device=dev)
+    nbytes = rows * hidden * esize
+    times = []
+    with torch.inference_mode():
+        torch.mv(w, x)
+        _sync(dev)
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch.mv(w, x)
+            _sync(dev)
+            times.append(time.perf_counter() - t0)
+            _tick(tick)
+    return DenseResult(device=dev.type, dtype=str(dtype).replace("torch.", ""), matrix_bytes=nbytes,
+                       gbs=nbytes / min(times) / 1e9, median_gbs=nbytes / statistics.median(times) / 1e9,
+                       repeats=repeats)
+
+
+@dataclass
+class H2DResult:
+    """Host-to-device copy bandwidth (CUDA only) and the miss path for one expert."""
+
+    nbytes: int
+    pinned_gbs: float
+    pageable_gbs: float
+    repeats: int
+    expert_bytes: int = 0
+    t_miss_ms: float = 0.0  # copy one expert from pinned RAM + its SwiGLU on the device
+
+    def method(self, kind: str) -> str:
+        return f"torch.cuda {kind} H2D copy of {self.nbytes / 2**20:.0f} MiB, best of {self.repeats}"
+
+
+def bench_h2d(nbytes: int = 1 << 30, repeats: int = 5, hidden: int = 2048, ffn: int = 768,
+              miss_calls: int = 50, tick: Tick = None) -> H2DResult | None:
+    """Pinned and pageable H2D GB/s, and the miss path (H2D of one fp16 expert, then compute).
+
+    None without CUDA. One tick per repeat of each kind, plus one for the miss path."""
+    import torch
+    if not torch.cuda.is_available():
+        return None
+    dev = torch.device("cuda")
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    out = {}
+    for kind in ("pinned", "pageable"):
+        src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=(kind == "pinned"))
+        src.fill_(1)
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            dst.copy_(src, non_blocking=True)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            _tick(tick)
+        out[kind] = nbytes / min(times) / 1e9
+        del src
+    # miss path: a pinned home copy of several experts, copied over and computed one at a time
+    n = 8
+    host = torch.randn(n, 3, ffn * hidden, dtype=torch.float16).pin_memory()
+    slot = torch.empty(3, ffn * hidden, dtype=torch.float16, device=dev)
+    x = torch.randn(hidden, dtype=torch.float16, device=dev)
+    with torch.inference_mode():
+        def miss(i):
+            slot.copy_(host[i % n], non_blocking=True)
+            g, u, d = slot[0].view(ffn, hidden), slot[1].view(ffn, hidden), slot[2].view(hidden, ffn)
+            return torch.mv(d, torch.nn.functional.silu(torch.mv(g, x)) * torch.mv(u, x))
+        miss(0)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(miss_calls):
+            miss(i)
+        torch.cuda.synchronize()
+        t_miss = (time.perf_counter() - t0) / miss_calls
+    _tick(tick)
+    return H2DResult(nbytes=nbytes, pinned_gbs=out["pinned"], pageable_gbs=out["pageable"], repeats=repeats,
+                     expert_bytes=3 * ffn * hidden * 2, t_miss_ms=t_miss * 1e3)
+
+
+# ---------------------------------------------------------------------------------------------
+# disk
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class DiskResult:
+    """4 KiB random reads from a temporary file: uncached (O_DIRECT or fadvise) and page-cache hits."""
+
+    file_bytes: int
+    bypass: str  # 'O_DIRECT' or 'posix_fadvise DONTNEED'
+    qd1_latency_us: float  # median uncached 4 KiB read at queue depth 1
+    qd1_iops: float
+    qd: int
+    qd_iops: float  # uncached 4 KiB reads at queue depth `qd` (that many threads)
+    seq_gbs: float  # uncached sequential 1 MiB reads
+    cached_us: float  # median 4 KiB read served from the page cache
+    cached_iops: float
+    reads: int
+    directory: str
+
+    def method(self, what: str) -> str:
+        base = f"{self.file_bytes / 2**20:.0f} MiB temp file in {self.directory}"
+        if what == "qd1":
+            return f"4 KiB random pread QD1, {self.bypass}, {base}, median"
+        if what == "qd":
+            return f"4 KiB random pread QD{self.qd} ({self.qd} threads), {self.bypass}, {base}"
+        if what == "seq":
+            return f"1 MiB sequential pread, {self.bypass}, {base}"
+        return f"4 KiB random pread from the page cache (file read once), {base}, median"
+
+
+def _write_file(path: Path, nbytes: int, tick: Tick = None, chunk: int = 16 << 20) -> None:
+    rng = np.random.default_rng(12345)
+    with open(path, "wb") as f:
+        left = nbytes
+        while left > 0:
+            n = min(chunk, left)
+            f.write(rng.integers(0, 256, n, dtype=np.uint8).tobytes())
+            left -= n
+        f.flush()
+        os.fsync(f.fileno())
+    _tick(tick)
+
+
+def _open_direct(path: Path) -> tuple[int, str]:
+    """A descriptor that bypasses the page cache: O_DIRECT when the filesystem allows it."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if flag:
+        try:
+            fd = os.open(path, os.O_RDONLY | flag)
+            buf = mmap.mmap(-1, 4096)
+            try:
+                os.preadv(fd, [buf], 0)  # some filesystems accept the flag but fail the read
+                return fd, "O_DIRECT"
+            except OSError:
+                os.close(fd)
+            finally:
+                buf.close()
+        except OSError:
+            pass
+    fd = os.open(path, os.O_RDONLY)
+    return fd, "posix_fadvise DONTNEED"
+
+
+def _drop(fd: int, bypass: str) -> None:
+    if bypass != "O_DIRECT" and hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def bench_disk(file_bytes: int = 1 << 30, qd1_reads: int = 2000, qd_reads: int = 8000, qd: int = 16,
+               cached_reads: int = 20000, directory: str | os.PathLike | None = None,
+               tick: Tick = None) -> DiskResult:
+    """Random 4 KiB reads on a temporary file in `directory` (default: the temp dir).
+
+    Every uncached read goes to a distinct page (a random permutation), so none is served from a
+    cache this process warmed. Ticks: write, qd1, qd, seq, cached (5)."""
+    directory = Path(directory or tempfile.gettempdir())
+    pages = max(64, file_bytes // 4096)
+    file_bytes = pages * 4096
+    fd_tmp, name = tempfile.mkstemp(prefix=".moe-offload-disk-", dir=directory)
+    os.close(fd_tmp)
+    path = Path(name)
+    fds: list[int] = []
+    try:
+        _write_file(path, file_bytes, tick)
+        fd, bypass = _open_direct(path)
+        fds.append(fd)
+        _drop(fd, bypass)
+        rng = np.random.default_rng()
+        perm = rng.permutation(pages)
+        qd1_reads = min(qd1_reads, pages // 2)
+        qd_reads = min(qd_reads, pages - qd1_reads)
+        # QD1 latency (aligned buffer from an anonymous mmap satisfies O_DIRECT)
+        buf = mmap.mmap(-1, 4096)
+        lat = np.empty(qd1_reads)
+        for i in range(qd1_reads):
+            off = int(perm[i]) * 4096
+            t0 = time.perf_counter()
+            os.preadv(fd, [buf], off)
+            lat[i] = time.perf_counter() - t0
+        buf.close()
+        qd1_us = float(np.median(lat)) * 1e6
+        qd1_iops = qd1_reads / float(lat.sum())
+        _tick(tick)
+        # QD n: n threads, each its own aligned buffer, reading its share of fresh pages
+        _drop(fd, bypass)
+        offs = perm[qd1_reads:qd1_reads + qd_reads] * 4096
+        shares = np.array_split(offs, qd)
+
+        def worker(share):
+            b = mmap.mmap(-1, 4096)
+            try:
+                for o in share:
+                    os.preadv(fd, [b], int(o))
+            finally:
+                b.close()
+
+        with ThreadPoolExecutor(qd) as ex:
+            t0 = time.perf_counter()
+            list(ex.map(worker, shares))
+            qd_iops = len(offs) / (time.perf_counter() - t0)
+        _tick(tick)
+        # sequential 1 MiB reads, uncached
+        _drop(fd, bypass)
+        big = mmap.mmap(-1, 1 << 20)
+        t0 = time.perf_counter()
+        done = 0
+        while done < file_bytes:
+            n = os.preadv(fd, [big], done)
+            if n <= 0:
+                break
+            done += n
+        seq_gbs = done / (time.perf_counter() - t0) / 1e9
+        big.close()
+        _tick(tick)
+        # page cache: read the file once through the cache, then random 4 KiB reads
+        fdc = os.open(path, os.O_RDONLY)
+        fds.append(fdc)
+        while os.read(fdc, 8 << 20):
+            pass
+        cperm = rng.integers(0, pages, cached_reads) * 4096
+        clat = np.empty(cached_reads)
+        for i in range(cached_reads):
+            o = int(cperm[i])
+            t0 = time.perf_counter()
+            os.pread(fdc, 4096, o)
+            clat[i] = time.perf_counter() - t0
+        cached_us = float(np.median(clat)) * 1e6
+        _tick(tick)
+        return DiskResult(file_bytes=file_bytes, bypass=bypass, qd1_latency_us=qd1_us, qd1_iops=qd1_iops,
+                          qd=qd, qd_iops=qd_iops, seq_gbs=seq_gbs, cached_us=cached_us,
+                          cached_iops=cached_reads / float(clat.sum()), reads=qd1_reads + len(offs),
+                          directory=str(directory))
+    finally:
+        for f in fds:
+            try:
+                _drop(f, "fadvise")  # give the cache back
+            except OSError:
+                pass
+            os.close(f)
+        path.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# device / CPU handover
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class HandoverResult:
+    """Round trip: device sync, hand the layer to a CPU worker thread, and back (median)."""
+
+    device: str
+    sync_ms: float  # device op + sync + thread hand-off there and back
+    thread_ms: float  # the thread hand-off alone
+    iters: int
+
+    def method(self) -> str:
+        return (f"torch {self.device} op + sync, queue hand-off to a worker thread and back, "
+                f"median of {self.iters}")
+
+
+def bench_handover(iters: int = 2000, tick: Tick = None) -> HandoverResult:
+    """The cost of handing a layer from the device to the CPU tier and back. Two ticks."""
+    import torch
+    dev = torch_device()
+    to_w: queue.SimpleQueue = queue.SimpleQueue()
+    to_m: queue.SimpleQueue = queue.SimpleQueue()
+
+    def worker():
+        while True:
+            item = to_w.get()
+            if item is None:
+                return
+            to_m.put(item)
+
+    th = threading.Thread(target=worker, daemon=True)
+    th.start()
+    try:
+        x = torch.ones(16, device=dev)
+        lat_t = np.empty(iters)
+        for i in range(iters):
+            t0 = time.perf_counter()
+            to_w.put(i)
+            to_m.get()
+            lat_t[i] = time.perf_counter() - t0
+        _tick(tick)
+        lat_s = np.empty(iters)
+        with torch.inference_mode():
+            for i in range(iters):
+                t0 = time.perf_counter()
+                y = x * 2.0
+                _sync(dev)
+                to_w.put(i)
+                to_m.get()
+                y.add_(1.0)
+                lat_s[i] = time.perf_counter() - t0
+        _sync(dev)
+        _tick(tick)
+    finally:
+        to_w.put(None)
+        th.join(5)
+    return HandoverResult(device=dev.type, sync_ms=float(np.median(lat_s)) * 1e3,
+                          thread_ms=float(np.median(lat_t)) * 1e3, iters=iters)
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU expert kernel: time per job against experts per job, fitted to c_a + c_b * k
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class KernelFit:
+    """t(k) = c_a + c_b * k (ms) fitted over experts per job, with the fit's residuals."""
+
+    label: str
+    expert_bytes: int
+    ks: list[int]
+    t_ms: list[float]  # median time per job at each k
+    c_a_ms: float
+    c_b_ms: float
+    residuals_ms: list[float]
+    rms_rel: float  # rms of residual / measured
+    threads: int
+    repeats: int
+
+    @property
+    def expert_gbs(self) -> float:
+        """GB/s of expert weights the kernel sustains (bytes of one expert / c_b)."""
+        return self.expert_bytes / (self.c_b_ms * 1e-3) / 1e9 if self.c_b_ms > 0 else float("inf")
+
+    def method(self) -> str:
+        return (f"{self.label}: median job time at k={self.ks} experts ({self.expert_bytes / 1e6:.2f} MB each), "
+                f"{self.threads} threads, least-squares fit c_a + c_b k, rms residual {100 * self.rms_rel:.1f}%")
+
+
+def fit_job_costs(ks: Sequence[float], t_ms: Sequence[float]) -> tuple[float, float, np.ndarray]:
+    """Least-squares c_a, c_b >= 0 for t = c_a + c_b k; returns (c_a, c_b, residuals = fit - t)."""
+    from scipy.optimize import least_squares
+    k = np.asarray(ks, float)
+    t = np.asarray(t_ms, float)
+    slope = np.polyfit(k, t, 1)[0] if len(k) > 1 else t[0] / max(k[0], 1)
+    x0 = [max(t.min() - max(slope, 0) * k.min(), 1e-6), max(slope, 1e-6)]
+    sol = least_squares(lambda p: (p[0] + p[1] * k - t) / np.maximum(t, 1e-9), x0,
+                        bounds=([0.0, 0.0], [np.inf, np.inf]))
+    c_a, c_b = (float(v) for v in sol.x)
+    return c_a, c_b, c_a + c_b * k - t
+
+
+def bench_expert_kernel(run_job: Callable[[int, int], object], ks: Sequence[int], expert_bytes: int,
+                        repeats: int = 15, label: str = "kernel", threads: int | None = None,
+                        tick: Tick = None) -> KernelFit:
+    """Time `run_job(k, i)` (one job of k experts; i varies so jobs rotate over their experts).
+
+    The fit is relative least squares (each point weighted by 1/t) so small jobs count as much as
+    big ones. One tick per k."""
+    ks = [int(k) for k in ks]
+    for k in ks:  # warm-up (and JIT)
+        run_job(k, 0)
+    meds = []
+    for k in ks:
+        times = []
+        for i in range(repeats):
+            t0 = time.perf_counter()
+            run_job(k, i + 1)
+            times.append(time.perf_counter() - t0)
+        meds.append(statistics.median(times) * 1e3)
+        _tick(tick)
+    c_a, c_b, res = fit_job_costs(ks, meds)
+    rel = res / np.asarray(meds)
+    return KernelFit(label=label, expert_bytes=int(expert_bytes), ks=ks, t_ms=meds, c_a_ms=c_a, c_b_ms=c_b,
+                     residuals_ms=[float(r) for r in res], rms_rel=float(np.sqrt(np.mean(rel ** 2))),
+                     threads=int(threads or numba.get_num_threads()), repeats=repeats)
+
+
+@njit(parallel=True, nogil=True, fastmath=True, cache=True)
+def _toy_kernel(w, experts, x, out):
+    """A tiny expert kernel: out += W_e x for each expert e (f32 rows split across threads)."""
+    R = w.shape[1]
+    for r in prange(R):
+        acc = np.float32(0.0)
+        for i in range(experts.shape[0]):
+            e = experts[i]
+            s = np.float32(0.0)
+            for j in range(x.shape[0]):
+                s += w[e, r, j] * x[j]
+            acc += s
+        out[r] += acc
+
+
+def toy_expert_job(rows: int = 256, cols: int = 256, pool: int = 16):
+    """(run_job, expert_bytes) over a small numba f32 kernel: the hook's self-test kernel."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((pool, rows, cols)).astype(np.float32)
+    x = rng.standard_normal(cols).astype(np.float32)
+    out = np.zeros(rows, np.float32)
+
+    def run_job(k: int, i: int):
+        ex = (np.arange(k, dtype=np.int32) + i * k) % pool
+        _toy_kernel(w, ex, x, out)
+    return run_job, w[0].nbytes
+
+
+# executor kernel formats this module can synthesise: name -> (row bytes for `cols` weights)
+_ROW_BYTES = {"F16": lambda c: 2 * c, "Q8_0": lambda c: c // 32 * 34, "Q4_0": lambda c: c // 32 * 18}
+
+
+def executor_kernel_available() -> bool:
+    """Whether executor/kernels.py exposes the CPU expert kernel (`moe_cpu`) and its tensor type."""
+    try:
+        from executor import kernels  # noqa: F401
+        from executor.gguf_model import EXPERT_TYPES, ExpertTensor  # noqa: F401
+    except Exception:
+        return False
+    return callable(getattr(kernels, "moe_cpu", None)) and callable(getattr(kernels, "csr", None))
+
+
+def _synth_tensor(fmt: str, n: int, rows: int, cols: int, rng):
+    """A synthetic ExpertTensor [n, rows, row_bytes] in `fmt` with sane fp16 scales."""
+    from gguf import GGMLQuantizationType as QT
+    from executor.gguf_model import EXPERT_TYPES, ExpertTensor
+    qt = QT[fmt]
+    rb = _ROW_BYTES[fmt](cols)
+    if fmt == "F16":
+        data = (rng.standard_normal((n, rows, cols), dtype=np.float32) * 0.02).astype(np.float16).view(np.uint8)
+    else:
+        data = rng.integers(0, 256, (n, rows, rb), dtype=np.uint8)
+        blk = 34 if fmt == "Q8_0" else 18
+        scale = np.frombuffer(np.float16(0.004).tobytes(), np.uint8)
+        v = data.reshape(n, rows, rb // blk, blk)
+        v[..., 0], v[..., 1] = scale[0], scale[1]
+    return ExpertTensor(data=np.ascontiguousarray(data), qtype=qt, code=EXPERT_TYPES[qt], rows=rows, cols=cols)
+
+
+def executor_expert_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, pool_bytes: int = 256 << 20,
+                        max_k: int = 8, seed: int = 0):
+    """(run_job, expert_bytes): one token's job of k SwiGLU experts through executor.kernels.moe_cpu.
+
+    The experts are synthetic `fmt` tensors (gate/up [E, ffn, hidden], down [E, hidden, ffn]) in a
+    pool larger than the last-level cache; job i uses experts i*k .. i*k+k-1 (mod pool)."""
+    from executor import kernels
+    if fmt not in _ROW_BYTES:
+        raise ValueError(f"no synthetic layout for {fmt} (have {', '.join(_ROW_BYTES)})")
+    rng = np.random.default_rng(seed)
+    ebytes = 2 * ffn * _ROW_BYTES[fmt](hidden) + hidden * _ROW_BYTES[fmt](ffn)
+    pool = max(max_k, int(pool_bytes // ebytes))
+    gate = _synth_tensor(fmt, pool, ffn, hidden, rng)
+    up = _synth_tensor(fmt, pool, ffn, hidden, rng)
+    down = _synth_tensor(fmt, pool, hidden, ffn, rng)
+    x = rng.standard_normal((1, hidden)).astype(np.float32)
+    out = np.zeros((1, hidden), np.float32)
+    routes: dict[tuple[int, int], tuple] = {}
+
+    def run_job(k: int, i: int):
+        key = (k, i % pool)
+        r = routes.get(key)
+        if r is None:
+            ex = ((np.arange(k) + i * k) % pool).astype(np.int32).reshape(1, k)
+            r = routes[key] = kernels.csr(ex, np.full((1, k), 1.0 / k, np.float32))
+        out[:] = 0.0
+        kernels.moe_cpu(gate, up, down, x, *r, out=out)
+    return run_job, ebytes
