@@ -146,3 +146,36 @@ def read_server_timings(text: str, source: str, flags: tuple[str, ...], model_fi
     if not runs:
         raise SpecError(source, None, "no llama.cpp timing lines ('eval time = ... ms / N tokens') found")
     return runs
+
+
+def run_case_name(model: ModelSpec, run: BenchRun) -> str:
+    """A stable case name: model, test and placement flags ('llamacpp:<model>:tg32:-t 2 ...')."""
+    return f"llamacpp:{model.name}:{run.test}:{' '.join(run.flags)}"
+
+
+def ingest_runs(files: list[str], model_ref: str, flags: str, store: str | Path,
+                timings: bool = False) -> list[dict]:
+    """Read runs, check each one's flags into a placement, append them to the results store."""
+    import shlex
+
+    from specs.loaders import load_model
+
+    from .store import append_rows, make_row
+
+    model = load_model(model_ref)
+    extra = tuple(shlex.split(flags))
+    runs: list[BenchRun] = []
+    for f in files:
+        if timings:
+            runs += read_server_timings(Path(f).read_text(), f, extra, model_file=model_ref)
+        else:
+            runs += read_llama_bench(f, extra)
+    rows = []
+    for r in runs:
+        plan = r.plan(model)  # raises with the flag named when llama.cpp would reject it
+        rows.append(make_row(run_case_name(model, r), r.metric, r.tok_s, std=r.tok_s_std, model=model_ref,
+                             engine="llamacpp", flags=" ".join(r.flags), backend=r.backend,
+                             n_prompt=r.n_prompt, n_gen=r.n_gen, build=r.build, source=r.source,
+                             plan=json.dumps(plan.model_dump(mode="json"), separators=(",", ":"))))
+    append_rows(store, rows)
+    return rows

@@ -83,6 +83,18 @@ def _cmd_optimize(a) -> int:
     return 0
 
 
+def _cmd_ingest(a) -> int:
+    from calibration.ingest import ingest_runs
+    from calibration.store import default_store_path
+
+    store = a.store or default_store_path()
+    rows = ingest_runs(a.files, a.model, a.flags, store, timings=a.timings)
+    for r in rows:
+        print(f"{r['case']}: {r['metric']} = {float(r['value']):.2f}  ({r['flags']})")
+    print(f"{len(rows)} measured runs appended to {store}")
+    return 0
+
+
 def _cmd_schema(a) -> int:
     from specs.hardware import HardwareSpec
     from specs.model import ModelSpec
@@ -142,6 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=10, help="rows to show")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_optimize)
+
+    p = sub.add_parser("ingest", help="add llama-bench / llama-server runs to the results store")
+    p.add_argument("files", nargs="+", help="llama-bench output (json, jsonl, csv, md) or server logs")
+    p.add_argument("--model", required=True, help="the GGUF (header read) or preset the runs used")
+    p.add_argument("--flags", default="", help="llama.cpp flags not in the output (Markdown, logs)")
+    p.add_argument("--timings", action="store_true", help="files are llama-server/llama-cli logs")
+    p.add_argument("--store", help="results store CSV (default: $MOE_OFFLOAD_RESULTS or runs/results.csv)")
+    p.set_defaults(func=_cmd_ingest)
 
     p = sub.add_parser("schema", help="print the JSON Schema of a file format")
     p.add_argument("what", choices=["plan", "hardware", "model"])

@@ -67,3 +67,33 @@ def test_not_llama_bench_output(tmp_path):
     p.write_text("hello world\n")
     with pytest.raises(SpecError, match="not llama-bench output"):
         read_llama_bench(p)
+
+
+def test_ingest_command_appends_measured_cases_to_the_store(tmp_path, capsys):
+    import json as _json
+
+    from calibration.store import read_rows
+    from moe_offload.cli import main
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(_json.dumps({"model_type": "qwen3_moe", "hidden_size": 512, "num_hidden_layers": 4,
+                                "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64,
+                                "num_experts": 32, "num_experts_per_tok": 4, "moe_intermediate_size": 256,
+                                "vocab_size": 1024}))
+    store = tmp_path / "results.csv"
+    for fmt in ("json", "csv"):
+        assert main(["ingest", str(FIX / f"tiny-t12.{fmt}"), "--model", str(cfg), "--store", str(store)]) == 0
+    rows = read_rows(store)
+    assert len(rows) == 8  # appended, never overwritten
+    assert {r["metric"] for r in rows} == {"decode_tok_s", "prefill_tok_s"}
+    plan = _json.loads(rows[1]["plan"])
+    assert plan["placement"]["dense"] == "cpu" and plan["cpu_threads"] == 1
+
+
+def test_ingest_names_the_rejected_flag_with_exit_2(tmp_path, capsys):
+    from moe_offload.cli import main
+
+    code = main(["ingest", str(FIX / "tiny-t12.md"), "--model", "qwen3.8-flash-next-iq3_s",
+                 "--flags", "-ub abc", "--store", str(tmp_path / "r.csv")])
+    err = capsys.readouterr().err
+    assert code == 2 and "-ub: expects an integer" in err and not (tmp_path / "r.csv").exists()
