@@ -113,8 +113,34 @@ def _cmd_list(a) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit 2), like every other bad input."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see --help)\n")
+
+
+def _cmd_simulate(a) -> int:
+    from planner.search import base_plan
+    from simulator.run import simulate
+    from specs.loaders import load_hardware, load_model, load_plan
+    from specs.memory import memory_map
+
+    hw, model = load_hardware(a.hw), load_model(a.model)
+    plan = load_plan(a.plan) if a.plan else base_plan(model, hw, context=a.context, engine=a.engine)
+    memory_map(model, hw, plan).check_fits(a.plan)
+    r = simulate(model, hw, plan, prompt_tokens=a.prompt_tokens, gen_tokens=a.gen_tokens,
+                 streams=a.streams, seed=a.seed, routing=a.routing)
+    if a.json:
+        print(json.dumps(r.to_dict(), indent=2))
+    else:
+        from reports.tables import render_sim_result
+        render_sim_result(r.to_dict(), f"{model.name} on {hw.name}, {plan.engine} plan")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="moe-offload", description=__doc__.splitlines()[0])
+    ap = _Parser(prog="moe-offload", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plan", help="choose a placement and print the ceiling report")
@@ -127,6 +153,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the chosen plan JSON here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_plan)
+
+    p = sub.add_parser("simulate", help="simulate prefill and decode of a plan (discrete events)")
+    p.add_argument("--hw", required=True)
+    p.add_argument("--model", default="deepseek-v4.1-flash")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--plan", help="plan JSON file")
+    g.add_argument("--engine", choices=["llamacpp", "tiered-cache", "strata", "custom"],
+                   help="an engine's default plan, sized to the machine")
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--gen-tokens", type=int, default=256)
+    p.add_argument("--streams", type=int, default=None)
+    p.add_argument("--context", type=int, default=None)
+    p.add_argument("--routing", default=None, help="uniform, fitted, skewed:EXP or a trace .jsonl")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_simulate)
 
     p = sub.add_parser("fit", help="check that a plan fits in VRAM and RAM (memory map)")
     p.add_argument("--hw", required=True)

@@ -89,3 +89,17 @@ def render_options(rows: list[dict], target: float, models: bool = False, consol
             cells += ["-", "-", f"does not fit: {r.get('reason', '')}"]
         t.add_row(*cells, "yes" if r["meets"] else "no")
     c.print(t)
+
+
+def render_sim_result(r: dict, title: str, console: Console | None = None) -> None:
+    """Print a simulation result: headline metrics, then each resource's busy fraction and bytes."""
+    c = console or Console()
+    c.print(f"[bold]{title}[/]")
+    c.print(f"decode {r['decode_tok_s']:.2f} tok/s (ITL p50 {r['itl_p50_ms']:.1f} ms, p95 {r['itl_p95_ms']:.1f} ms); "
+            f"TTFT {r['ttft_s']:.2f} s (prefill {r['prefill_tok_s']:.0f} tok/s); "
+            f"cache hit rate {r['cache_hit_rate']:.3f}; bound by {r['bottleneck']}")
+    t = Table(title="Resources")
+    t.add_column("resource"); t.add_column("busy", justify="right"); t.add_column("bytes", justify="right")
+    for name, v in r["resources"].items():
+        t.add_row(name, f"{v.get('busy_fraction', 0) * 100:.1f}%", f"{v.get('bytes', 0) / 1e9:,.2f} GB")
+    c.print(t)
