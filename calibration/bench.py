@@ -42,9 +42,116 @@ def _tick(t: Tick) -> None:
         t()
 
 
+def low_quantile(xs, q: float = 0.2) -> float:
+    """The q-quantile of timings: interference from other processes only adds time, so the low
+    end is what reproduces between runs on a shared machine."""
+    return float(np.quantile(np.asarray(xs, float), q))
+
+
 def today() -> str:
     """UTC date for a measured figure's ref."""
     return time.strftime("%Y-%m-%d", time.gmtime())
+
+
+# ---------------------------------------------------------------------------------------------
+# sampling around other processes' load
+# ---------------------------------------------------------------------------------------------
+
+_CLK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_busy_s() -> float | None:
+    """CPU seconds all CPUs spent busy since boot (/proc/stat), or None where unreadable."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    guest = sum(v[8:10]) if len(v) > 9 else 0  # guest time is already counted in user
+    return (sum(v) - idle - guest) / _CLK
+
+
+class Window:
+    """How much CPU other processes used over a stretch of wall time: (all busy - ours) / (wall x CPUs)."""
+
+    ncpu = os.cpu_count() or 1
+
+    def __init__(self):
+        self.b0, self.c0, self.w0 = _cpu_busy_s(), time.process_time(), time.perf_counter()
+
+    def wall(self) -> float:
+        return time.perf_counter() - self.w0
+
+    def others(self) -> float:
+        b1 = _cpu_busy_s()
+        if b1 is None or self.b0 is None:
+            return 0.0
+        ours = time.process_time() - self.c0
+        return max(0.0, min(1.0, (b1 - self.b0 - ours) / max(1e-9, self.wall() * self.ncpu)))
+
+
+@dataclass
+class Noise:
+    """What the sampler saw: windows timed, windows clean of outside load, mean outside CPU share."""
+
+    windows: int = 0
+    clean: int = 0
+    others: float = 0.0  # mean share of all CPUs other processes used while timing
+    used_all: bool = False  # too few clean windows within the budget: every sample was used
+
+    def describe(self) -> str:
+        s = f"{self.clean}/{self.windows} windows free of outside load (mean outside CPU {100 * self.others:.0f}%)"
+        return s + (", contended samples used" if self.used_all else "")
+
+
+def sample_clean(unit: Callable[[int], list[tuple[object, float]]], want: int, budget_s: float,
+                 min_window_s: float = 0.15, max_others: float = 0.10, tick: Tick = None,
+                 keys: int = 1) -> tuple[dict[object, list[float]], Noise]:
+    """Run `unit(i)` (returns (key, sample) pairs) in windows of at least `min_window_s`; keep the
+    samples of windows where other processes used at most `max_others` of the CPUs.
+
+    Stops once every key has `want` clean samples, or when `budget_s` is spent (it always runs at
+    least `want` units). With fewer than max(2, want // 3) clean samples per key it falls back to
+    all samples and says so. One tick per clean unit, up to `want`."""
+    clean: dict[object, list[float]] = {}
+    every: dict[object, list[float]] = {}
+    noise = Noise()
+    shares = []
+    t_start = time.perf_counter()
+    i = ticked = 0
+    while True:
+        w = Window()
+        batch: list[tuple[object, float]] = []
+        n = 0
+        while n == 0 or w.wall() < min_window_s:
+            batch += unit(i)
+            i += 1
+            n += 1
+        o = w.others()
+        shares.append(o)
+        noise.windows += 1
+        for k, v in batch:
+            every.setdefault(k, []).append(v)
+        if o <= max_others:
+            noise.clean += 1
+            for k, v in batch:
+                clean.setdefault(k, []).append(v)
+            for _ in range(min(n, want - ticked)):
+                _tick(tick)
+                ticked += 1
+        done = len(clean) >= keys and all(len(v) >= want for v in clean.values())
+        spent = time.perf_counter() - t_start > budget_s and i >= want
+        if done or spent:
+            break
+    noise.others = float(np.mean(shares)) if shares else 0.0
+    for _ in range(want - ticked):
+        _tick(tick)
+    need = max(2, want // 3)
+    if len(clean) < keys or any(len(clean.get(k, [])) < need for k in every):
+        noise.used_all = True
+        return every, noise
+    return clean, noise
 
 
 # ---------------------------------------------------------------------------------------------
@@ -99,6 +206,7 @@ class MemBandwidth:
     repeats: int
     best: dict[str, dict[int, float]] = field(default_factory=dict)
     median: dict[str, dict[int, float]] = field(default_factory=dict)
+    noise: Noise = field(default_factory=Noise)
 
     def peak(self, kernel: str = "read") -> tuple[int, float]:
         """(threads, GB/s) of the best thread count for `kernel`."""
@@ -107,45 +215,51 @@ class MemBandwidth:
 
     def method(self, kernel: str, threads: int) -> str:
         return (f"numba parallel {kernel} {threads} thread(s), {self.array_bytes / 2**30:.2f} GiB "
-                f"arrays, best of {self.repeats}")
+                f"arrays, best of interleaved rounds, {self.noise.describe()}")
 
 
 def bench_memory(array_bytes: int = 1 << 30, threads: Sequence[int] | None = None, repeats: int = 5,
-                 kernels: Sequence[str] = ("read", "copy", "triad"), tick: Tick = None) -> MemBandwidth:
+                 kernels: Sequence[str] = ("read", "copy", "triad"), tick: Tick = None,
+                 budget_s: float = 20.0) -> MemBandwidth:
     """Read, copy and triad bandwidth of three float64 arrays of `array_bytes` each, per thread count.
 
-    One tick per (kernel, thread count). Arrays are first-touched in parallel."""
+    A round times every kernel at every thread count once (interleaved, so a burst of outside load
+    hits one sample of each configuration); rounds during which other processes used the CPUs are
+    set aside (`sample_clean`). The figure is the best clean round. One tick per clean round."""
     n = max(1024, array_bytes // 8)
     threads = list(threads or default_thread_counts())
     maxt = numba.config.NUMBA_NUM_THREADS
     prev = numba.get_num_threads()
     a, b, c = (np.empty(n, np.float64) for _ in range(3))
     res = MemBandwidth(array_bytes=n * 8, repeats=repeats)
+
+    def one_round(_i):
+        out = []
+        for k in kernels:
+            for t in threads:
+                numba.set_num_threads(min(t, maxt))
+                t0 = time.perf_counter()
+                if k == "read":
+                    _k_read(a)
+                elif k == "copy":
+                    _k_copy(a, b)
+                else:
+                    _k_triad(a, b, c, 3.0)
+                out.append(((k, t), time.perf_counter() - t0))
+        return out
+
     try:
         numba.set_num_threads(maxt)
         for arr, v in ((a, 1.0), (b, 2.0), (c, 0.5)):
             _k_fill(arr, v)
         _k_read(a[:16]), _k_copy(a[:16], b[:16]), _k_triad(a[:16], b[:16], c[:16], 3.0)  # compile
-        for k in kernels:
-            res.best[k], res.median[k] = {}, {}
-            for t in threads:
-                numba.set_num_threads(min(t, maxt))
-                times = []
-                for _ in range(repeats):
-                    t0 = time.perf_counter()
-                    if k == "read":
-                        _k_read(a)
-                    elif k == "copy":
-                        _k_copy(a, b)
-                    else:
-                        _k_triad(a, b, c, 3.0)
-                    times.append(time.perf_counter() - t0)
-                nbytes = n * BYTES_PER_ELEMENT[k]
-                res.best[k][t] = nbytes / min(times) / 1e9
-                res.median[k][t] = nbytes / statistics.median(times) / 1e9
-                _tick(tick)
+        times, res.noise = sample_clean(one_round, repeats, budget_s, tick=tick, keys=len(kernels) * len(threads))
     finally:
         numba.set_num_threads(prev)
+    for k in kernels:
+        nbytes = n * BYTES_PER_ELEMENT[k]
+        res.best[k] = {t: nbytes / min(times[(k, t)]) / 1e9 for t in threads}
+        res.median[k] = {t: nbytes / statistics.median(times[(k, t)]) / 1e9 for t in threads}
     return res
 
 
@@ -175,16 +289,18 @@ class HitResult:
     ffn: int
     expert_bytes: int
     pool: int
-    t_hit_ms: float  # median per expert
+    t_hit_ms: float  # per expert, lower quintile of batch means
     gbs: float  # expert bytes / t_hit
+    noise: Noise = field(default_factory=Noise)
 
     def method(self) -> str:
         return (f"torch {self.device} {self.dtype} SwiGLU expert {self.hidden}x{self.ffn} "
-                f"({self.expert_bytes / 1e6:.2f} MB), 1 token, {self.pool} resident experts rotated, median")
+                f"({self.expert_bytes / 1e6:.2f} MB), 1 token, {self.pool} resident experts rotated, "
+                f"lower quintile of batch means, {self.noise.describe()}")
 
 
 def bench_hit(hidden: int = 2048, ffn: int = 768, pool_bytes: int = 256 << 20, calls: int = 200,
-              repeats: int = 5, tick: Tick = None) -> HitResult:
+              repeats: int = 5, tick: Tick = None, budget_s: float = 5.0) -> HitResult:
     """Median time of one resident expert's SwiGLU (gate, up, down matvecs) for one token.
 
     A pool of experts larger than the last-level cache is rotated so each call reads its weights
@@ -204,20 +320,20 @@ def bench_hit(hidden: int = 2048, ffn: int = 768, pool_bytes: int = 256 << 20, c
         h = torch.nn.functional.silu(torch.mv(g[i], x)) * torch.mv(u[i], x)
         return torch.mv(d[i], h)
 
+    def batch(_i):
+        t0 = time.perf_counter()
+        for c in range(calls):
+            one(c % pool)
+        _sync(dev)
+        return [("hit", (time.perf_counter() - t0) / calls)]
+
     with torch.inference_mode():
         for i in range(min(pool, 4)):
             one(i)
         _sync(dev)
-        per = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for c in range(calls):
-                one(c % pool)
-            _sync(dev)
-            per.append((time.perf_counter() - t0) / calls)
-            _tick(tick)
-    t = statistics.median(per)
-    return HitResult(device=dev.type, dtype=str(dtype).replace("torch.", ""), hidden=hidden, ffn=ffn,
+        per, noise = sample_clean(batch, repeats, budget_s, tick=tick)
+    t = low_quantile(per["hit"])
+    return HitResult(noise=noise, device=dev.type, dtype=str(dtype).replace("torch.", ""), hidden=hidden, ffn=ffn,
                      expert_bytes=ebytes, pool=pool, t_hit_ms=t * 1e3, gbs=ebytes / t / 1e9)
 
 
@@ -231,14 +347,15 @@ class DenseResult:
     gbs: float  # best
     median_gbs: float
     repeats: int
+    noise: Noise = field(default_factory=Noise)
 
     def method(self) -> str:
         return (f"torch {self.device} {self.dtype} matrix-vector over {self.matrix_bytes / 2**20:.0f} MiB, "
-                f"best of {self.repeats}")
+                f"best of {self.repeats}, {self.noise.describe()}")
 
 
 def bench_dense(matrix_bytes: int = 1 << 30, hidden: int = 4096, repeats: int = 10,
-                tick: Tick = None) -> DenseResult:
+                tick: Tick = None, budget_s: float = 5.0) -> DenseResult:
     """y = W x with W of `matrix_bytes` on the device (the dense path reads every weight once)."""
     import torch
     dev = torch_device()
@@ -248,17 +365,18 @@ def bench_dense(matrix_bytes: int = 1 << 30, hidden: int = 4096, repeats: int = 
     w = torch.randn(rows, hidden, dtype=dtype, device=dev)
     x = torch.randn(hidden, dtype=dtype, device=dev)
     nbytes = rows * hidden * esize
-    times = []
+    def one(_i):
+        t0 = time.perf_counter()
+        torch.mv(w, x)
+        _sync(dev)
+        return [("mv", time.perf_counter() - t0)]
+
     with torch.inference_mode():
         torch.mv(w, x)
         _sync(dev)
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            torch.mv(w, x)
-            _sync(dev)
-            times.append(time.perf_counter() - t0)
-            _tick(tick)
-    return DenseResult(device=dev.type, dtype=str(dtype).replace("torch.", ""), matrix_bytes=nbytes,
+        got, noise = sample_clean(one, repeats, budget_s, min_window_s=0.1, tick=tick)
+    times = got["mv"]
+    return DenseResult(noise=noise, device=dev.type, dtype=str(dtype).replace("torch.", ""), matrix_bytes=nbytes,
                        gbs=nbytes / min(times) / 1e9, median_gbs=nbytes / statistics.median(times) / 1e9,
                        repeats=repeats)
 
@@ -344,6 +462,7 @@ class DiskResult:
     cached_iops: float
     reads: int
     directory: str
+    seq_passes: int = 1
 
     def method(self, what: str) -> str:
         base = f"{self.file_bytes / 2**20:.0f} MiB temp file in {self.directory}"
@@ -352,7 +471,7 @@ class DiskResult:
         if what == "qd":
             return f"4 KiB random pread QD{self.qd} ({self.qd} threads), {self.bypass}, {base}"
         if what == "seq":
-            return f"1 MiB sequential pread, {self.bypass}, {base}"
+            return f"1 MiB sequential pread, {self.bypass}, {base}, best of {self.seq_passes} passes"
         return f"4 KiB random pread from the page cache (file read once), {base}, median"
 
 
@@ -396,7 +515,7 @@ def _drop(fd: int, bypass: str) -> None:
 
 def bench_disk(file_bytes: int = 1 << 30, qd1_reads: int = 2000, qd_reads: int = 8000, qd: int = 16,
                cached_reads: int = 20000, directory: str | os.PathLike | None = None,
-               tick: Tick = None) -> DiskResult:
+               seq_passes: int = 3, tick: Tick = None) -> DiskResult:
     """Random 4 KiB reads on a temporary file in `directory` (default: the temp dir).
 
     Every uncached read goes to a distinct page (a random permutation), so none is served from a
@@ -447,17 +566,19 @@ def bench_disk(file_bytes: int = 1 << 30, qd1_reads: int = 2000, qd_reads: int =
             list(ex.map(worker, shares))
             qd_iops = len(offs) / (time.perf_counter() - t0)
         _tick(tick)
-        # sequential 1 MiB reads, uncached
-        _drop(fd, bypass)
+        # sequential 1 MiB reads, uncached, best of `seq_passes` passes over the file
         big = mmap.mmap(-1, 1 << 20)
-        t0 = time.perf_counter()
-        done = 0
-        while done < file_bytes:
-            n = os.preadv(fd, [big], done)
-            if n <= 0:
-                break
-            done += n
-        seq_gbs = done / (time.perf_counter() - t0) / 1e9
+        seq_gbs = 0.0
+        for _ in range(seq_passes):
+            _drop(fd, bypass)
+            t0 = time.perf_counter()
+            done = 0
+            while done < file_bytes:
+                n = os.preadv(fd, [big], done)
+                if n <= 0:
+                    break
+                done += n
+            seq_gbs = max(seq_gbs, done / (time.perf_counter() - t0) / 1e9)
         big.close()
         _tick(tick)
         # page cache: read the file once through the cache, then random 4 KiB reads
@@ -477,7 +598,7 @@ def bench_disk(file_bytes: int = 1 << 30, qd1_reads: int = 2000, qd_reads: int =
         return DiskResult(file_bytes=file_bytes, bypass=bypass, qd1_latency_us=qd1_us, qd1_iops=qd1_iops,
                           qd=qd, qd_iops=qd_iops, seq_gbs=seq_gbs, cached_us=cached_us,
                           cached_iops=cached_reads / float(clat.sum()), reads=qd1_reads + len(offs),
-                          directory=str(directory))
+                          directory=str(directory), seq_passes=seq_passes)
     finally:
         for f in fds:
             try:
@@ -494,20 +615,24 @@ def bench_disk(file_bytes: int = 1 << 30, qd1_reads: int = 2000, qd_reads: int =
 
 @dataclass
 class HandoverResult:
-    """Round trip: device sync, hand the layer to a CPU worker thread, and back (median)."""
+    """Round trip: device sync, hand the layer to a CPU worker thread, and back (lower quintile)."""
 
     device: str
     sync_ms: float  # device op + sync + thread hand-off there and back
     thread_ms: float  # the thread hand-off alone
     iters: int
+    noise: Noise = field(default_factory=Noise)
 
     def method(self) -> str:
         return (f"torch {self.device} op + sync, queue hand-off to a worker thread and back, "
-                f"median of {self.iters}")
+                f"lower quintile of block medians, {self.iters} round trips, {self.noise.describe()}")
 
 
-def bench_handover(iters: int = 2000, tick: Tick = None) -> HandoverResult:
-    """The cost of handing a layer from the device to the CPU tier and back. Two ticks."""
+def bench_handover(iters: int = 2000, tick: Tick = None, budget_s: float = 5.0, block: int = 50) -> HandoverResult:
+    """The cost of handing a layer from the device to the CPU tier and back.
+
+    Blocks of `block` round trips, thread-only then with the device op and sync; a block's figure
+    is its median, the result the lower quintile of the clean blocks. iters // block ticks."""
     import torch
     dev = torch_device()
     to_w: queue.SimpleQueue = queue.SimpleQueue()
@@ -522,32 +647,36 @@ def bench_handover(iters: int = 2000, tick: Tick = None) -> HandoverResult:
 
     th = threading.Thread(target=worker, daemon=True)
     th.start()
-    try:
-        x = torch.ones(16, device=dev)
-        lat_t = np.empty(iters)
-        for i in range(iters):
+    x = torch.ones(16, device=dev)
+    lat_t = np.empty(block)
+    lat_s = np.empty(block)
+
+    def one(_i):
+        for i in range(block):
             t0 = time.perf_counter()
             to_w.put(i)
             to_m.get()
             lat_t[i] = time.perf_counter() - t0
-        _tick(tick)
-        lat_s = np.empty(iters)
-        with torch.inference_mode():
-            for i in range(iters):
-                t0 = time.perf_counter()
-                y = x * 2.0
-                _sync(dev)
-                to_w.put(i)
-                to_m.get()
-                y.add_(1.0)
-                lat_s[i] = time.perf_counter() - t0
+        for i in range(block):
+            t0 = time.perf_counter()
+            y = x * 2.0
+            _sync(dev)
+            to_w.put(i)
+            to_m.get()
+            y.add_(1.0)
+            lat_s[i] = time.perf_counter() - t0
         _sync(dev)
-        _tick(tick)
+        return [("thread", float(np.median(lat_t))), ("sync", float(np.median(lat_s)))]
+
+    try:
+        with torch.inference_mode():
+            one(0)
+            got, noise = sample_clean(one, max(1, iters // block), budget_s, tick=tick, keys=2)
     finally:
         to_w.put(None)
         th.join(5)
-    return HandoverResult(device=dev.type, sync_ms=float(np.median(lat_s)) * 1e3,
-                          thread_ms=float(np.median(lat_t)) * 1e3, iters=iters)
+    return HandoverResult(device=dev.type, sync_ms=low_quantile(got["sync"]) * 1e3,
+                          thread_ms=low_quantile(got["thread"]) * 1e3, iters=iters, noise=noise)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -561,22 +690,27 @@ class KernelFit:
     label: str
     expert_bytes: int
     ks: list[int]
-    t_ms: list[float]  # median time per job at each k
+    t_ms: list[float]  # time per job at each k (lower quintile of the repeats)
     c_a_ms: float
     c_b_ms: float
     residuals_ms: list[float]
     rms_rel: float  # rms of residual / measured
     threads: int
     repeats: int
+    noise: Noise = field(default_factory=Noise)
 
     @property
     def expert_gbs(self) -> float:
         """GB/s of expert weights the kernel sustains (bytes of one expert / c_b)."""
-        return self.expert_bytes / (self.c_b_ms * 1e-3) / 1e9 if self.c_b_ms > 0 else float("inf")
+        per = self.c_b_ms
+        if per <= 0:  # degenerate fit (jobs too small to see the per-expert cost): whole job / k
+            per = max(t / k for t, k in zip(self.t_ms, self.ks))
+        return self.expert_bytes / (per * 1e-3) / 1e9
 
     def method(self) -> str:
-        return (f"{self.label}: median job time at k={self.ks} experts ({self.expert_bytes / 1e6:.2f} MB each), "
-                f"{self.threads} threads, least-squares fit c_a + c_b k, rms residual {100 * self.rms_rel:.1f}%")
+        return (f"{self.label}: job time (lower quintile of {self.repeats}) at k={self.ks} experts ({self.expert_bytes / 1e6:.2f} MB each), "
+                f"{self.threads} threads, least-squares fit c_a + c_b k, rms residual {100 * self.rms_rel:.1f}%, "
+                f"{self.noise.describe()}")
 
 
 def fit_job_costs(ks: Sequence[float], t_ms: Sequence[float]) -> tuple[float, float, np.ndarray]:
@@ -594,28 +728,33 @@ def fit_job_costs(ks: Sequence[float], t_ms: Sequence[float]) -> tuple[float, fl
 
 def bench_expert_kernel(run_job: Callable[[int, int], object], ks: Sequence[int], expert_bytes: int,
                         repeats: int = 15, label: str = "kernel", threads: int | None = None,
-                        tick: Tick = None) -> KernelFit:
+                        tick: Tick = None, budget_s: float = 10.0) -> KernelFit:
     """Time `run_job(k, i)` (one job of k experts; i varies so jobs rotate over their experts).
 
     The fit is relative least squares (each point weighted by 1/t) so small jobs count as much as
-    big ones. One tick per k."""
+    big ones. A round times every k once; rounds run while other processes used the CPUs are set
+    aside (`sample_clean`, within `budget_s`); each k's time is the lower quintile of its clean
+    samples. `repeats` ticks in all."""
     ks = [int(k) for k in ks]
+    threads = int(threads or numba.get_num_threads())
     for k in ks:  # warm-up (and JIT)
         run_job(k, 0)
-    meds = []
-    for k in ks:
-        times = []
-        for i in range(repeats):
+
+    def one_round(i):  # interleaved: a burst of outside load hits every k alike
+        out = []
+        for k in ks:
             t0 = time.perf_counter()
             run_job(k, i + 1)
-            times.append(time.perf_counter() - t0)
-        meds.append(statistics.median(times) * 1e3)
-        _tick(tick)
+            out.append((k, time.perf_counter() - t0))
+        return out
+
+    times, noise = sample_clean(one_round, repeats, budget_s, tick=tick, keys=len(ks))
+    meds = [low_quantile(times[k]) * 1e3 for k in ks]
     c_a, c_b, res = fit_job_costs(ks, meds)
     rel = res / np.asarray(meds)
     return KernelFit(label=label, expert_bytes=int(expert_bytes), ks=ks, t_ms=meds, c_a_ms=c_a, c_b_ms=c_b,
                      residuals_ms=[float(r) for r in res], rms_rel=float(np.sqrt(np.mean(rel ** 2))),
-                     threads=int(threads or numba.get_num_threads()), repeats=repeats)
+                     threads=threads, repeats=repeats, noise=noise)
 
 
 @njit(parallel=True, nogil=True, fastmath=True, cache=True)

@@ -58,6 +58,11 @@ def fitted_constants(hw_name: str, values: dict[str, float]) -> dict[str, Figure
     return {k: Figure(v, "derived", f"calibration/fit.py on {fit_cases} ({hw_name})") for k, v in values.items()}
 
 
+def calibrated_hardware(hw, values: dict[str, float]):
+    """`hw` with the fitted constants merged into `hw.constants` (write it with dump_hardware)."""
+    return hw.model_copy(update={"constants": {**hw.constants, **fitted_constants(hw.name, values)}})
+
+
 def evaluate(constants: dict[str, float]) -> list[dict]:
     """Every case's prediction, error and verdict under `constants`."""
     rows = []

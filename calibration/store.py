@@ -139,7 +139,9 @@ def append_rows(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> i
             data = _lines(cols, rows).encode()
             fd = os.open(path, os.O_WRONLY | os.O_APPEND)
             try:
-                os.write(fd, data)  # one write on O_APPEND: whole lines or nothing visible to readers
+                view = memoryview(data)
+                while view:  # one write on O_APPEND (a regular file takes it whole); loop if short
+                    view = view[os.write(fd, view):]
                 os.fsync(fd)
             finally:
                 os.close(fd)

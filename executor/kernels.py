@@ -6,12 +6,36 @@ All kernels take expert tensors as uint8 [E, rows, row_bytes] views (no copies),
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numba
 import numpy as np
 from numba import njit, prange
 
+from .simd import quant16, rows1_q4, rows1_q8, rows4_q4, rows4_q8
+
+
+def _drop_stale_cache() -> None:
+    """numba's cache=True watches only this file; drop its cached kernels when simd.py changed."""
+    here = Path(__file__).resolve().parent
+    src = here / "simd.py"
+    stamp = here / "__pycache__" / "kernels.simd-stamp"
+    now = f"{src.stat().st_mtime_ns} {src.stat().st_size}"
+    try:
+        if stamp.exists() and stamp.read_text() == now:
+            return
+        for f in (here / "__pycache__").glob("kernels.*.nb[ic]"):
+            f.unlink()
+        stamp.parent.mkdir(exist_ok=True)
+        stamp.write_text(now)
+    except OSError:  # read-only install: the cache is whatever was shipped
+        pass
+
+
+_drop_stale_cache()
+
 F16, Q8_0, Q4_0 = 1, 2, 3
+
 _ROWS = 16  # rows per parallel work item
 
 # 2**(e-25) for half exponents e (e = 0: subnormal scale 2**-24)
@@ -30,88 +54,6 @@ def _h2f(lo, hi):
 
 
 _U = np.uint64
-
-
-@njit(fastmath=True)
-def _q8_dot(w, r0, r1, rb, x, res, qk):
-    """res[r - r0] = Q8_0 row r . x for rows [r0, r1) of flat bytes w (row stride rb); 4 rows at a time."""
-    nb = _U(x.shape[0] // 32)
-    two, c34, c32, one = _U(2), _U(34), _U(32), _U(1)
-    rbu = _U(rb)
-    r = r0
-    while r < r1:
-        o0 = _U(r) * rbu
-        if r + 4 <= r1:
-            o1, o2, o3 = o0 + rbu, o0 + _U(2) * rbu, o0 + _U(3) * rbu
-        else:
-            o1 = o2 = o3 = o0
-        a0 = a1 = a2 = a3 = np.float32(0.0)
-        for b in range(nb):
-            o = _U(b) * c34
-            xo = _U(b) * c32
-            t0 = t1 = t2 = t3 = np.float32(0.0)
-            for j in range(qk):
-                xv = x[xo + j]
-                t0 += np.float32(np.int8(w[o0 + o + two + j])) * xv
-                t1 += np.float32(np.int8(w[o1 + o + two + j])) * xv
-                t2 += np.float32(np.int8(w[o2 + o + two + j])) * xv
-                t3 += np.float32(np.int8(w[o3 + o + two + j])) * xv
-            a0 += t0 * _h2f(w[o0 + o], w[o0 + o + one])
-            a1 += t1 * _h2f(w[o1 + o], w[o1 + o + one])
-            a2 += t2 * _h2f(w[o2 + o], w[o2 + o + one])
-            a3 += t3 * _h2f(w[o3 + o], w[o3 + o + one])
-        res[r - r0] = a0
-        if r + 4 <= r1:
-            res[r - r0 + 1] = a1
-            res[r - r0 + 2] = a2
-            res[r - r0 + 3] = a3
-            r += 4
-        else:
-            r += 1
-
-
-@njit(fastmath=True)
-def _q4_dot(w, r0, r1, rb, x, res, qk):
-    """res[r - r0] = Q4_0 row r . x for rows [r0, r1) of flat bytes w (row stride rb); 4 rows at a time."""
-    nb = _U(x.shape[0] // 32)
-    two, c18, c32, c16, one = _U(2), _U(18), _U(32), _U(16), _U(1)
-    rbu = _U(rb)
-    hq = _U(qk // 2)
-    r = r0
-    while r < r1:
-        o0 = _U(r) * rbu
-        if r + 4 <= r1:
-            o1, o2, o3 = o0 + rbu, o0 + _U(2) * rbu, o0 + _U(3) * rbu
-        else:
-            o1 = o2 = o3 = o0
-        a0 = a1 = a2 = a3 = np.float32(0.0)
-        for b in range(nb):
-            o = _U(b) * c18
-            xo = _U(b) * c32
-            t0 = t1 = t2 = t3 = np.float32(0.0)
-            for j in range(hq):
-                xl = x[xo + j]
-                xh = x[xo + c16 + j]
-                q0 = np.int32(w[o0 + o + two + j])
-                q1 = np.int32(w[o1 + o + two + j])
-                q2 = np.int32(w[o2 + o + two + j])
-                q3 = np.int32(w[o3 + o + two + j])
-                t0 += np.float32((q0 & 15) - 8) * xl + np.float32((q0 >> 4) - 8) * xh
-                t1 += np.float32((q1 & 15) - 8) * xl + np.float32((q1 >> 4) - 8) * xh
-                t2 += np.float32((q2 & 15) - 8) * xl + np.float32((q2 >> 4) - 8) * xh
-                t3 += np.float32((q3 & 15) - 8) * xl + np.float32((q3 >> 4) - 8) * xh
-            a0 += t0 * _h2f(w[o0 + o], w[o0 + o + one])
-            a1 += t1 * _h2f(w[o1 + o], w[o1 + o + one])
-            a2 += t2 * _h2f(w[o2 + o], w[o2 + o + one])
-            a3 += t3 * _h2f(w[o3 + o], w[o3 + o + one])
-        res[r - r0] = a0
-        if r + 4 <= r1:
-            res[r - r0 + 1] = a1
-            res[r - r0 + 2] = a2
-            res[r - r0 + 3] = a3
-            r += 4
-        else:
-            r += 1
 
 
 @njit(fastmath=True, inline="always")
@@ -135,7 +77,7 @@ def _deq(code, w, o0, buf, qk):
         for b in range(n // _U(32)):
             o = o0 + _U(b) * _U(18)
             d = _h2f(w[o], w[o + _U(1)])
-            for j in range(qk // 2):
+            for j in range(qk // _U(2)):
                 q = np.int32(w[o + _U(2) + j])
                 buf[_U(b) * _U(32) + j] = np.float32((q & 15) - 8) * d
                 buf[_U(b) * _U(32) + _U(16) + j] = np.float32((q >> 4) - 8) * d
@@ -150,39 +92,60 @@ def _vdot(a, b):
 
 
 @njit(fastmath=True)
-def _rows_dot(code, w, r0, r1, rb, x, buf, res, qk):
-    """res[r - r0] = row_r . x for rows [r0, r1) of flat expert bytes w (row stride rb)."""
+def _rows_dot(code, w, r0, r1, rb, x, x16, dx, buf, res):
+    """res[r - r0] = row_r . x for rows [r0, r1) of flat expert bytes w (row stride rb).
+
+    Q8_0 / Q4_0 use the int16 activations x16 * dx (simd.py); F16 dequantises each row into buf.
+    """
+    nb = np.int64(x.shape[0] // 32)
+    r = r0
     if code == Q8_0:
-        _q8_dot(w, r0, r1, rb, x, res, qk)
+        while r + 4 <= r1:
+            rows4_q8(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(r - r0))
+            r += 4
+        while r < r1:
+            rows1_q8(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(r - r0))
+            r += 1
     elif code == Q4_0:
-        _q4_dot(w, r0, r1, rb, x, res, qk)
+        while r + 4 <= r1:
+            rows4_q4(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(r - r0))
+            r += 4
+        while r < r1:
+            rows1_q4(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(r - r0))
+            r += 1
     else:
         for r in range(r0, r1):
-            _deq(code, w, _U(r) * _U(rb), buf, _U(qk))
+            _deq(code, w, _U(r) * _U(rb), buf, _U(32))
             res[r - r0] = _vdot(buf, x)
 
 
 @njit(fastmath=True)
-def _rows_matmul(code, w, r0, r1, rb, xs, idx, m, buf, res, qk):
+def _rows_matmul(code, w, r0, r1, rb, xs, x16s, dxs, idx, m, buf, res):
     """res[k, r - r0] = row_r . xs[idx[k]] for k < m; one token: fused dots, else dequantise once."""
     if m == 1:
-        _rows_dot(code, w, r0, r1, rb, xs[idx[0]], buf, res[0], qk)
+        t = idx[0]
+        _rows_dot(code, w, r0, r1, rb, xs[t], x16s[t], dxs[t], buf, res[0])
         return
     for r in range(r0, r1):
-        _deq(code, w, _U(r) * _U(rb), buf, _U(qk))
+        _deq(code, w, _U(r) * _U(rb), buf, _U(32))
         for k in range(m):
             res[k, r - r0] = _vdot(buf, xs[idx[k]])
 
 
 @njit(parallel=True, nogil=True, fastmath=True, cache=True)
-def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, qk):
+def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out):
     """SwiGLU experts: out[t] += sum_a wts[a] * down_e(silu(gate_e x_t) * up_e x_t), CSR by expert.
 
-    gd/ud/dd: flat expert bytes [E, rows * row_bytes]; act [m, F] scratch; qk = 32 (block size).
+    gd/ud/dd: flat expert bytes [E, rows * row_bytes]; act [m, F] scratch.
     """
     n = experts.shape[0]
-    grb = gd.shape[1] // F
-    drb = dd.shape[1] // H
+    T = x.shape[0]
+    M = act.shape[0]
+    grb, urb, drb = gd.shape[1] // F, ud.shape[1] // F, dd.shape[1] // H
+    x16 = np.empty((T, H), np.int16)
+    dx = np.empty((T, H // 32), np.float32)
+    for t in range(T):
+        quant16(x[t], x16[t], dx[t])
     maxm = 1
     for i in range(n):
         maxm = max(maxm, offs[i + 1] - offs[i])
@@ -195,15 +158,19 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, qk)
         a0 = offs[i]
         m = offs[i + 1] - a0
         idx = tok[a0:a0 + m]
-        buf = np.empty(x.shape[1], np.float32)
+        buf = np.empty(H, np.float32)
         g = np.empty((m, _ROWS), np.float32)
         u = np.empty((m, _ROWS), np.float32)
-        _rows_matmul(gc, gd[e], r0, r1, grb, x, idx, m, buf, g, qk)
-        _rows_matmul(uc, ud[e], r0, r1, grb, x, idx, m, buf, u, qk)
+        _rows_matmul(gc, gd[e], r0, r1, grb, x, x16, dx, idx, m, buf, g)
+        _rows_matmul(uc, ud[e], r0, r1, urb, x, x16, dx, idx, m, buf, u)
         for k in range(m):
             for r in range(r1 - r0):
                 gv = g[k, r]
                 act[a0 + k, r0 + r] = gv / (np.float32(1.0) + np.exp(-gv)) * u[k, r]
+    a16 = np.empty((M, F), np.int16)
+    da = np.empty((M, F // 32), np.float32)
+    for a in range(M):  # serial: a parallel region here costs more than it saves
+        quant16(act[a], a16[a], da[a])
     nh = (H + _ROWS - 1) // _ROWS
     for it in prange(nh):  # phase 2: each thread owns rows of out, loops over experts
         r0 = it * _ROWS
@@ -215,7 +182,7 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, qk)
             e = experts[i]
             a0 = offs[i]
             m = offs[i + 1] - a0
-            _rows_matmul(dc, dd[e], r0, r1, drb, act[a0:a0 + m], lidx, m, buf, y, qk)
+            _rows_matmul(dc, dd[e], r0, r1, drb, act[a0:a0 + m], a16[a0:a0 + m], da[a0:a0 + m], lidx, m, buf, y)
             for k in range(m):
                 t = tok[a0 + k]
                 for r in range(r1 - r0):
@@ -223,18 +190,22 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, qk)
 
 
 @njit(parallel=True, nogil=True, fastmath=True, cache=True)
-def _matmul(wd, code, R, x, out, qk):
+def _matmul(wd, code, R, x, out):
     """out[t, r] = W[r] . x[t] for one expert matrix (flat bytes wd, in place), rows across threads."""
-    T = x.shape[0]
+    T, C = x.shape
     rb = wd.shape[0] // R
+    x16 = np.empty((T, C), np.int16)
+    dx = np.empty((T, C // 32), np.float32)
+    for t in range(T):
+        quant16(x[t], x16[t], dx[t])
     nch = (R + _ROWS - 1) // _ROWS
     for it in prange(nch):
         r0 = it * _ROWS
         r1 = min(R, r0 + _ROWS)
-        buf = np.empty(x.shape[1], np.float32)
+        buf = np.empty(C, np.float32)
         res = np.empty((T, _ROWS), np.float32)
         idx = np.arange(T)
-        _rows_matmul(code, wd, r0, r1, rb, x, idx, T, buf, res, qk)
+        _rows_matmul(code, wd, r0, r1, rb, x, x16, dx, idx, T, buf, res)
         for t in range(T):
             for r in range(r1 - r0):
                 out[t, r0 + r] = res[t, r]
@@ -249,7 +220,7 @@ def expert_matmul(w, e: int, x: np.ndarray) -> np.ndarray:
     """W_e x for ExpertTensor `w`, expert `e`, x [T, cols] f32 -> [T, rows] f32."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     out = np.empty((x.shape[0], w.rows), np.float32)
-    _matmul(flat(w)[int(e)], w.code, w.rows, x, out, 32)
+    _matmul(flat(w)[int(e)], w.code, w.rows, x, out)
     return out
 
 
@@ -284,7 +255,7 @@ def moe_cpu(gate, up, down, x: np.ndarray, experts, offs, tok, wts, out: np.ndar
     act = np.empty((max(1, tok.shape[0]), gate.rows), np.float32)
     if experts.shape[0]:
         _moe(flat(gate), gate.code, flat(up), up.code, flat(down), down.code, gate.rows, down.rows,
-             x, experts, offs, tok, wts, act, out, 32)
+             x, experts, offs, tok, wts, act, out)
     return out
 
 

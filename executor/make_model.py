@@ -7,14 +7,13 @@ separate GGUF (`<model>.engram.gguf`) since llama.cpp rejects unknown tensors.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as QT
 
-ARCH = "qwen3moe"
 ENGRAM_ARCH = "engram"
 
 
@@ -44,7 +43,7 @@ class Preset:
     engram_heads: int = 8
     engram_rows: int = 65536
     engram_type: str = "Q8_0"
-    extra: dict = field(default_factory=dict)
+    arch: str = "qwen3moe"  # or "llama" (Mixtral-style: no Q/K norm, interleaved RoPE)
 
 
 PRESETS: dict[str, Preset] = {
@@ -111,8 +110,8 @@ def _rand_tensor(rng: np.random.Generator, shape: tuple[int, ...], qt: QT, std: 
         q_std = 73.6  # std of uniform int8
     elif qt == QT.Q4_0:
         q_std = 4.6  # std of uniform nibble - 8
-    else:
-        raise ValueError(f"make_model cannot write {qt.name}")
+    else:  # other types: random bytes (enough for load / rejection tests)
+        return raw.reshape(gguf.quant_shape_to_byte_shape(shape, qt))
     d = (std / q_std) * rng.uniform(0.5, 1.5, size=nb).astype(np.float32)
     raw[:, :2] = d.astype(np.float16).view(np.uint8).reshape(nb, 2)
     return raw.reshape(gguf.quant_shape_to_byte_shape(shape, qt))
@@ -137,8 +136,10 @@ def _layer_specs(p: Preset, i: int) -> list[tuple[str, tuple[int, ...], QT, floa
         (b + "attn_k.weight", (p.n_kv * hd, H), dt, H ** -0.5),
         (b + "attn_v.weight", (p.n_kv * hd, H), dt, H ** -0.5),
         (b + "attn_output.weight", (H, p.n_heads * hd), dt, (p.n_heads * hd) ** -0.5),
+    ] + ([
         (b + "attn_q_norm.weight", (hd,), QT.F32, -1.0),
         (b + "attn_k_norm.weight", (hd,), QT.F32, -1.0),
+    ] if p.arch == "qwen3moe" else []) + [
         (b + "ffn_norm.weight", (H,), QT.F32, -1.0),
         (b + "ffn_gate_inp.weight", (E, H), QT.F32, 4 * H ** -0.5),
         (b + "ffn_gate_exps.weight", (E, F, H), gu, H ** -0.5),
@@ -175,12 +176,16 @@ def make_model(preset: str, out: str | Path, seed: int = 0, engram: bool = False
     """Write preset `preset` as a qwen3moe GGUF at `out` (plus `<out>.engram.gguf` if engram); returns the path."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r} ({', '.join(PRESETS)})")
-    p = PRESETS[preset]
+    return write_model(PRESETS[preset], out, seed, engram, name=preset)
+
+
+def write_model(p: Preset, out: str | Path, seed: int = 0, engram: bool = False, name: str = "custom") -> Path:
+    """Write the model `p` describes at `out` (plus its Engram table if engram); returns the path."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def kv(w: gguf.GGUFWriter) -> None:
-        w.add_name(f"moe-offload synthetic {preset}")
+        w.add_name(f"moe-offload synthetic {name}")
         w.add_context_length(p.context)
         w.add_embedding_length(p.hidden)
         w.add_block_count(p.n_layers)
@@ -204,7 +209,7 @@ def make_model(preset: str, out: str | Path, seed: int = 0, engram: bool = False
         specs += _layer_specs(p, i)
     specs += [("output_norm.weight", (p.hidden,), QT.F32, -1.0),
               ("output.weight", (p.vocab, p.hidden), et, p.hidden ** -0.5)]
-    _write(out, ARCH, kv, specs, seed)
+    _write(out, p.arch, kv, specs, seed)
     if engram:
         make_engram(p, engram_path(out), seed)
     return out

@@ -12,14 +12,14 @@ from specs.errors import SpecError
 
 
 def _cmd_plan(a) -> int:
-    from planner.predict import predict
+    from planner.predict import simulate_plan
     from planner.search import base_plan
     from planner.summary import plan_summary
     from specs.loaders import load_hardware, load_model
 
     hw, model = load_hardware(a.hw), load_model(a.model)
     plan = base_plan(model, hw, context=a.context, engine=a.engine)
-    summary = plan_summary(model, hw, plan, predict(model, hw, plan, prompt_tokens=a.prompt_tokens))
+    summary = plan_summary(model, hw, plan, simulate_plan(model, hw, plan, prompt_tokens=a.prompt_tokens))
     if a.out:
         from specs.loaders import dump_plan, write_atomic
         write_atomic(a.out, dump_plan(plan))

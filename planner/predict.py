@@ -1,9 +1,10 @@
-"""Predicted speed of a plan: the simulator's closed-form screen (no torch, no event loop)."""
+"""Predicted speed of a plan from the simulator: the closed-form screen (fast, for searches and
+sweeps) or the discrete-event simulation (for the plan that is finally chosen)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from simulator.ceilings import ceiling_tok_s
+from simulator.screen import screen
 from specs.hardware import HardwareSpec
 from specs.model import ModelSpec
 from specs.plan import Plan
@@ -16,53 +17,28 @@ class Prediction:
     bottleneck: str
     prefill_tok_s: float = 0.0
     cache_hit_rate: float = 0.0
-    method: str = "roofline"
+    method: str = "screen"
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def roofline(model: ModelSpec, hw: HardwareSpec, plan: Plan, prompt_tokens: int = 512) -> Prediction:
-    """Serial roofline: dense read + each expert source at its bandwidth, uniform routing (s/token)."""
-    k = plan.experts_per_token or model.top_k
-    per_tok = model.routed_bytes_per_token(k)
-    n_moe = model.n_moe_layers
-    static_frac = len(plan.placement.gpu_expert_layers) / n_moe
-    cpu_side = model.routed_experts * (1 - static_frac)
-    cache_frac = min(1.0, plan.expert_cache.slots / cpu_side) if cpu_side else 1.0
-    hit = static_frac + (1 - static_frac) * cache_frac  # uniform routing: hits = resident share
-    gpu_bw = float(hw.gpu.bw_gbs) if hw.gpu is not None else hw.memory.usable_gbs
-    dense_bw = gpu_bw if plan.placement.dense == "gpu" else hw.memory.usable_gbs
-    cpu_bw = min(hw.cpu.expert_gbs_for(model.fmt_experts), hw.memory.usable_gbs)
-    miss_bw = {"cpu": cpu_bw, "auction": cpu_bw + (float(hw.pcie.zero_copy_gbs) if hw.pcie else 0.0),
-               "zero-copy": float(hw.pcie.zero_copy_gbs) if hw.pcie else cpu_bw,
-               "copy": float(hw.pcie.h2d_gbs) if hw.pcie else cpu_bw}[plan.miss_policy.kind]
-    ram_experts = plan.placement.expert_ram_bytes
-    cpu_bytes = model.routed_bytes * (1 - static_frac)
-    disk_frac = 0.0 if ram_experts is None else max(0.0, 1 - ram_experts / cpu_bytes)
-    parts = {
-        "VRAM (dense path)": model.dense_bytes_per_token / (dense_bw * 1e9),
-        "VRAM (resident experts)": per_tok * hit / (gpu_bw * 1e9),
-        "CPU/DDR (missed experts)": per_tok * (1 - hit) * (1 - disk_frac) / (miss_bw * 1e9),
-        "NVMe (experts beyond RAM)": per_tok * (1 - hit) * disk_frac / (float(hw.nvme.seq_read_gbs) * 1e9),
-        "NVMe (Engram pages)": (model.engram_bytes_per_token(hw.page_bytes) / (float(hw.nvme.seq_read_gbs) * 1e9)
-                                if plan.placement.engram == "nvme" else 0.0),
-    }
-    t = sum(parts.values())
-    tok_s = plan.mtp.tokens_per_step / t if plan.mtp.enabled else 1.0 / t
-    # prefill: every weight once per chunk at the slowest of PCIe/DDR, plus 2 FLOPs per weight
-    flops = (model.dense_flops_per_token + k * n_moe * model.expert_flops) * prompt_tokens
-    tflops = float(hw.gpu.fp16_tflops) if hw.gpu is not None else 1.0
-    chunks = -(-prompt_tokens // plan.prefill.chunk_tokens)
-    stream_bw = float(hw.pcie.h2d_gbs) if hw.pcie is not None else hw.memory.usable_gbs
-    ttft = flops / (tflops * 1e12) + chunks * cpu_bytes * (1 - hit) / (stream_bw * 1e9)
-    return Prediction(decode_tok_s=tok_s, ttft_s=ttft, bottleneck=max(parts, key=parts.get),
-                      prefill_tok_s=prompt_tokens / ttft if ttft else 0.0, cache_hit_rate=hit)
-
-
 def predict(model: ModelSpec, hw: HardwareSpec, plan: Plan, prompt_tokens: int = 512) -> Prediction:
-    """The best analytic prediction available for `plan` (tok/s, s)."""
-    return roofline(model, hw, plan, prompt_tokens)
+    """Steady-state decode tok/s and TTFT (s) of `plan` from the simulator's closed-form screen."""
+    s = screen(model, hw, plan, prompt_tokens=prompt_tokens)
+    decode_s = 1.0 / s.decode_tok_s if s.decode_tok_s else 0.0
+    prefill_s = max(s.ttft_s - decode_s, 0.0)
+    return Prediction(decode_tok_s=s.decode_tok_s, ttft_s=s.ttft_s, bottleneck=s.bottleneck,
+                      prefill_tok_s=prompt_tokens / prefill_s if prefill_s > 0 else 0.0,
+                      cache_hit_rate=s.hit_rate, method="screen")
 
 
-__all__ = ["Prediction", "predict", "roofline", "ceiling_tok_s"]
+def simulate_plan(model: ModelSpec, hw: HardwareSpec, plan: Plan, prompt_tokens: int = 512,
+                  gen_tokens: int = 128, seed: int = 0) -> Prediction:
+    """Decode tok/s and TTFT (s) of `plan` from the discrete-event simulation (with contention)."""
+    from simulator.run import simulate
+
+    r = simulate(model, hw, plan, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, seed=seed)
+    return Prediction(decode_tok_s=r.decode_tok_s, ttft_s=r.ttft_s, bottleneck=r.bottleneck,
+                      prefill_tok_s=r.prefill_tok_s, cache_hit_rate=r.cache_hit_rate,
+                      method=f"event simulation, {gen_tokens} tokens")

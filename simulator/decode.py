@@ -16,7 +16,7 @@ class DecodeRun:
     """Simulates `n_steps` decode steps on a Machine; `step_s` holds each step's duration (s)."""
 
     def __init__(self, m, model, plan, routing, cache, page_cache, rng, tokens_per_step: int,
-                 committed_per_step: float, context: int, on_step_start=None):
+                 committed_per_step: float, context: int):
         self.m, self.model, self.plan, self.cache, self.page = m, model, plan, cache, page_cache
         self.routing, self.rng = routing, rng
         self.ntok, self.committed = tokens_per_step, committed_per_step
@@ -32,14 +32,16 @@ class DecodeRun:
         self._memo: dict = {}
         self.dense_on_gpu = m.has_gpu and plan.placement.dense == "gpu"
         self.kv_tok = model.kv_bytes_per_token(plan.kv.dtype)
+        self.dense_layer_bytes = model.dense_bytes_per_token / model.n_layers
         self.engram_layers = set(model.engram.layers) if (model.engram and plan.placement.engram
                                                           in ("nvme",)) else set()
         self.handover_s = m.c.handover_ms * 1e-3
         self.step_s: list[float] = []
         self.crit = dict.fromkeys(_CRIT, 0.0)
         self.hits = self.reads = 0
-        self.bytes_by_tier = {"vram": 0.0, "zero_copy": 0.0, "cpu": 0.0, "copy": 0.0, "nvme": 0.0}
-        self.on_step_start = on_step_start
+        self.bytes_by_tier = {"vram": 0.0, "zero_copy": 0.0, "cpu": 0.0, "copy": 0.0, "nvme": 0.0,
+                              "fills": 0.0}
+        self.landing = np.zeros((self.L, model.n_experts), dtype=bool)  # fills still in flight
 
     # ---- step ---------------------------------------------------------------------------------
     def start(self, n_steps: int, done) -> None:
@@ -57,14 +59,11 @@ class DecodeRun:
         self.t0 = self.m.sim.now
         self.r = self.routes[self.step_idx]
         self.engram_ready, self.engram_wait = True, None
-        if self.engram_layers:
+        if self.engram_layers:  # row ids depend only on token ids: read before the pass
             self.engram_ready = False
-            eng = self.model.engram
-            page = self.m.hw.page_bytes
-            nbytes = self.ntok * self.model.engram_bytes_per_token(page)
+            nbytes = self.ntok * self.model.engram_bytes_per_token(self.m.hw.page_bytes)
             self.bytes_by_tier["nvme"] += nbytes
             self.m.nvme_read(nbytes, self._engram_done, random=True)
-            del eng
         self._layer(0)
 
     def _engram_done(self) -> None:
@@ -73,17 +72,21 @@ class DecodeRun:
             cb, self.engram_wait = self.engram_wait, None
             cb()
 
+    def _engram_resume(self, layer: int, t_wait: float) -> None:
+        self.crit["nvme"] += self.m.sim.now - t_wait
+        self._layer(layer)
+
     def _layer(self, layer: int) -> None:
         if layer >= self.model.n_layers:
             self._step_end()
             return
         if layer in self.engram_layers and not self.engram_ready:
-            self.engram_wait = lambda: self._layer(layer)
-            self.crit["nvme"] -= self.m.sim.now
+            t_wait = self.m.sim.now
+            self.engram_wait = lambda: self._engram_resume(layer, t_wait)
             return
         m = self.m
-        w_bytes = self.model.dense_bytes_per_token / self.model.n_layers
         kv = self.kv_tok * self.context * self.ntok / self.model.n_layers
+        w_bytes = self.dense_layer_bytes
         self.lt = m.sim.now
         if self.dense_on_gpu:
             m.gpu.submit(m.gpu_read_s(w_bytes + kv), lambda: self._routed(layer))
@@ -104,12 +107,11 @@ class DecodeRun:
         if i in self.static_gpu:
             hit = np.ones(ex.size, dtype=bool)
         else:
-            hit = self.cache.res[i, ex]
+            hit = self.cache.res[i, ex] & ~self.landing[i, ex]  # usable once its copy lands
         self.cache.observe(i, ex if self.ntok == 1 else picks.ravel())
-        n_h = int(hit.sum())
+        n_h = int(np.count_nonzero(hit))
         n_m = ex.size - n_h
         self.hits += n_h
-        miss = ex[~hit]
         if n_m == 0 or not m.has_gpu:
             k_cpu = n_m
         elif self.kind == "auction":
@@ -123,6 +125,7 @@ class DecodeRun:
             k_cpu = 0
         n_ssd_cpu = n_ssd_gpu = 0
         if self.page is not None and n_m:
+            miss = ex[~hit]
             in_ram = self.page.res[i, miss]
             self.page.observe(i, miss)
             n_ssd_cpu = int((~in_ram[:k_cpu]).sum())
@@ -133,8 +136,7 @@ class DecodeRun:
         self.bytes_by_tier["vram"] += n_h * eb
         # GPU side: resident experts, then zero-copy or copied misses
         n_gpu_miss = n_m - k_cpu
-        hit_s = m.gpu_read_s(n_h * eb)
-        nxt = lambda: self._join(layer, "gpu")
+        hit_s = m.gpu_expert_s(n_h * eb)
         if n_gpu_miss:
             tier = "copy" if self.kind == "copy" else "zero_copy"
             self.bytes_by_tier[tier] += n_gpu_miss * eb
@@ -142,7 +144,7 @@ class DecodeRun:
                 self.bytes_by_tier["nvme"] += n_ssd_gpu * eb
             if self.kind == "copy":
                 after = lambda: m.dma(n_gpu_miss * eb, lambda: m.gpu.submit(
-                    m.gpu_read_s(n_gpu_miss * eb), lambda: self._join(layer, "pcie_h2d")))
+                    m.gpu_expert_s(n_gpu_miss * eb), lambda: self._join(layer, "pcie_h2d")))
             else:
                 after = lambda: m.gpu.acquire(lambda: m.sim.after(hit_s, lambda: m.zero_copy(
                     n_gpu_miss * eb, lambda: (m.gpu.release(), self._join(layer, "pcie_h2d")))))
@@ -152,8 +154,8 @@ class DecodeRun:
                 after()
             if self.kind == "copy":
                 m.gpu.submit(hit_s)
-        elif self.dense_on_gpu or m.has_gpu:
-            m.gpu.submit(hit_s, nxt)
+        elif m.has_gpu:
+            m.gpu.submit(hit_s, lambda: self._join(layer, "gpu"))
         else:
             self.pending -= 1
         # CPU side
@@ -161,12 +163,13 @@ class DecodeRun:
             self.bytes_by_tier["cpu"] += k_cpu * eb
             ho = self.handover_s if m.has_gpu else 0.0
             ram_part = (k_cpu - n_ssd_cpu) * eb
-            if n_ssd_cpu:
+            if n_ssd_cpu:  # pages stream in while the CPU computes; one expert's work trails
                 self.bytes_by_tier["nvme"] += n_ssd_cpu * eb
                 self.sub = 2
-                sub_done = lambda: self._cpu_sub(layer, n_ssd_cpu * eb)
+                sub_done = lambda: self._cpu_sub(layer, eb)
                 m.nvme_read(n_ssd_cpu * eb, sub_done)
-                go = lambda: m.cpu_read(ram_part, sub_done) if ram_part else sub_done()
+                overlap = ram_part + (n_ssd_cpu - 1) * eb
+                go = lambda: m.cpu_read(overlap, sub_done) if overlap else sub_done()
             else:
                 go = lambda: m.cpu_read(ram_part, lambda: self._join(layer, "cpu"))
             m.sim.after(ho, go) if ho else go()
@@ -193,9 +196,12 @@ class DecodeRun:
         m = self.m
         over = m.c.step_overhead_ms * 1e-3
         changes = self.cache.end_step()
-        n_in = sum(1 for c in changes if c[1] >= 0)
-        if n_in:  # swaps stream in on the copy engine, overlapping the next steps
-            m.dma(n_in * self.eb)
+        ins = [(c[0], c[1]) for c in changes if c[1] >= 0]
+        if ins:  # fills stream in on the copy engine beside the next steps; usable when landed
+            rows, cols = np.array(ins).T
+            self.landing[rows, cols] = True
+            self.bytes_by_tier["fills"] += len(ins) * self.eb
+            m.dma(len(ins) * self.eb, lambda: self._landed(rows, cols))
         self.context += self.committed
         self.step_idx += 1
         if over:
@@ -203,6 +209,9 @@ class DecodeRun:
             m.sim.after(over, self._record)
         else:
             self._record()
+
+    def _landed(self, rows, cols) -> None:
+        self.landing[rows, cols] = False
 
     def _record(self) -> None:
         self.step_s.append(self.m.sim.now - self.t0)

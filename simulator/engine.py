@@ -2,10 +2,12 @@
 fluid (processor-sharing) links whose flows get weighted max-min fair rates, capped per flow,
 re-solved whenever a flow starts or ends. Times are seconds, sizes bytes, rates bytes/s.
 
-Why our own kernel and not SimPy: SimPy has no bandwidth sharing between concurrent transfers
-(we would rebuild the fluid solver on top) and its generator processes cost ~2x a plain heapq
-loop (DESIGN.md: 0.45 M vs 1.06 M events/s; `benchmarks/bench_simulator.py::test_engine_*`
-measures both here). Callbacks instead of generators keep a decode layer at a handful of events.
+Why our own kernel and not SimPy (measured, `python benchmarks/bench_simulator.py`, 2 shared cores):
+SimPy has no bandwidth sharing between concurrent transfers, so the fluid solver below would be
+needed anyway, and its generator processes run ~0.45 M events/s (DESIGN.md; SimPy is not installed
+here). This kernel runs 1.1-1.7 M callback events/s (a bare heapq loop 1.9-3.7 M/s) and 170-300 k
+fluid events/s with re-solves; a decode layer is ~5 events, so 1,000 DeepSeek-V4.1-Flash tokens
+(~192 k events) simulate in ~1.6 s. Numba would pay only for the heap, which is not the cost.
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ class Sim:
 
     def after(self, dt: float, fn: Callable, *args) -> None:
         """Run fn(*args) dt seconds from now."""
-        self.at(self.now + dt, fn, *args)
+        self._seq += 1
+        heapq.heappush(self._heap, (self.now + dt, self._seq, fn, args))
 
     def note(self, what: str, name: str) -> None:
         """Append (now, what, name) to the event log when tracing."""
@@ -69,7 +72,7 @@ class Serial:
             start = max(self.sim.now, self._free_at)
             self._free_at = start + service_s
             self.busy_s += service_s
-            self.sim.note("start", self.name)
+            self.sim.log is None or self.sim.note("start", self.name)
             if done is not None:
                 self.sim.at(self._free_at, done)
         else:
@@ -92,7 +95,7 @@ class Serial:
     def _grant(self, granted: Callable) -> None:
         self._held = True
         self._since = self.sim.now
-        self.sim.note("acquire", self.name)
+        self.sim.log is None or self.sim.note("acquire", self.name)
         granted()
 
     def release(self) -> None:
@@ -100,7 +103,7 @@ class Serial:
         self._held = False
         self.busy_s += self.sim.now - self._since
         self._free_at = self.sim.now
-        self.sim.note("release", self.name)
+        self.sim.log is None or self.sim.note("release", self.name)
         queue, self._queue = self._queue, []
         for service, cb in queue:
             if service is None:
@@ -129,7 +132,7 @@ class Pool:
         if not self._queue and self.free >= n:
             self._account()
             self.free -= n
-            self.sim.note("acquire", self.name)
+            self.sim.log is None or self.sim.note("acquire", self.name)
             granted()
         else:
             self._queue.append((n, granted))
@@ -138,7 +141,7 @@ class Pool:
         """Return n servers; grant waiting requests in order."""
         self._account()
         self.free += min(n, self.k)
-        self.sim.note("release", self.name)
+        self.sim.log is None or self.sim.note("release", self.name)
         while self._queue and self._queue[0][0] <= self.free:
             m, cb = self._queue.pop(0)
             self.free -= m
@@ -154,21 +157,22 @@ class Pool:
 class Link:
     """A shared bandwidth (PCIe direction, DDR pool, NVMe): capacity bytes/s, bytes carried."""
 
-    __slots__ = ("name", "capacity", "bytes", "busy_s", "flows")
+    __slots__ = ("name", "capacity", "bytes", "busy_s", "load")
 
     def __init__(self, name: str, capacity: float):
         self.name, self.capacity = name, float(capacity)
         self.bytes = 0.0
         self.busy_s = 0.0  # integral of utilisation (sum of rates / capacity) over time
-        self.flows: set = set()
+        self.load = 0.0  # scratch: sum of standalone rates while re-solving
 
 
 class Flow:
-    __slots__ = ("links", "remaining", "cap", "weight", "rate", "done", "name")
+    __slots__ = ("links", "remaining", "cap", "weight", "rate", "done", "name", "solo")
 
     def __init__(self, links, size, cap, weight, done, name):
         self.links, self.remaining, self.cap, self.weight = links, float(size), cap, weight
         self.rate, self.done, self.name = 0.0, done, name
+        self.solo = min([cap] + [ln.capacity for ln in links])  # its rate when alone
 
 
 class FluidNet:
@@ -181,10 +185,12 @@ class FluidNet:
         self.flows: list[Flow] = []
         self._last = 0.0
         self._version = 0
+        self._links: list[Link] = []
 
     def link(self, name: str, capacity: float) -> Link:
         """Create a link of `capacity` bytes/s."""
         self.links[name] = Link(name, capacity)
+        self._links = list(self.links.values())
         return self.links[name]
 
     def start(self, size: float, links: tuple, done: Callable | None = None, cap: float = INF,
@@ -193,41 +199,42 @@ class FluidNet:
         self._advance()
         flow = Flow(links, size, cap, weight, done, name)
         self.flows.append(flow)
-        for ln in links:
-            ln.flows.add(flow)
-        self.sim.note("flow+", name)
+        self.sim.log is None or self.sim.note("flow+", name)
         self._resolve()
         return flow
 
     def _advance(self) -> None:
-        dt = self.sim.now - self._last
+        now = self.sim.now
+        dt = now - self._last
         if dt > 0:
             for f in self.flows:
                 moved = f.rate * dt
                 f.remaining -= moved
                 for ln in f.links:
                     ln.bytes += moved
-                    ln.busy_s += f.rate * dt / ln.capacity
-        self._last = self.sim.now
+                    ln.busy_s += moved / ln.capacity
+        self._last = now
 
     def _resolve(self) -> None:
         """Weighted max-min rates, then one event at the earliest completion."""
         active = self.flows
         if len(active) == 1:  # fast path: one flow alone gets its cap or its narrowest link
             f = active[0]
-            f.rate = min([f.cap] + [ln.capacity for ln in f.links])
+            f.rate = f.solo
             self._version += 1
             self.sim.at(self.sim.now + f.remaining / f.rate, self._complete, self._version)
             return
-        load: dict = {}
+        links = self._links
+        for ln in links:
+            ln.load = 0.0
         for f in active:  # fast path: no link oversubscribed -> every flow runs at its own limit
-            f.rate = f.cap
+            f.rate = f.solo
             for ln in f.links:
-                if ln.capacity < f.rate:
-                    f.rate = ln.capacity
-            for ln in f.links:
-                load[ln] = load.get(ln, 0.0) + f.rate
-        if all(v <= ln.capacity * (1 + 1e-12) for ln, v in load.items()):
+                ln.load += f.solo
+        for ln in links:
+            if ln.load > ln.capacity * (1 + 1e-12):
+                break
+        else:
             self._schedule()
             return
         for f in active:
@@ -271,16 +278,15 @@ class FluidNet:
         if version != self._version:
             return  # superseded by a later re-solve
         self._advance()
-        finished = [f for f in self.flows if f.remaining <= max(1e-3, f.rate * 1e-12)]
+        finished = [f for f in self.flows if f.remaining <= 1e-3 or f.remaining <= f.rate * 1e-12]
         if not finished:  # rounding: finish the nearest
             finished = [min(self.flows, key=lambda f: f.remaining / f.rate if f.rate > 0 else INF)]
         for f in finished:
             self.flows.remove(f)
             for ln in f.links:
-                ln.flows.discard(f)
                 ln.bytes += max(f.remaining, 0.0)
             f.remaining = 0.0
-            self.sim.note("flow-", f.name)
+            self.sim.log is None or self.sim.note("flow-", f.name)
         self._resolve()
         for f in finished:
             if f.done is not None:

@@ -103,9 +103,9 @@ class DecayedCountCache(ExpertCacheBase):
         if free <= 0:
             return
         flat = np.where(self.res.ravel(), -1.0, self.score.ravel())
-        cand = np.flatnonzero(flat > 0)
+        cand = np.flatnonzero(flat >= 0)  # a free slot is worth any expert; hottest first
         if cand.size > free:
-            cand = cand[np.argpartition(-flat[cand], free - 1)[:free]]
+            cand = cand[np.argsort(-flat[cand], kind="stable")[:free]]
         for idx in cand:
             layer, e = divmod(int(idx), self.n_experts)
             self.res[layer, e] = True

@@ -9,13 +9,16 @@ from .policies import chunks, expected_touched, op_offload, ubatches
 # Sparse attention: each query attends at most this many earlier tokens (DeepSeek V3.2+/V4 DSA
 # top-k). ModelSpec has no field for it yet (reported to the lead); keyed by architecture here.
 SPARSE_ATTENTION_TOPK = {"deepseek-v4": 2048}
+# MLA prefill runs attention un-absorbed: per head q.k over 192 dims and p.v over 128 (DeepSeek-V2
+# paper, kept by V3/V4) instead of the 512-dim latent the spec's head_dim describes (decode form).
+PREFILL_ATTENTION_SCALE = {"deepseek-v4": (192 + 128) / (2 * 512)}
 TOUCH_LOCALITY = 1.0  # distinct experts vs the uniform form (0.87 measured once; 1.0 is conservative)
 
 
 def attention_flops(model, start: int, n: int) -> float:
     """Attention-score FLOPs of tokens start..start+n-1 against their (capped) context."""
     cap = SPARSE_ATTENTION_TOPK.get(model.arch)
-    per_ctx = model.attention_flops_per_token(1)
+    per_ctx = model.attention_flops_per_token(1) * PREFILL_ATTENTION_SCALE.get(model.arch, 1.0)
     if cap is None:
         return per_ctx * (n * start + n * (n - 1) / 2)
     total = 0.0
@@ -45,7 +48,6 @@ class PrefillRun:
     def start(self, done) -> None:
         """Prefill every stream's prompt (one after another), then done()."""
         self.done, self.t0 = done, self.m.sim.now
-        sizes = chunks(self.prompt, self.pf.chunk_tokens) * self.streams
         self.jobs = []
         for s in range(self.streams):
             pos = 0
@@ -53,7 +55,6 @@ class PrefillRun:
                 for ub in (ubatches(c, self.pf.ubatch_tokens) if self.pf.strategy != "stream-all" else [c]):
                     self.jobs.append((pos, ub, c))
                     pos += ub
-        del sizes
         self.j = 0
         self._next()
 

@@ -20,7 +20,10 @@ class Constants:
     zc_efficiency: float = 1.0  # fraction of pcie.zero_copy_gbs a decode zero-copy read attains
     handover_ms: float = 0.0  # GPU->CPU->GPU synchronisation per layer with CPU expert work, ms
     step_overhead_ms: float = 0.0  # per decode step (sampling, graph launch), ms
-    gpu_bw_efficiency: float = 1.0  # fraction of VRAM bandwidth for weight reads (7.4 ms is an upper estimate)
+    gpu_bw_efficiency: float = 1.0  # fraction of VRAM bandwidth for dense reads (7.4 ms is an upper estimate)
+    # GPU expert GEMV: dsv41-flash-offload's t_hit = 0.03 ms per 13.27 MB expert = 442 GB/s = 47% of
+    # the 3090's 936 GB/s (reported constant, not fitted); used for every GPU-resident expert.
+    gpu_expert_efficiency: float = 0.47
     gemm_efficiency: float = 0.30  # fraction of fp16_tflops prefill GEMMs attain (assumed, see README)
     cpu_prefill_gflops_per_core: float = 50.0  # CPU prefill expert GEMM rate per core, GFLOP/s (assumed)
 
@@ -56,6 +59,7 @@ class Machine:
         self.gpu_bw = (hw.gpu.bw_gbs * GB * consts.gpu_bw_efficiency) if self.has_gpu else 0.0
         self.gpu_flops = (hw.gpu.fp16_tflops * 1e12 * consts.gemm_efficiency) if self.has_gpu else 0.0
         self.rand_rate = hw.nvme.rand_4k_iops * hw.page_bytes
+        self.moved = {"gpu": 0.0, "copy_engine": 0.0, "cpu": 0.0}  # bytes each engine processed
         self.nvme_latency = hw.nvme.latency_us * 1e-6
 
     # ---- transfers and jobs (sizes in bytes, done() when finished) --------------------------
@@ -65,6 +69,7 @@ class Machine:
 
     def dma(self, nbytes: float, done=None) -> None:
         """Copy-engine H2D copy from pinned RAM (FIFO on the copy engine)."""
+        self.moved["copy_engine"] += nbytes
         def go():
             self.net.start(nbytes, (self.pcie, self.ddr), lambda: self._dma_end(done),
                            cap=self.h2d_rate, name="dma")
@@ -80,6 +85,7 @@ class Machine:
         arithmetic rate, all of them by their DDR share)."""
         rate = self.cpu_expert_rate if rate is None else rate
         threads = self.threads
+        self.moved["cpu"] += nbytes
 
         def go():
             self.net.start(nbytes, (self.ddr,), lambda: self._cpu_end(done), cap=rate,
@@ -98,7 +104,13 @@ class Machine:
 
     def gpu_read_s(self, nbytes: float) -> float:
         """Seconds for the GPU to stream `nbytes` of weights from VRAM."""
+        self.moved["gpu"] += nbytes
         return nbytes / self.gpu_bw if self.gpu_bw else 0.0
+
+    def gpu_expert_s(self, nbytes: float) -> float:
+        """Seconds for the GPU to run experts of `nbytes` resident in VRAM (GEMV efficiency)."""
+        self.moved["gpu"] += nbytes
+        return nbytes / (self.gpu_bw * self.c.gpu_expert_efficiency) if self.gpu_bw else 0.0
 
     def gpu_flops_s(self, flops: float) -> float:
         """Seconds for `flops` of fp16 GEMM work on the GPU."""
@@ -108,12 +120,8 @@ class Machine:
     def report(self, elapsed_s: float) -> dict:
         """{name: {busy_fraction, bytes}} over `elapsed_s` seconds."""
         el = max(elapsed_s, 1e-12)
-        out = {
-            "gpu": {"busy_fraction": min(1.0, self.gpu.busy_s / el), "bytes": 0.0},
-            "copy_engine": {"busy_fraction": min(1.0, self.copy.busy_s / el),
-                            "bytes": 0.0},
-            "cpu": {"busy_fraction": min(1.0, self.cpu.busy_s / el), "bytes": 0.0},
-        }
+        out = {name: {"busy_fraction": min(1.0, srv.busy_s / el), "bytes": self.moved[name]}
+               for name, srv in (("gpu", self.gpu), ("copy_engine", self.copy), ("cpu", self.cpu))}
         for ln in (self.pcie, self.ddr, self.nvme):
             out[ln.name] = {"busy_fraction": min(1.0, ln.busy_s / el), "bytes": ln.bytes}
         return out

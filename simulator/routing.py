@@ -6,11 +6,9 @@ layer. Popularity-weighted picks without replacement follow Plackett-Luce (seque
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import brentq
 
 
 def zipf_popularity(n_experts: int, exponent: float) -> np.ndarray:
@@ -22,6 +20,7 @@ def zipf_popularity(n_experts: int, exponent: float) -> np.ndarray:
 def inclusion(p: np.ndarray, k: int) -> np.ndarray:
     """P(expert is among a token's k picks) for popularity p, conditional-Poisson approximation
     pi_i = 1 - exp(-lam p_i) with sum(pi) = k (sums to k; equals k*p for flat p)."""
+    from scipy.optimize import brentq  # lazy: scipy.optimize costs ~0.4 s to import
     if k >= len(p):
         return np.ones_like(p)
     lam = brentq(lambda x: np.sum(1 - np.exp(-x * p)) - k, 1e-9, 1e9)
@@ -37,9 +36,9 @@ def top_share(p: np.ndarray, k: int, frac_experts: float) -> float:
 
 def fit_exponent(n_experts: int, k: int, frac_experts: float = 0.046, frac_reads: float = 0.41) -> float:
     """Zipf exponent whose top `frac_experts` serve `frac_reads` of the reads (e.g. 4.6% -> 41%)."""
-    flat = frac_experts
-    if frac_reads <= flat + 1e-9:
+    if frac_reads <= frac_experts + 1e-9:  # no skew needed
         return 0.0
+    from scipy.optimize import brentq  # lazy: scipy.optimize costs ~0.4 s to import
     return brentq(lambda s: top_share(zipf_popularity(n_experts, s), k, frac_experts) - frac_reads,
                   0.0, 5.0, xtol=1e-6)
 
@@ -144,17 +143,25 @@ class Replay(Routing):
         self._pos = 0
 
     @classmethod
-    def from_jsonl(cls, path: str | Path, n_experts: int) -> "Replay":
-        """Read the executor's trace: one JSON object per token with 'experts' (or 'routes'),
-        a list over MoE layers of routed expert ids."""
-        routes = []
+    def from_jsonl(cls, path: str | Path, n_experts: int, phase: str = "decode") -> "Replay":
+        """Read an executor trace: records {step, phase, layer, routed: [tokens][k]} (one per step
+        and layer; `phase` selects decode), or one record per token with 'experts' [layers][k]."""
+        per_token, steps = [], {}
         for line in Path(path).read_text().splitlines():
-            if line.strip():
-                rec = json.loads(line)
-                experts = rec.get("experts", rec.get("routes"))
-                if experts is not None:
-                    routes.append(experts)
-        return cls(routes, n_experts)
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            if "routed" in rec:
+                if rec.get("phase", phase) == phase:
+                    steps.setdefault(rec["step"], {})[rec["layer"]] = rec["routed"]
+            elif "experts" in rec or "routes" in rec:
+                per_token.append(rec.get("experts", rec.get("routes")))
+        for step in sorted(steps):
+            layers = steps[step]
+            order = sorted(layers)
+            for t in range(len(layers[order[0]])):
+                per_token.append([layers[layer][t] for layer in order])
+        return cls(per_token, n_experts)
 
     @property
     def popularity(self):
@@ -187,4 +194,4 @@ def distinct_per_layer(tokens: float, n_experts: int, k: int) -> float:
 
 
 __all__ = ["Uniform", "Skewed", "Replay", "make_routing", "fit_exponent", "zipf_popularity",
-           "inclusion", "top_share", "distinct_per_layer", "math"]
+           "inclusion", "top_share", "distinct_per_layer"]

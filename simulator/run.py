@@ -31,6 +31,7 @@ class SimResult:
     bottleneck_by_metric: dict = field(default_factory=dict)
     bytes_by_tier: dict = field(default_factory=dict)
     steps: int = 0
+    reads: int = 0  # distinct (step, layer, expert) reads
     events: int = 0
 
     def to_dict(self) -> dict:
@@ -121,4 +122,4 @@ def simulate(model, hw, plan, prompt_tokens: int = 0, gen_tokens: int = 256, str
         cache_hit_rate=dec.hit_rate, resources=m.report(sim.now), bottleneck=bottleneck,
         bottleneck_by_metric={"decode_tok_s": bottleneck, "ttft_s": pre_bn if prompt_tokens else bottleneck,
                               "decode_critical_s": crit},
-        bytes_by_tier=dec.bytes_by_tier, steps=len(steps), events=sim.events)
+        bytes_by_tier=dec.bytes_by_tier, steps=len(steps), reads=dec.reads, events=sim.events)

@@ -1,0 +1,137 @@
+"""Executor speed and memory bars, measured against this machine's memory read bandwidth in the same run.
+
+    python benchmarks/bench_executor.py [--dir /tmp/moe-offload-bench] [--threads 2] [--gen 32] [--json OUT]
+
+Prints: memory read bandwidth (numba parallel sum over 1 GiB); CPU expert kernel GB/s for Q8_0 and
+Q4_0 (decode-like: top-k random experts of every layer of `small` / `small-q4`, page-cached) and its
+ratio to the bandwidth; all-CPU decode of `small` against its bandwidth ceiling (bytes read per
+token / bandwidth); Python overhead per layer; resident memory added by executing `small`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from executor import kernels as K  # noqa: E402
+from executor.gguf_model import GGUFModel  # noqa: E402
+from executor.make_model import make_model  # noqa: E402
+from executor.runner import Runner, default_prompts, summarise  # noqa: E402
+from specs.plan import Placement, Plan  # noqa: E402
+
+
+def rss_kb() -> dict:
+    """RssAnon / RssFile of this process in kB."""
+    out = {}
+    for line in open("/proc/self/status"):
+        if line.startswith(("RssAnon", "RssFile")):
+            k, v = line.split(":")
+            out[k] = int(v.split()[0])
+    return out
+
+
+def warm(path: Path) -> None:
+    """Read a file once so it sits in the page cache."""
+    with open(path, "rb") as f:
+        while f.read(1 << 24):
+            pass
+
+
+def kernel_gbs(path: Path, reps: int = 8) -> float:
+    """GB/s of expert bytes the CPU kernel reads: top-k random experts per layer, one token, all layers."""
+    m = GGUFModel(path)
+    c = m.cfg
+    W = [tuple(m.experts(i, p) for p in ("gate", "up", "down")) for i in range(c.n_layers)]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, c.hidden)).astype(np.float32)
+    for i in range(c.n_layers):  # map every page once
+        K.moe_cpu(*W[i], x, *K.csr(np.arange(c.n_experts)[None, :], np.ones((1, c.n_experts), np.float32)))
+    best = 0.0
+    for _ in range(reps):
+        routes = [K.csr(rng.choice(c.n_experts, c.top_k, replace=False)[None, :],
+                        np.full((1, c.top_k), 1 / c.top_k, np.float32)) for _ in range(c.n_layers)]
+        t = time.perf_counter()
+        for i in range(c.n_layers):
+            K.moe_cpu(*W[i], x, *routes[i])
+        dt = time.perf_counter() - t
+        best = max(best, c.n_layers * c.top_k * m.expert_bytes(0) / dt / 1e9)
+    return best
+
+
+def decode(path: Path, threads: int, prompt: int, gen: int, streams: int = 1) -> dict:
+    """All-CPU decode of `path`: tok/s, bytes per token, per-layer breakdown, memory added."""
+    plan = Plan(placement=Placement(engram="none", dense="cpu"), cpu_threads=threads, streams=streams)
+    before = rss_kb()
+    r = Runner(plan, path, prompt + gen)
+    toks, times, _ = r.generate(default_prompts(streams, prompt, r.c.vocab), gen)
+    after = rss_kb()
+    r.experts.close()
+    s = summarise(r.trace, times, streams, gen)
+    c = r.c
+    expert_bytes = c.n_layers * c.top_k * r.m.expert_bytes(0)
+    dense_bytes = r.dense.nbytes_per_token()
+    dec = [x for x in r.trace if x["phase"] == "decode"]
+    n_steps = len(times["itl_s"])
+    per_layer = {k: sum(x[k] for x in dec) / len(dec) for k in ("t_dense_ms", "t_experts_ms", "t_cpu_ms", "t_wait_ms")}
+    itl_ms = float(np.mean(times["itl_s"]) * 1e3)
+    return dict(decode_tok_s=s["decode_tok_s"], itl_mean_ms=itl_ms, expert_bytes_per_token=expert_bytes,
+                dense_bytes_per_token=dense_bytes, per_layer_ms=per_layer,
+                overhead_per_layer_ms=itl_ms / c.n_layers - per_layer["t_dense_ms"] - per_layer["t_cpu_ms"],
+                rss_anon_added_mb=(after["RssAnon"] - before["RssAnon"]) / 1024,
+                rss_file_mb=after["RssFile"] / 1024, steps=n_steps, file_gb=r.m.file_bytes() / 1e9)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", default="/tmp/moe-offload-bench")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt", type=int, default=16)
+    ap.add_argument("--gen", type=int, default=32)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    d = Path(a.dir)
+    paths = {}
+    for name in ("tiny", "small", "small-q4"):
+        p = d / f"{name}.gguf"
+        if not p.exists():
+            make_model(name, p)
+        warm(p)
+        paths[name] = p
+    K.set_threads(a.threads)
+    res: dict = {"threads": a.threads}
+    bw0 = K.read_bandwidth(1 << 30)
+    res["kernel_gbs"] = {"Q8_0": kernel_gbs(paths["small"]), "Q4_0": kernel_gbs(paths["small-q4"])}
+    bw1 = K.read_bandwidth(1 << 30)
+    bw = max(bw0, bw1)
+    res["read_bandwidth_gbs"] = {"before": bw0, "after": bw1, "used": bw}
+    res["kernel_vs_bandwidth"] = {k: v / bw for k, v in res["kernel_gbs"].items()}
+    res["tiny"] = decode(paths["tiny"], a.threads, a.prompt, a.gen)
+    res["small"] = sm = decode(paths["small"], a.threads, a.prompt, a.gen)
+    ceiling = bw * 1e9 / (sm["expert_bytes_per_token"] + sm["dense_bytes_per_token"])
+    res["small_ceiling_tok_s"] = ceiling
+    res["small_vs_ceiling"] = sm["decode_tok_s"] / ceiling
+    bw2 = K.read_bandwidth(1 << 30)
+    res["read_bandwidth_gbs"]["end"] = bw2
+    print(f"memory read bandwidth ({a.threads} threads): {bw0:.1f} / {bw1:.1f} / {bw2:.1f} GB/s (before/after kernels/end)")
+    for k, v in res["kernel_gbs"].items():
+        print(f"kernel {k}: {v:.1f} GB/s = {v / bw:.0%} of {bw:.1f} GB/s")
+    print(f"small all-CPU decode: {sm['decode_tok_s']:.1f} tok/s; ceiling {ceiling:.1f} tok/s "
+          f"({(sm['expert_bytes_per_token'] + sm['dense_bytes_per_token']) / 1e6:.0f} MB/token) -> "
+          f"{res['small_vs_ceiling']:.0%}")
+    print(f"per layer (small): {json.dumps({k: round(v, 3) for k, v in sm['per_layer_ms'].items()})} ms; "
+          f"overhead {sm['overhead_per_layer_ms']:.3f} ms/layer")
+    print(f"tiny: {res['tiny']['itl_mean_ms'] / 4:.3f} ms per layer (compute negligible: overhead bound)")
+    print(f"RSS added executing small: {sm['rss_anon_added_mb']:.0f} MB anonymous "
+          f"(file-backed {sm['rss_file_mb']:.0f} MB of a {sm['file_gb']:.2f} GB file)")
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,408 @@
+"""`moe-offload calibrate`: run the microbenchmarks and write a measured hardware profile.
+
+The profile has the schema of the built-in ones; every figure the benchmarks produce is marked
+`measured` with the date and the method, merged over `--hw-base` (a datasheet profile) or, without
+one, over what `detect_hardware` reads off this machine. Constants for the simulator:
+
+    t_hit_ms        one resident expert's SwiGLU for one token on the torch device (time per hit)
+    sync_ms         device sync + hand-off to a CPU worker thread and back (per handover)
+    c_a_ms, c_b_ms  CPU expert job: fixed cost per job and cost per expert (default format),
+                    and `c_a_ms.<FMT>` / `c_b_ms.<FMT>` for every benchmarked format
+    dense_gbs       the dense path's matrix-vector bandwidth on the torch device
+    pagecache_4k_us a 4 KiB read served from the page cache
+    t_miss_ms       (CUDA) copy one expert from pinned RAM and compute it
+
+Timings take the lower quintile of their repeats (bandwidths the best): other processes on a
+shared machine only ever add time, so the low end is the reproducible part; the median is kept
+in the results store next to it.
+
+Nothing is written until every benchmark has finished: the profile goes out atomically
+(`write_atomic`), then the results store gets all rows in one locked append. Ctrl-C at any point
+before that leaves the previous profile and the store as they were.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numba
+
+from specs.figure import Figure
+from specs.hardware import HardwareSpec
+from specs.loaders import dump_hardware, write_atomic
+
+from . import bench, store
+
+DEFAULT_FORMAT = "Q4_0"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Sizes and repeat counts of one calibration run."""
+
+    label: str
+    mem_bytes: int
+    mem_repeats: int
+    threads: tuple[int, ...] | None = None  # None: 1, 2, 4 ... all
+    hit_hidden: int = 2048
+    hit_ffn: int = 768
+    hit_pool_bytes: int = 256 << 20
+    hit_calls: int = 100
+    hit_repeats: int = 7
+    dense_bytes: int = 256 << 20
+    dense_repeats: int = 10
+    h2d_bytes: int = 256 << 20
+    h2d_repeats: int = 5
+    disk_bytes: int = 256 << 20
+    disk_qd1_reads: int = 2000
+    disk_qd_reads: int = 8000
+    disk_qd: int = 16
+    disk_cached_reads: int = 20000
+    disk_seq_passes: int = 3
+    handover_iters: int = 2000
+    kernel_formats: tuple[str, ...] = ("Q4_0", "Q8_0", "F16")
+    kernel_hidden: int = 2048
+    kernel_ffn: int = 768
+    kernel_pool_bytes: int = 128 << 20
+    kernel_ks: tuple[int, ...] = (1, 2, 4, 6, 8)
+    kernel_repeats: int = 15
+    toy_kernel: bool = False  # benchmark bench.toy_expert_job instead of the executor's kernel
+    # time budgets (s) for waiting out other processes' load, per benchmark
+    mem_budget_s: float = 12.0
+    kernel_budget_s: float = 6.0
+    hit_budget_s: float = 4.0
+    dense_budget_s: float = 3.0
+    handover_budget_s: float = 3.0
+
+
+QUICK = Settings(label="quick", mem_bytes=512 << 20, mem_repeats=12)
+FULL = Settings(label="full", mem_bytes=1 << 30, mem_repeats=10, hit_pool_bytes=1 << 30, hit_calls=200,
+                hit_repeats=11, dense_bytes=1 << 30, dense_repeats=15, h2d_bytes=1 << 30, h2d_repeats=10,
+                disk_bytes=2 << 30, disk_qd1_reads=10000, disk_qd_reads=50000, disk_cached_reads=100000,
+                disk_seq_passes=5,
+                handover_iters=10000, kernel_pool_bytes=512 << 20, kernel_ks=(1, 2, 3, 4, 6, 8, 12, 16),
+                kernel_repeats=41, mem_budget_s=90, kernel_budget_s=45, hit_budget_s=30, dense_budget_s=20,
+                handover_budget_s=20)
+TINY = Settings(label="tiny", mem_bytes=1 << 20, mem_repeats=2, hit_hidden=64, hit_ffn=32,
+                hit_pool_bytes=1 << 20, hit_calls=5, hit_repeats=2, dense_bytes=1 << 20, dense_repeats=2,
+                h2d_bytes=1 << 20, h2d_repeats=2, disk_bytes=1 << 20, disk_qd1_reads=20, disk_qd_reads=40,
+                disk_qd=4, disk_cached_reads=50, disk_seq_passes=1, handover_iters=20, kernel_formats=("Q4_0",),
+                kernel_hidden=64, kernel_ffn=32, kernel_pool_bytes=1 << 20, kernel_ks=(1, 2, 4),
+                kernel_repeats=3, mem_budget_s=0.2, kernel_budget_s=0.2, hit_budget_s=0.2, dense_budget_s=0.2,
+                handover_budget_s=0.2)
+
+
+@dataclass
+class Results:
+    """Raw benchmark results of one run, and the store rows they make."""
+
+    settings: Settings
+    mem: bench.MemBandwidth | None = None
+    kernels: dict[str, bench.KernelFit] = field(default_factory=dict)
+    hit: bench.HitResult | None = None
+    dense: bench.DenseResult | None = None
+    h2d: bench.H2DResult | None = None
+    disk: bench.DiskResult | None = None
+    handover: bench.HandoverResult | None = None
+    wall_s: dict[str, float] = field(default_factory=dict)
+    loadavg: tuple[float, float] = (0.0, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# progress
+# ---------------------------------------------------------------------------------------------
+
+class _Progress:
+    """rich progress bars (one per benchmark) or nothing."""
+
+    def __init__(self, enabled: bool, console=None):
+        self.p = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            self.p = Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
+                              TimeElapsedColumn(), console=console, transient=False)
+
+    def __enter__(self):
+        if self.p:
+            self.p.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.p:
+            self.p.__exit__(*exc)
+
+    def stage(self, name: str, total: int) -> Callable[[], None]:
+        if not self.p:
+            return lambda: None
+        tid = self.p.add_task(name, total=max(1, total))
+        return lambda: self.p.advance(tid)
+
+
+def _loadavg() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return 0.0
+
+
+def run_benchmarks(s: Settings, progress: bool = True, console=None,
+                   disk_dir: str | os.PathLike | None = None) -> Results:
+    """Run every benchmark once (numba kernels before torch: torch's OpenMP threads spin after
+    each op and would steal the cores the numba kernels measure)."""
+    import torch
+    r = Results(settings=s)
+    l0 = _loadavg()
+    threads = list(s.threads or bench.default_thread_counts())
+    maxt = max(threads)
+    with _Progress(progress, console) as pg:
+        t0 = time.perf_counter()
+        tick = pg.stage("memory bandwidth", s.mem_repeats)
+        r.mem = bench.bench_memory(s.mem_bytes, threads, s.mem_repeats, tick=tick, budget_s=s.mem_budget_s)
+        r.wall_s["memory"] = time.perf_counter() - t0
+
+        prev = numba.get_num_threads()
+        numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
+        try:
+            use_exec = not s.toy_kernel and bench.executor_kernel_available()
+            for fmt in (s.kernel_formats if use_exec else ("toy-f32",)):
+                t0 = time.perf_counter()
+                tick = pg.stage(f"CPU expert kernel {fmt}", s.kernel_repeats)
+                if use_exec:
+                    job, eb = bench.executor_expert_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes,
+                                                        max_k=max(s.kernel_ks))
+                    label = f"executor.kernels.moe_cpu {fmt} SwiGLU {s.kernel_hidden}x{s.kernel_ffn}, 1 token"
+                else:
+                    job, eb = bench.toy_expert_job(rows=s.kernel_ffn, cols=s.kernel_hidden, pool=2 * max(s.kernel_ks))
+                    label = f"toy numba f32 kernel {s.kernel_ffn}x{s.kernel_hidden}"
+                r.kernels[fmt] = bench.bench_expert_kernel(job, s.kernel_ks, eb, s.kernel_repeats, label=label,
+                                                           threads=numba.get_num_threads(), tick=tick,
+                                                           budget_s=s.kernel_budget_s)
+                del job
+                r.wall_s[f"kernel {fmt}"] = time.perf_counter() - t0
+        finally:
+            numba.set_num_threads(prev)
+
+        torch_threads = torch.get_num_threads()
+        torch.set_num_threads(maxt)
+        try:
+            t0 = time.perf_counter()
+            tick = pg.stage(f"per-hit time ({bench.torch_device().type})", s.hit_repeats)
+            r.hit = bench.bench_hit(s.hit_hidden, s.hit_ffn, s.hit_pool_bytes, s.hit_calls, s.hit_repeats, tick=tick,
+                                    budget_s=s.hit_budget_s)
+            r.wall_s["hit"] = time.perf_counter() - t0
+
+            t0 = time.perf_counter()
+            tick = pg.stage("dense path", s.dense_repeats)
+            r.dense = bench.bench_dense(s.dense_bytes, repeats=s.dense_repeats, tick=tick, budget_s=s.dense_budget_s)
+            r.wall_s["dense"] = time.perf_counter() - t0
+
+            if torch.cuda.is_available():
+                t0 = time.perf_counter()
+                tick = pg.stage("H2D pinned/pageable", 2 * s.h2d_repeats + 1)
+                r.h2d = bench.bench_h2d(s.h2d_bytes, s.h2d_repeats, s.hit_hidden, s.hit_ffn, tick=tick)
+                r.wall_s["h2d"] = time.perf_counter() - t0
+
+            t0 = time.perf_counter()
+            tick = pg.stage("device/CPU handover", max(1, s.handover_iters // 50))
+            r.handover = bench.bench_handover(s.handover_iters, tick=tick, budget_s=s.handover_budget_s)
+            r.wall_s["handover"] = time.perf_counter() - t0
+        finally:
+            torch.set_num_threads(torch_threads)
+
+        t0 = time.perf_counter()
+        tick = pg.stage("disk 4 KiB random reads", 5)
+        r.disk = bench.bench_disk(s.disk_bytes, s.disk_qd1_reads, s.disk_qd_reads, s.disk_qd,
+                                  s.disk_cached_reads, directory=disk_dir, seq_passes=s.disk_seq_passes, tick=tick)
+        r.wall_s["disk"] = time.perf_counter() - t0
+    r.loadavg = (l0, _loadavg())
+    return r
+
+
+# ---------------------------------------------------------------------------------------------
+# results -> profile and store rows
+# ---------------------------------------------------------------------------------------------
+
+def _m(value: float, method: str, date: str) -> Figure:
+    return Figure(float(value), "measured", f"{date}, {method}")
+
+
+def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> HardwareSpec:
+    """`base` with every figure the benchmarks measured replaced by its measurement."""
+    date = date or bench.today()
+    s = r.settings
+    data: dict[str, Any] = base.model_dump()  # figures as {value, source, ref}
+    mem = data["memory"]
+    notes: list[str] = []
+
+    if r.mem:
+        t, read = r.mem.peak("read")
+        channels, mts = int(mem["channels"]), float(mem["mts"]["value"])
+        peak = channels * mts * 8 / 1000.0
+        ratio = read / peak
+        known = mem["mts"]["source"] in ("datasheet", "measured", "reported")
+        how = "known" if known else f"{mem['mts']['source']} ({mem['mts'].get('ref', '')})"
+        if ratio > 1.0:
+            new_mts = read * 1000.0 / (8 * channels)
+            mem["mts"] = Figure(new_mts, "derived",
+                                f"{date}: measured read {read:.1f} GB/s exceeds the base peak {peak:.1f} GB/s "
+                                f"({channels} ch x {mts:g} MT/s); MT/s raised so the peak equals the measurement")
+            ratio = 1.0
+        mts_now = float(mem["mts"]) if isinstance(mem["mts"], Figure) else mts
+        mem["efficiency"] = _m(ratio, f"{r.mem.method('read', t)}: {read:.2f} GB/s / peak "
+                                      f"{channels} ch x {mts_now:g} MT/s = {channels * mts_now * 8 / 1000:.1f} GB/s "
+                                      f"(channels/MT/s {how})", date)
+        notes.append(f"memory.efficiency = measured read {read:.2f} GB/s ({t} threads) / peak; "
+                     f"channels and MT/s {'known' if known else 'assumed, so the peak is an assumption'}")
+
+    consts: dict[str, Any] = dict(data.get("constants") or {})
+    if r.kernels:
+        fits = r.kernels
+        default = DEFAULT_FORMAT if DEFAULT_FORMAT in fits else next(iter(fits))
+        eg = dict(data["cpu"]["expert_gbs"])
+        for fmt, f in fits.items():
+            eg[fmt] = _m(f.expert_gbs, f.method(), date)
+            consts[f"c_a_ms.{fmt}"] = _m(f.c_a_ms, f.method(), date)
+            consts[f"c_b_ms.{fmt}"] = _m(f.c_b_ms, f.method(), date)
+        d = fits[default]
+        eg["default"] = _m(d.expert_gbs, f"as {default}: " + d.method(), date)
+        consts["c_a_ms"] = _m(d.c_a_ms, f"as {default}: " + d.method(), date)
+        consts["c_b_ms"] = _m(d.c_b_ms, f"as {default}: " + d.method(), date)
+        data["cpu"]["expert_gbs"] = eg
+        data["cpu"]["threads_used"] = d.threads
+    if r.hit:
+        consts["t_hit_ms"] = _m(r.hit.t_hit_ms, r.hit.method(), date)
+    if r.dense:
+        consts["dense_gbs"] = _m(r.dense.gbs, r.dense.method(), date)
+        if r.dense.device == "cuda" and data.get("gpu"):
+            data["gpu"]["bw_gbs"] = _m(r.dense.gbs, r.dense.method(), date)
+    if r.handover:
+        consts["sync_ms"] = _m(r.handover.sync_ms, r.handover.method(), date)
+    if r.h2d and data.get("pcie"):
+        data["pcie"]["h2d_gbs"] = _m(r.h2d.pinned_gbs, r.h2d.method("pinned"), date)
+        consts["pageable_h2d_gbs"] = _m(r.h2d.pageable_gbs, r.h2d.method("pageable"), date)
+        consts["t_miss_ms"] = _m(r.h2d.t_miss_ms, f"torch.cuda H2D of one fp16 {s.hit_hidden}x{s.hit_ffn} expert "
+                                 f"({r.h2d.expert_bytes / 1e6:.2f} MB) from pinned RAM + SwiGLU, mean", date)
+    if r.disk:
+        dk = r.disk
+        nv = data["nvme"]
+        nv["seq_read_gbs"] = _m(dk.seq_gbs, dk.method("seq"), date)
+        nv["rand_4k_iops"] = _m(dk.qd_iops, dk.method("qd"), date)
+        nv["latency_us"] = _m(dk.qd1_latency_us, dk.method("qd1"), date)
+        consts["pagecache_4k_us"] = _m(dk.cached_us, dk.method("cached"), date)
+    data["constants"] = consts
+    l0, l1 = r.loadavg
+    noise = ([("memory", r.mem.noise)] if r.mem else []) + [(f"kernel {k}", f.noise) for k, f in r.kernels.items()]
+    noise += [(n, x.noise) for n, x in (("hit", r.hit), ("dense", r.dense), ("handover", r.handover)) if x]
+    head = (f"calibrated ({s.label}) by moe-offload calibrate on {store.machine_id()} at {store.now_iso()}, "
+            f"commit {store.git_commit()}; 1-min load average {l0:.2f} before, {l1:.2f} after; outside load "
+            f"while timing (max mean share of the CPUs other processes used) "
+            f"{max((x.others for _, x in noise), default=0.0):.2f}")
+    notes += [f"noise {n}: {x.describe()}" for n, x in noise]
+    data["notes"] = "\n".join([head, *notes, data.get("notes") or ""]).strip()
+    return HardwareSpec.model_validate(data)
+
+
+def _noise(add, case: str, n: bench.Noise) -> None:
+    add(case, "outside_cpu_share", n.others, windows=n.windows, clean_windows=n.clean,
+        method="(busy CPU from /proc/stat - this process) / (wall x CPUs), mean over timing windows")
+
+
+def store_rows(r: Results) -> list[dict]:
+    """One results-store row per measured figure (median and repeat counts as extra columns)."""
+    s = r.settings
+    rows = []
+
+    def add(case, metric, value, **extra):
+        rows.append(store.make_row(f"calibrate:{case}", metric, float(value), mode=s.label, **extra))
+
+    if r.mem:
+        for k, per in r.mem.best.items():
+            for t, v in per.items():
+                add(f"mem_{k}", "gbs", v, threads=t, size_bytes=r.mem.array_bytes, median=r.mem.median[k][t],
+                    method=r.mem.method(k, t))
+        _noise(add, "mem", r.mem.noise)
+    for fmt, f in r.kernels.items():
+        add(f"cpu_kernel_{fmt}", "c_a_ms", f.c_a_ms, threads=f.threads, method=f.method())
+        add(f"cpu_kernel_{fmt}", "c_b_ms", f.c_b_ms, threads=f.threads, method=f.method())
+        add(f"cpu_kernel_{fmt}", "expert_gbs", f.expert_gbs, threads=f.threads, size_bytes=f.expert_bytes,
+            method=f.method())
+        add(f"cpu_kernel_{fmt}", "rms_residual_rel", f.rms_rel, threads=f.threads, method=f.method())
+        _noise(add, f"cpu_kernel_{fmt}", f.noise)
+        for k, t, res in zip(f.ks, f.t_ms, f.residuals_ms):
+            add(f"cpu_kernel_{fmt}", "job_ms", t, experts=k, residual_ms=res, threads=f.threads, method=f.method())
+    for name, x in (("t_hit", r.hit), ("dense", r.dense), ("handover", r.handover)):
+        if x:
+            _noise(add, name, x.noise)
+    if r.hit:
+        add("t_hit", "ms", r.hit.t_hit_ms, size_bytes=r.hit.expert_bytes, device=r.hit.device, method=r.hit.method())
+    if r.dense:
+        add("dense", "gbs", r.dense.gbs, size_bytes=r.dense.matrix_bytes, median=r.dense.median_gbs,
+            device=r.dense.device, method=r.dense.method())
+    if r.h2d:
+        add("h2d_pinned", "gbs", r.h2d.pinned_gbs, size_bytes=r.h2d.nbytes, method=r.h2d.method("pinned"))
+        add("h2d_pageable", "gbs", r.h2d.pageable_gbs, size_bytes=r.h2d.nbytes, method=r.h2d.method("pageable"))
+        add("t_miss", "ms", r.h2d.t_miss_ms, size_bytes=r.h2d.expert_bytes, method="H2D one expert + SwiGLU")
+    if r.handover:
+        add("handover", "sync_ms", r.handover.sync_ms, device=r.handover.device, method=r.handover.method())
+        add("handover", "thread_ms", r.handover.thread_ms, method="queue hand-off to a worker thread and back")
+    if r.disk:
+        dk = r.disk
+        add("disk_qd1", "latency_us", dk.qd1_latency_us, size_bytes=dk.file_bytes, method=dk.method("qd1"))
+        add("disk_qd1", "iops", dk.qd1_iops, size_bytes=dk.file_bytes, method=dk.method("qd1"))
+        add(f"disk_qd{dk.qd}", "iops", dk.qd_iops, size_bytes=dk.file_bytes, method=dk.method("qd"))
+        add("disk_seq", "gbs", dk.seq_gbs, size_bytes=dk.file_bytes, method=dk.method("seq"))
+        add("pagecache_4k", "us", dk.cached_us, size_bytes=dk.file_bytes, method=dk.method("cached"))
+        add("pagecache_4k", "iops", dk.cached_iops, size_bytes=dk.file_bytes, method=dk.method("cached"))
+    for stage, w in r.wall_s.items():
+        add("wall", "s", w, stage=stage)
+    add("loadavg", "before", r.loadavg[0])
+    add("loadavg", "after", r.loadavg[1])
+    return rows
+
+
+def measure_profile(s: Settings, base: HardwareSpec, progress: bool = True, console=None,
+                    disk_dir: str | os.PathLike | None = None) -> tuple[HardwareSpec, Results]:
+    """Run the benchmarks and merge them over `base`; writes nothing."""
+    r = run_benchmarks(s, progress=progress, console=console, disk_dir=disk_dir)
+    return build_profile(r, base), r
+
+
+def calibrate(quick: bool = True, out: Path | str = "calibrated.yaml", hw_base: HardwareSpec | None = None,
+              progress: bool = True, *, settings: Settings | None = None, store_path: Path | str | None = None,
+              console=None, disk_dir: str | os.PathLike | None = None) -> HardwareSpec:
+    """Measure this machine and write the profile to `out` (atomically); returns it.
+
+    `hw_base`: a profile the measurements are merged over (default: `detect_hardware()`).
+    `store_path`: the results store (default `store.default_store_path()`); every measured figure
+    is appended there after the profile is written. `settings` overrides QUICK/FULL (tests use
+    TINY). Ctrl-C before the end writes nothing."""
+    s = settings or (QUICK if quick else FULL)
+    if hw_base is None:
+        from .detect import detect_hardware
+        hw_base = detect_hardware(measure=False, path=disk_dir or ".")
+    hw, r = measure_profile(s, hw_base, progress=progress, console=console, disk_dir=disk_dir)
+    rows = store_rows(r)
+    write_atomic(out, dump_hardware(hw))
+    store.append_rows(store_path or store.default_store_path(), [{**row, "profile": str(out)} for row in rows])
+    return hw
+
+
+def constants_of(hw: HardwareSpec) -> dict[str, float]:
+    """The measured figures of a calibrated profile, flat (for comparing two runs)."""
+    out: dict[str, float] = {}
+    for k, v in hw.constants.items():
+        out[f"constants.{k}"] = float(v)
+    for k, v in hw.cpu.expert_gbs.items():
+        if v.source == "measured":
+            out[f"cpu.expert_gbs.{k}"] = float(v)
+    out["memory.usable_gbs"] = hw.memory.usable_gbs
+    for k in ("seq_read_gbs", "rand_4k_iops", "latency_us"):
+        out[f"nvme.{k}"] = float(getattr(hw.nvme, k))
+    if hw.gpu is not None:
+        out["gpu.bw_gbs"] = float(hw.gpu.bw_gbs)
+    if hw.pcie is not None:
+        out["pcie.h2d_gbs"] = float(hw.pcie.h2d_gbs)
+    return out

@@ -1,0 +1,179 @@
+"""Routed experts, tier by tier: device-resident (static layers and the VRAM cache of plan slots,
+dequantised torch tensors), CPU misses (numba kernels in place from the mmap, on a worker thread
+so they overlap the device's work), PCIe misses (quantised bytes copied to the device, dequantised
+there and thrown away). The cache replacement and the miss auction come from simulator.policies.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+import torch.nn.functional as Fn
+
+from simulator.policies import auction_split, make_cache
+from specs.plan import Plan
+
+from . import kernels as K
+from .gguf_model import GGUFModel, ExpertTensor
+
+THREAD_ALWAYS = False  # CPU experts always on the worker thread (else inline when nothing overlaps)
+
+
+def torch_dequant(b: torch.Tensor, code: int, cols: int) -> torch.Tensor:
+    """Dequantise rows of bytes b uint8 [R, row_bytes] (any device) of kernel type `code` -> f32 [R, cols]."""
+    R = b.shape[0]
+    if code == K.F16:
+        return b.contiguous().view(torch.float16).float().reshape(R, cols)
+    nb = cols // 32
+    if code == K.Q8_0:
+        blk = b.reshape(R, nb, 34)
+        d = blk[..., :2].contiguous().view(torch.float16).float()  # [R, nb, 1]
+        q = blk[..., 2:].contiguous().view(torch.int8).float()  # [R, nb, 32]
+        return (q * d).reshape(R, cols)
+    blk = b.reshape(R, nb, 18)
+    d = blk[..., :2].contiguous().view(torch.float16).float()
+    q = blk[..., 2:].to(torch.int16)  # [R, nb, 16]
+    v = torch.cat([(q & 15) - 8, (q >> 4) - 8], dim=-1).float()  # [R, nb, 32]
+    return (v * d).reshape(R, cols)
+
+
+def load_expert(w: ExpertTensor, e: int, device, dtype) -> torch.Tensor:
+    """Expert e of w dequantised on `device` -> [rows, cols] (bytes cross PCIe quantised)."""
+    with warnings.catch_warnings():  # a read-only view of the mmap; never written
+        warnings.simplefilter("ignore")
+        b = torch.from_numpy(np.asarray(w.data[e])).to(device, non_blocking=False)
+    return torch_dequant(b, w.code, w.cols).to(dtype)
+
+
+def swiglu(x: torch.Tensor, g: torch.Tensor, u: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """down(silu(gate x) * up x) for x [m, H], g/u [F, H], d [H, F] -> [m, H]."""
+    return (Fn.silu(x @ g.T) * (x @ u.T)) @ d.T
+
+
+class Experts:
+    """The routed experts of a model, placed as `plan` says, on `device` (CPU stands in for a GPU)."""
+
+    def __init__(self, model: GGUFModel, plan: Plan, device: torch.device, dtype=torch.float32):
+        c = model.cfg
+        self.m, self.plan, self.device, self.dtype = model, plan, device, dtype
+        self.W = [tuple(model.experts(i, p) for p in ("gate", "up", "down")) for i in range(c.n_layers)]
+        self.ebytes = [model.expert_bytes(i) for i in range(c.n_layers)]
+        self.dev_ebytes = 3 * c.hidden * c.expert_ff * torch.tensor([], dtype=dtype).element_size()
+        self.static: dict[int, tuple] = {}
+        for i in plan.placement.gpu_expert_layers:  # llama.cpp static split: the whole layer on the device
+            self.static[i] = tuple(torch.stack([load_expert(w, e, device, dtype) for e in range(c.n_experts)])
+                                   for w in self.W[i])
+        self.cache = make_cache(plan.expert_cache, c.n_layers, c.n_experts)
+        n = self.cache.slots
+        self.slot_g = torch.empty(n, c.expert_ff, c.hidden, device=device, dtype=dtype)
+        self.slot_u = torch.empty(n, c.expert_ff, c.hidden, device=device, dtype=dtype)
+        self.slot_d = torch.empty(n, c.hidden, c.expert_ff, device=device, dtype=dtype)
+        self.slot: dict[tuple[int, int], int] = {}
+        self.free = list(range(n - 1, -1, -1))
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cpu-experts")
+        self.apply(self.cache.end_step() if n and self.cache.n_resident else [])
+        self.cache.step = 0
+
+    # --- cache residency ---------------------------------------------------------------------
+    def apply(self, changes) -> int:
+        """Apply residency changes [(layer, in, out)] to the device slots; returns experts loaded."""
+        loaded = 0
+        for layer, e_in, e_out in changes:
+            if e_out >= 0 and (layer, e_out) in self.slot:
+                self.free.append(self.slot.pop((layer, e_out)))
+            if e_in >= 0 and (layer, e_in) not in self.slot and self.free:
+                s = self.free.pop()
+                g, u, d = self.W[layer]
+                self.slot_g[s] = load_expert(g, e_in, self.device, self.dtype)
+                self.slot_u[s] = load_expert(u, e_in, self.device, self.dtype)
+                self.slot_d[s] = load_expert(d, e_in, self.device, self.dtype)
+                self.slot[(layer, e_in)] = s
+                loaded += 1
+        return loaded
+
+    def end_step(self) -> int:
+        """Close a step: let the policy swap experts, load them; returns experts loaded."""
+        return self.apply(self.cache.end_step())
+
+    def release(self) -> None:
+        """Drop the cache (prefill needs the VRAM); the policy refills it later."""
+        self.cache.release()
+        self.free.extend(self.slot.values())
+        self.slot.clear()
+
+    # --- one layer ---------------------------------------------------------------------------
+    def _cpu_job(self, layer: int, x: np.ndarray, routing) -> tuple[np.ndarray, float]:
+        t = time.perf_counter()
+        y = K.moe_cpu(*self.W[layer], x, *routing)
+        return y, (time.perf_counter() - t) * 1e3
+
+    def forward(self, layer: int, h: torch.Tensor, ids: np.ndarray, w: np.ndarray) -> tuple[torch.Tensor, dict]:
+        """Routed experts of `layer` for h [T, H], routing ids/w [T, k] -> (y [T, H], trace record)."""
+        union = np.unique(ids)
+        static = self.static.get(layer)
+        if static is not None:
+            dev, miss = union, union[:0]
+        else:
+            mask = np.array([(layer, int(e)) in self.slot for e in union], dtype=bool)
+            dev, miss = union[mask], union[~mask]
+        mp = self.plan.miss_policy
+        k_cpu = None
+        if mp.kind == "cpu":
+            cpu, pcie = miss, miss[:0]
+        elif mp.kind == "auction":
+            k_cpu, _ = auction_split(len(dev), len(miss), mp.t_hit_ms, mp.t_zc_ms, mp.c_a_ms, mp.c_b_ms)
+            cpu, pcie = miss[:k_cpu], miss[k_cpu:]
+        else:  # copy / zero-copy: every miss crosses PCIe
+            cpu, pcie = miss[:0], miss
+        fut = cpu_args = None
+        if len(cpu):
+            xs = h.detach().float().cpu().numpy()
+            cset = set(int(e) for e in cpu)
+            cpu_args = (layer, xs, K.csr(ids, w, keep=(lambda e: e in cset) if len(cpu) < len(union) else None))
+            if THREAD_ALWAYS or len(dev) or len(pcie):  # overlap: CPU experts on the worker thread, device work here
+                fut = self.pool.submit(self._cpu_job, *cpu_args)
+        t0 = time.perf_counter()
+        y = None
+        if len(dev) or len(pcie):
+            y = torch.zeros_like(h)
+            wt = torch.from_numpy(w).to(h.device, h.dtype)
+        for group, src in ((dev, "dev"), (pcie, "pcie")):
+            for e in group:
+                e = int(e)
+                tk, kk = np.nonzero(ids == e)
+                tki = torch.from_numpy(tk).to(h.device)
+                if src == "pcie":
+                    g, u, d = (load_expert(wx, e, self.device, self.dtype) for wx in self.W[layer])
+                elif static is not None:
+                    g, u, d = static[0][e], static[1][e], static[2][e]
+                else:
+                    s = self.slot[(layer, e)]
+                    g, u, d = self.slot_g[s], self.slot_u[s], self.slot_d[s]
+                ye = swiglu(h[tki], g, u, d) * wt[tki, torch.from_numpy(kk).to(h.device)][:, None]
+                y.index_add_(0, tki, ye)
+        if h.device.type == "cuda":
+            torch.cuda.synchronize()
+        t_dev = (time.perf_counter() - t0) * 1e3
+        t_cpu = t_wait = 0.0
+        if cpu_args is not None:
+            t1 = time.perf_counter()
+            yc, t_cpu = fut.result() if fut is not None else self._cpu_job(*cpu_args)
+            t_wait = (time.perf_counter() - t1) * 1e3 if fut is not None else 0.0
+            yc = torch.from_numpy(yc).to(h.device, h.dtype)
+            y = yc if y is None else y + yc
+        if y is None:
+            y = torch.zeros_like(h)
+        if static is None:
+            self.cache.observe(layer, ids.reshape(-1))
+        rec = dict(hits=[int(e) for e in dev], misses=[int(e) for e in miss], cpu=[int(e) for e in cpu],
+                   pcie=[int(e) for e in pcie], k_cpu=k_cpu, t_dev_ms=t_dev, t_cpu_ms=t_cpu, t_wait_ms=t_wait,
+                   bytes_cpu=len(cpu) * self.ebytes[layer], bytes_pcie=len(pcie) * self.ebytes[layer],
+                   bytes_dev=(len(dev) + len(pcie)) * self.dev_ebytes)
+        return y, rec
+
+    def close(self) -> None:
+        """Stop the CPU worker thread."""
+        self.pool.shutdown(wait=True)

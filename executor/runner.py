@@ -1,0 +1,197 @@
+"""Greedy decode of 1..S streams together on a GGUF MoE model, placed as a Plan says, with a trace.
+
+A step runs each layer once for all streams: attention per stream (lock-step positions), the union
+of routed experts once. The trace (JSONL, one record per step and layer) holds routed experts, hits,
+misses, the auction's k and the time of each part; `execute` returns speed and bandwidth per tier.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specs.errors import SpecError
+from specs.plan import Plan
+
+from . import kernels as K
+from .dense import Dense, KVCache, pick_device
+from .engram import Engram
+from .experts import Experts
+from .gguf_model import GGUFModel
+from .make_model import engram_path
+
+
+def check_plan(plan: Plan, model: GGUFModel, prompt_tokens: int, gen_tokens: int) -> None:
+    """Raise SpecError when `plan` names layers, slots or sizes `model` does not have."""
+    c, f = model.cfg, "plan"
+    bad = [i for i in plan.placement.gpu_expert_layers if i >= c.n_layers]
+    if bad:
+        raise SpecError(f, "placement.gpu_expert_layers", f"layer {bad[0]} does not exist (model has {c.n_layers})")
+    if plan.expert_cache.slots > c.n_layers * c.n_experts:
+        raise SpecError(f, "expert_cache.slots", f"{plan.expert_cache.slots} slots exceed the model's "
+                        f"{c.n_layers * c.n_experts} routed experts")
+    if plan.experts_per_token is not None and plan.experts_per_token > c.top_k:
+        raise SpecError(f, "experts_per_token", f"{plan.experts_per_token} exceeds the model's top-{c.top_k}")
+    if prompt_tokens < 1 or gen_tokens < 1:
+        raise SpecError(f, "prompt_tokens", "prompt and generated tokens must be >= 1")
+    need = prompt_tokens + gen_tokens
+    if need > plan.kv.context:
+        raise SpecError(f, "kv.context", f"{need} tokens do not fit a {plan.kv.context}-token KV cache")
+    if need > c.context:
+        raise SpecError(f, "kv.context", f"{need} tokens exceed the model's context length {c.context}")
+
+
+def default_prompts(streams: int, n: int, vocab: int, seed: int = 0) -> np.ndarray:
+    """Deterministic prompts [S, n] of ordinary token ids (stream s uses seed + s)."""
+    return np.stack([np.random.default_rng(seed + s).integers(0, vocab - 2, n) for s in range(streams)])
+
+
+class Runner:
+    """A model loaded for a plan: dense path, experts, KV cache, optional Engram."""
+
+    def __init__(self, plan: Plan, model_path: str | Path, context: int):
+        self.plan, self.m = plan, GGUFModel(model_path)
+        c = self.c = self.m.cfg
+        self.device = pick_device(plan.placement.dense == "gpu")
+        K.set_threads(plan.cpu_threads)
+        self.dense = Dense(self.m, self.device)
+        self.experts = Experts(self.m, plan, self.device)
+        self.k = min(plan.experts_per_token or c.top_k, c.top_k)
+        self.kv = KVCache(c.n_layers, plan.streams, c.n_kv, context, c.head_dim, self.device, torch.float32)
+        ep = engram_path(model_path)
+        self.engram = Engram(ep, c.hidden) if plan.placement.engram != "none" and ep.exists() else None
+        self.trace: list[dict] = []
+        self.hist: list[list[int]] = [[] for _ in range(plan.streams)]
+
+    def step(self, ids: np.ndarray, phase: str, step: int) -> torch.Tensor:
+        """Run new tokens ids [S, n] through the model -> logits [S, V] at each stream's last token."""
+        S, n = ids.shape
+        for s in range(S):
+            self.hist[s].extend(int(t) for t in ids[s])
+        td = time.perf_counter()
+        x = self.dense.embed(ids)  # [S, n, H]
+        t_embed = (time.perf_counter() - td) * 1e3
+        for i in range(self.c.n_layers):
+            t0 = time.perf_counter()
+            pages = 0
+            if self.engram is not None and i in self.engram.layers:
+                L = len(self.hist[0])
+                hists = [self.hist[s][: L - n + j + 1] for s in range(S) for j in range(n)]
+                add, pages = self.engram.lookup(i, hists)
+                x = x + torch.from_numpy(add).to(x.device, x.dtype).view(S, n, -1)
+            x = x + self.dense.attention(i, x, self.kv)
+            h = self.dense.ffn_in(i, x).reshape(S * n, -1)  # [T, H]
+            eids, w = self.dense.route(i, h, self.k)
+            t1 = time.perf_counter()
+            y, rec = self.experts.forward(i, h, eids, w)
+            t2 = time.perf_counter()
+            sh = self.dense.shared(i, h)
+            if sh is not None:
+                y = y + sh
+            x = x + y.view(S, n, -1)
+            t3 = time.perf_counter()
+            rec.update(step=step, phase=phase, layer=i, tokens=S * n, routed=eids.tolist(),
+                       t_dense_ms=((t1 - t0) + (t3 - t2)) * 1e3 + (t_embed if i == 0 else 0.0),
+                       t_experts_ms=(t2 - t1) * 1e3, engram_pages=pages)
+            self.trace.append(rec)
+        self.kv.len += n
+        t4 = time.perf_counter()
+        logits = self.dense.head(x[:, -1])  # [S, V]
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.trace[-1]["t_dense_ms"] += (time.perf_counter() - t4) * 1e3
+        return logits
+
+    def generate(self, prompts: np.ndarray, gen_tokens: int, keep_logits: bool = False, progress: bool = False):
+        """Prefill `prompts` [S, P], then greedy-decode gen_tokens per stream -> (tokens [S, G], times, logits)."""
+        plan = self.plan
+        if plan.expert_cache.release_during_prefill and self.experts.cache.slots:
+            self.experts.release()
+        t0 = time.perf_counter()
+        logits = self.step(prompts, "prefill", 0)
+        self.experts.end_step()
+        tok = logits.argmax(-1).cpu().numpy()  # [S]
+        ttft = time.perf_counter() - t0
+        out, all_logits, itl = [tok], [logits.cpu().numpy()] if keep_logits else [], []
+        for g in range(1, gen_tokens):
+            t = time.perf_counter()
+            logits = self.step(tok[:, None], "decode", g)
+            tok = logits.argmax(-1).cpu().numpy()
+            itl.append(time.perf_counter() - t)
+            self.experts.end_step()
+            out.append(tok)
+            if keep_logits:
+                all_logits.append(logits.cpu().numpy())
+            if progress:
+                print(f"\rdecode {g + 1}/{gen_tokens}", end="", file=sys.stderr, flush=True)
+        if progress:
+            print(file=sys.stderr)
+        return np.stack(out, axis=1), dict(ttft_s=ttft, itl_s=itl), all_logits
+
+
+def write_trace(trace: list[dict], path: str | Path) -> Path:
+    """Write trace records as JSONL atomically (tmp + os.replace)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        for r in trace:
+            f.write(json.dumps(r) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def summarise(trace: list[dict], times: dict, streams: int, gen_tokens: int) -> dict:
+    """Speed and achieved bandwidth per tier from a trace."""
+    dec = [r for r in trace if r["phase"] == "decode"]
+    itl = np.array(times["itl_s"]) if times["itl_s"] else np.array([np.nan])
+    tot = lambda k, rs=dec: float(sum(r[k] for r in rs))  # noqa: E731
+    hits, miss = tot("n_hits") if dec and "n_hits" in dec[0] else None, None
+    n_hit = sum(len(r["hits"]) for r in dec)
+    n_miss = sum(len(r["misses"]) for r in dec)
+    bw = lambda b, ms: (b / (ms / 1e3) / 1e9) if ms > 0 else None  # noqa: E731
+    del hits, miss
+    return dict(
+        decode_tok_s=float(streams * len(times["itl_s"]) / itl.sum()) if times["itl_s"] else None,
+        ttft_s=times["ttft_s"], itl_p50_ms=float(np.median(itl) * 1e3), itl_p95_ms=float(np.percentile(itl, 95) * 1e3),
+        cache_hit_rate=(n_hit / (n_hit + n_miss)) if n_hit + n_miss else None,
+        time_ms={k: tot(k) for k in ("t_dense_ms", "t_experts_ms", "t_dev_ms", "t_cpu_ms", "t_wait_ms")},
+        bytes={"cpu": tot("bytes_cpu"), "pcie": tot("bytes_pcie"), "device": tot("bytes_dev")},
+        bandwidth_gbs={"cpu": bw(tot("bytes_cpu"), tot("t_cpu_ms")), "device": bw(tot("bytes_dev"), tot("t_dev_ms"))},
+        engram_pages_per_token=(tot("engram_pages") / max(1, streams * len(times["itl_s"]))) if dec else 0.0,
+    )
+
+
+def execute(plan: Plan, model_path: str | Path, prompt_tokens: int = 32, gen_tokens: int = 32,
+            trace_path: str | Path | None = None, progress: bool = False, prompts: np.ndarray | None = None,
+            keep_logits: bool = False) -> dict:
+    """Run `plan` on the GGUF at model_path: prefill prompt_tokens, decode gen_tokens per stream; speeds in tok/s, ms."""
+    model_path = Path(model_path)
+    m = GGUFModel(model_path)
+    check_plan(plan, m, prompt_tokens, gen_tokens)
+    if prompts is None:
+        prompts = default_prompts(plan.streams, prompt_tokens, m.cfg.vocab)
+    prompts = np.asarray(prompts, dtype=np.int64).reshape(plan.streams, -1)
+    if prompts.shape[1] != prompt_tokens or prompts.min() < 0 or prompts.max() >= m.cfg.vocab:
+        raise SpecError("prompts", None, f"need {plan.streams} x {prompt_tokens} token ids in [0, {m.cfg.vocab})")
+    del m
+    r = Runner(plan, model_path, prompt_tokens + gen_tokens)
+    try:
+        tokens, times, logits = r.generate(prompts, gen_tokens, keep_logits, progress)
+    finally:
+        r.experts.close()
+    if trace_path is None:
+        trace_path = Path("runs") / f"trace-{model_path.stem}-{int(time.time())}.jsonl"
+    out = summarise(r.trace, times, plan.streams, gen_tokens)
+    out.update(tokens=tokens.tolist(), trace=str(write_trace(r.trace, trace_path)), device=str(r.device),
+               streams=plan.streams, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
+               dense_bytes_per_token=r.dense.nbytes_per_token())
+    if keep_logits:
+        out["logits"] = logits
+    return out

