@@ -95,6 +95,22 @@ def _cmd_ingest(a) -> int:
     return 0
 
 
+def _cmd_regress(a) -> int:
+    from calibration import regress
+    from calibration.store import default_store_path
+
+    rows = [] if a.local_only else regress.published_rows(a.case)
+    store = a.store or default_store_path()
+    if a.hw and store.exists():
+        rows += regress.local_rows(store, a.hw)
+    if a.json:
+        print(regress.to_json(rows))
+    else:
+        from reports.tables import render_regress
+        render_regress(rows, regress.summary(rows))
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
 def _cmd_schema(a) -> int:
     from specs.hardware import HardwareSpec
     from specs.model import ModelSpec
@@ -204,6 +220,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timings", action="store_true", help="files are llama-server/llama-cli logs")
     p.add_argument("--store", help="results store CSV (default: $MOE_OFFLOAD_RESULTS or runs/results.csv)")
     p.set_defaults(func=_cmd_ingest)
+
+    p = sub.add_parser("regress", help="predicted against measured for every case; exit 1 on drift")
+    p.add_argument("--case", action="append", help="only cases whose name starts with this (repeatable)")
+    p.add_argument("--hw", help="this machine's calibrated profile, to check the store's local runs")
+    p.add_argument("--store", type=__import__("pathlib").Path, help="results store CSV")
+    p.add_argument("--local-only", action="store_true", help="skip the published cases")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_regress)
 
     p = sub.add_parser("schema", help="print the JSON Schema of a file format")
     p.add_argument("what", choices=["plan", "hardware", "model"])

@@ -103,3 +103,20 @@ def render_sim_result(r: dict, title: str, console: Console | None = None) -> No
     for name, v in r["resources"].items():
         t.add_row(name, f"{v.get('busy_fraction', 0) * 100:.1f}%", f"{v.get('bytes', 0) / 1e9:,.2f} GB")
     c.print(t)
+
+
+def render_regress(rows: list[dict], summary: dict, console: Console | None = None) -> None:
+    """Print predicted against measured per case, in-sample first, with the error summary."""
+    c = console or Console()
+    t = Table(title="Predicted against measured")
+    for col in ("case", "role", "metric", "measured", "predicted", "error", "ok"):
+        t.add_column(col, justify="right" if col in ("measured", "predicted", "error") else "left")
+    order = {"in-sample": 0, "out-of-sample": 1, "local": 2}
+    for r in sorted(rows, key=lambda r: order.get(r["role"], 3)):
+        t.add_row(r["case"], r["role"], r["metric"], f"{r['measured']:.2f}", f"{r['predicted']:.2f}",
+                  f"{r['error'] * 100:+.1f}%", "yes" if r["ok"] else "[red]NO[/]")
+    c.print(t)
+    for role, s in summary.items():
+        if isinstance(s, dict):
+            c.print(f"{role}: {s['n']} cases, median |error| {s['median_abs_error'] * 100:.1f}%, "
+                    f"max {s['max_abs_error'] * 100:.1f}%" + (f"; out of tolerance: {', '.join(s['failed'])}" if s["failed"] else ""))
