@@ -42,8 +42,9 @@ def wait_quiet(limit: float = 1.0, max_wait_s: float = 90.0) -> float:
     return os.getloadavg()[0]
 
 
-def one_run(out: Path, store: Path, quick: bool = True) -> tuple[dict[str, float], float, float, float, float]:
-    """(constants, process wall s, calibrate wall s, load average before, outside CPU load while timing)."""
+def one_run(out: Path, store: Path, quick: bool = True) -> tuple:
+    """(constants, process wall s, calibrate wall s, load average before, outside CPU load while timing,
+    hash of the executor kernel sources benchmarked)."""
     from calibration.calibrate import constants_of
     from specs.loaders import load_hardware
 
@@ -53,8 +54,10 @@ def one_run(out: Path, store: Path, quick: bool = True) -> tuple[dict[str, float
                        capture_output=True, text=True, check=True)
     wall = time.perf_counter() - t0
     hw = load_hardware(str(out))
+    k = re.search(r"moe_cpu@([0-9a-f]*)", hw.cpu.expert_gbs["default"].ref)
     m = re.search(r"outside load while timing \(max mean share of the CPUs other processes used\) ([0-9.]+)", hw.notes)
-    return constants_of(hw), wall, float(p.stdout.strip().splitlines()[-1]), load, float(m[1]) if m else 1.0
+    return (constants_of(hw), wall, float(p.stdout.strip().splitlines()[-1]), load, float(m[1]) if m else 0.0,
+            k[1] if k else "")
 
 
 def spreads(a: dict[str, float], b: dict[str, float]) -> dict[str, tuple[float, float, float, float]]:
@@ -79,7 +82,7 @@ def run_twice(quick: bool = True) -> dict:
         r1 = one_run(d / "a.yaml", d / "r.csv", quick)
         r2 = one_run(d / "b.yaml", d / "r.csv", quick)
     sp = spreads(r1[0], r2[0])
-    return {"runs": [{"process_s": r[1], "calibrate_s": r[2], "loadavg_before": r[3], "outside_load": r[4]}
+    return {"runs": [{"process_s": r[1], "calibrate_s": r[2], "loadavg_before": r[3], "outside_load": r[4], "kernel": r[5]}
                      for r in (r1, r2)],
             "spread": {k: {"a": v[0], "b": v[1], "rel": v[2], "judged": v[3]} for k, v in sp.items()},
             "max_judged": max(v[3] for v in sp.values()),
@@ -90,7 +93,9 @@ def print_report(res: dict) -> None:
     for i, r in enumerate(res["runs"], 1):
         print(f"run {i}: calibrate {r['calibrate_s']:.1f} s (process {r['process_s']:.1f} s), "
               f"load average before {r['loadavg_before']:.2f}, outside CPU load while timing "
-              f"(worst benchmark, mean share) {r['outside_load']:.2f}")
+              f"(worst benchmark, mean share) {r['outside_load']:.2f}, executor kernel {r['kernel'] or '-'}")
+    if len({r["kernel"] for r in res["runs"]}) > 1:
+        print("the executor kernel changed between the runs: CPU kernel figures are not comparable")
     print(f"{'figure':<32} {'run 1':>12} {'run 2':>12} {'spread':>8} {'judged':>8}")
     for k, v in res["spread"].items():
         flag = "" if v["judged"] <= TOLERANCE else "  > 10%"

@@ -789,6 +789,23 @@ def toy_expert_job(rows: int = 256, cols: int = 256, pool: int = 16):
 _ROW_BYTES = {"F16": lambda c: 2 * c, "Q8_0": lambda c: c // 32 * 34, "Q4_0": lambda c: c // 32 * 18}
 
 
+def kernel_version() -> str:
+    """Short hash of the executor's kernel sources (kernels.py and the modules beside it that it
+    imports), so a calibration names the kernel build it belongs to; '' when absent."""
+    import hashlib
+    try:
+        from executor import kernels
+    except Exception:
+        return ""
+    here = Path(kernels.__file__).resolve().parent
+    h = hashlib.sha256()
+    for name in ("kernels.py", "simd.py"):
+        f = here / name
+        if f.is_file():
+            h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def executor_kernel_available() -> bool:
     """Whether executor/kernels.py exposes the CPU expert kernel (`moe_cpu`) and its tensor type."""
     try:

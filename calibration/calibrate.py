@@ -173,7 +173,8 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                 if use_exec:
                     job, eb = bench.executor_expert_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes,
                                                         max_k=max(s.kernel_ks))
-                    label = f"executor.kernels.moe_cpu {fmt} SwiGLU {s.kernel_hidden}x{s.kernel_ffn}, 1 token"
+                    label = (f"executor.kernels.moe_cpu@{bench.kernel_version()} {fmt} SwiGLU "
+                             f"{s.kernel_hidden}x{s.kernel_ffn}, 1 token")
                 else:
                     job, eb = bench.toy_expert_job(rows=s.kernel_ffn, cols=s.kernel_hidden, pool=2 * max(s.kernel_ks))
                     label = f"toy numba f32 kernel {s.kernel_ffn}x{s.kernel_hidden}"

@@ -12,14 +12,27 @@ from specs.errors import SpecError
 
 
 def _cmd_plan(a) -> int:
-    from planner.predict import simulate_plan
-    from planner.search import base_plan
+    from planner.predict import predict, simulate_plan
+    from planner.search import base_plan, search
+    from planner.whatif import explain
     from planner.summary import plan_summary
     from specs.loaders import load_hardware, load_model
 
     hw, model = load_hardware(a.hw), load_model(a.model)
-    plan = base_plan(model, hw, context=a.context, engine=a.engine)
-    summary = plan_summary(model, hw, plan, simulate_plan(model, hw, plan, prompt_tokens=a.prompt_tokens))
+    if a.engine:  # that engine's default plan, sized to the machine
+        plan = base_plan(model, hw, context=a.context, engine=a.engine)
+        pred = simulate_plan(model, hw, plan, prompt_tokens=a.prompt_tokens)
+    else:
+        plan, pred, _, _ = search(model, hw, a.objective, context=a.context, prompt_tokens=a.prompt_tokens,
+                                  top=a.simulate_top, progress=not a.json and sys.stderr.isatty())
+    summary = plan_summary(model, hw, plan, pred)
+    summary["what_ifs"] = explain(model, hw, plan, predict, a.prompt_tokens)
+    if a.emit == "llamacpp":
+        from planner.llamacpp import closest_static, emit
+        static, lost = closest_static(plan, model)
+        summary["llamacpp"] = {"command": emit(plan, model, a.model if a.model.endswith(".gguf") else "MODEL.gguf").command,
+                               "cannot_express": lost, "closest_static_plan": static.model_dump(mode="json"),
+                               "closest_static_predicted": predict(model, hw, static, a.prompt_tokens).to_dict()}
     if a.out:
         from specs.loaders import dump_plan, write_atomic
         write_atomic(a.out, dump_plan(plan))
@@ -165,8 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--objective", choices=["decode", "ttft"], default="decode")
     p.add_argument("--context", type=int, default=None, help="KV context to reserve (tokens)")
     p.add_argument("--prompt-tokens", type=int, default=512, help="prompt length for TTFT (tokens)")
-    p.add_argument("--engine", choices=["llamacpp", "tiered-cache", "strata", "custom"], default=None)
+    p.add_argument("--engine", choices=["llamacpp", "tiered-cache", "strata", "custom"], default=None,
+                   help="take this engine's default plan instead of searching")
+    p.add_argument("--simulate-top", type=int, default=2, help="screened candidates to simulate")
     p.add_argument("--out", help="write the chosen plan JSON here")
+    p.add_argument("--emit", choices=["llamacpp"], help="also give the equivalent llama-server command")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_plan)
 

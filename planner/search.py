@@ -36,3 +36,127 @@ def base_plan(model: ModelSpec, hw: HardwareSpec, context: int | None = None, en
     plan = size_cache(model, hw, plan)
     memory_map(model, hw, plan).check_fits()
     return plan
+
+
+# ---- placement search ---------------------------------------------------------------------------
+
+PREFILLS = (("op-offload", 2048, 512), ("op-offload", 4096, 2048), ("stream-all", 8192, 8192),
+            ("stream-all", 16384, 16384), ("cpu", 2048, 512))
+
+
+def _with(plan: Plan, **upd) -> Plan:
+    return plan.model_copy(update=upd)
+
+
+def candidate_plans(model: ModelSpec, hw: HardwareSpec, context: int | None = None, streams: int = 1) -> list[Plan]:
+    """Every placement worth screening on this machine, each sized to fit (cache fills free VRAM)."""
+    from specs.plan import ExpertCache, MissPolicy
+
+    fit_context(model, context)  # a context the model cannot take is the user's error, not a misfit
+    out: list[Plan] = []
+    why = "no engine's plan could be sized"
+    engines = ["tiered-cache", "llamacpp", "strata"] if hw.gpu is not None else ["custom"]
+    for engine in engines:
+        try:
+            base = base_plan(model, hw, context=context, engine=engine)
+        except SpecError as e:
+            why = e.reason
+            continue
+        base = _with(base, streams=streams)
+        variants = []
+        if engine == "tiered-cache":
+            for kind in ("auction", "cpu", "zero-copy"):
+                for policy in ("decayed-count", "lru"):
+                    variants.append(_with(base, miss_policy=MissPolicy(kind=kind),
+                                          expert_cache=base.expert_cache.model_copy(update={"policy": policy})))
+        elif engine == "llamacpp":
+            # --n-cpu-moe N: whole layers of experts on the GPU, as many as fit
+            per_layer = model.routed_bytes / model.n_moe_layers
+            free = memory_map(model, hw, base).vram_free
+            most = min(model.n_moe_layers, int(free // per_layer)) if free > 0 else 0
+            for n_gpu in sorted({0, most // 2, most}):
+                layers = model.layers_moe[model.n_moe_layers - n_gpu:] if n_gpu else []
+                variants.append(_with(base, placement=base.placement.model_copy(update={"gpu_expert_layers": layers})))
+        elif engine == "strata":
+            variants.append(size_cache(model, hw, _with(base, expert_cache=ExpertCache(policy="static"))))
+        else:
+            variants.append(base)
+        for v in variants:
+            for strategy, chunk, ub in PREFILLS:
+                if strategy != "cpu" and hw.gpu is None:
+                    continue
+                out.append(_with(v, prefill=v.prefill.model_copy(update={
+                    "strategy": strategy, "chunk_tokens": chunk, "ubatch_tokens": ub})))
+    fitting = []
+    for p in out:
+        try:
+            memory_map(model, hw, p).check_fits()
+        except SpecError as e:
+            why = e.reason
+            continue
+        fitting.append(p)
+    if not fitting:
+        raise SpecError(None, "--model", f"{model.name} does not fit on {hw.name} with any placement: {why}")
+    return fitting
+
+
+def _score(objective: str, r) -> float:
+    return -r.decode_tok_s if objective == "decode" else r.ttft_s
+
+
+def search(model: ModelSpec, hw: HardwareSpec, objective: str = "decode", context: int | None = None,
+           prompt_tokens: int = 512, streams: int = 1, top: int = 4, seed: int = 0, progress: bool = False):
+    """Screen every candidate in closed form, simulate the `top` most promising, return
+    (best plan, its Prediction, rows of every simulated candidate, the decode/TTFT Pareto front)."""
+    from .predict import predict, simulate_plan
+
+    cands = candidate_plans(model, hw, context, streams)
+    screened = []
+    track = _progress(progress, len(cands) + top, "screening placements")
+    for p in cands:
+        screened.append((p, predict(model, hw, p, prompt_tokens)))
+        track()
+    # one row per decode placement: the prefill strategy with the shortest TTFT goes with it
+    best_prefill: dict[str, tuple] = {}
+    for p, r in screened:
+        key = p.model_copy(update={"prefill": type(p.prefill)()}).model_dump_json()
+        if key not in best_prefill or r.ttft_s < best_prefill[key][1].ttft_s:
+            best_prefill[key] = (p, r)
+    ranked = sorted(best_prefill.values(), key=lambda pr: (_score(objective, pr[1]), pr[0].model_dump_json()))
+    rows = []
+    for p, scr in ranked[:top]:
+        sim = simulate_plan(model, hw, p, prompt_tokens=prompt_tokens, seed=seed)
+        rows.append({"plan": p, "screen": scr, "sim": sim})
+        track()
+    rows.sort(key=lambda r: _score(objective, r["sim"]))
+    front = pareto(screened)
+    return rows[0]["plan"], rows[0]["sim"], rows, front
+
+
+def pareto(points) -> list:
+    """(plan, prediction) pairs not beaten on both decode tok/s and TTFT, fastest decode first."""
+    pts = sorted(points, key=lambda pr: (-pr[1].decode_tok_s, pr[1].ttft_s))
+    front, best_ttft = [], float("inf")
+    for p, r in pts:
+        if r.ttft_s < best_ttft:
+            front.append((p, r))
+            best_ttft = r.ttft_s
+    return front
+
+
+def _progress(enabled: bool, total: int, label: str):
+    if not enabled:
+        return lambda: None
+    from rich.progress import Progress
+
+    prog = Progress(transient=True)
+    prog.start()
+    task = prog.add_task(label, total=total)
+    done = [0]
+
+    def tick():
+        done[0] += 1
+        prog.advance(task)
+        if done[0] >= total:
+            prog.stop()
+    return tick

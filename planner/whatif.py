@@ -98,3 +98,17 @@ def sweeps(model, hw: HardwareSpec, plan, predict, prompt_tokens: int = 512) -> 
         pts.append((n, r.ttft_s, r.bottleneck))
     out["ttft"] = _series(pts, "prompt length (tokens)", "time to first token (s)", prompt_tokens)
     return out
+
+
+def explain(model, hw: HardwareSpec, plan, predict, prompt_tokens: int = 512) -> list[dict]:
+    """The plan's predicted figures on each standard what-if machine (cache re-sized to its VRAM)."""
+    from specs.memory import size_cache
+
+    base = predict(model, hw, plan, prompt_tokens)
+    rows = []
+    for w in standard_whatifs(hw):
+        p = size_cache(model, w.hw, plan) if w.hw.gpu is not None else plan
+        r = predict(model, w.hw, p, prompt_tokens)
+        rows.append({"what_if": w.label, "decode_tok_s": r.decode_tok_s, "ttft_s": r.ttft_s,
+                     "decode_gain": r.decode_tok_s / base.decode_tok_s - 1, "bottleneck": r.bottleneck})
+    return rows

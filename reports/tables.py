@@ -65,6 +65,21 @@ def render_plan_report(s: dict, console: Console | None = None) -> None:
     p = s["predicted"]
     c.print(f"[bold]Predicted[/] ({p['method']}): decode {p['decode_tok_s']:.2f} tok/s, "
             f"TTFT {p['ttft_s']:.2f} s, bound by {p['bottleneck']}")
+    if s.get("what_ifs"):
+        t = Table(title="What if (same plan, cache re-sized)")
+        for col in ("change", "decode tok/s", "gain", "TTFT s", "bound by"):
+            t.add_column(col, justify="left" if col in ("change", "bound by") else "right")
+        for w in s["what_ifs"]:
+            t.add_row(w["what_if"], f"{w['decode_tok_s']:.2f}", f"{w['decode_gain'] * 100:+.0f}%",
+                      f"{w['ttft_s']:.2f}", w["bottleneck"])
+        c.print(t)
+    if s.get("llamacpp"):
+        L = s["llamacpp"]
+        c.print(f"[bold]llama.cpp[/]: {L['command']}")
+        for x in L["cannot_express"]:
+            c.print(f"  cannot express: {x}")
+        cp = L["closest_static_predicted"]
+        c.print(f"  that static plan is predicted at {cp['decode_tok_s']:.2f} tok/s, TTFT {cp['ttft_s']:.2f} s")
     e = s["engram"]
     if e["reads_per_s"]:
         c.print(f"Engram at that speed: {e['reads_per_s']:,.0f} row reads/s, {e['bytes_per_s'] / 1e6:.2f} MB/s "

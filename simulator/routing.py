@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import functools
+
 import numpy as np
 
 
@@ -34,6 +36,7 @@ def top_share(p: np.ndarray, k: int, frac_experts: float) -> float:
     return float(pi[:n].sum() / pi.sum())
 
 
+@functools.lru_cache(maxsize=64)  # a pure function, asked for again by every screened plan
 def fit_exponent(n_experts: int, k: int, frac_experts: float = 0.046, frac_reads: float = 0.41) -> float:
     """Zipf exponent whose top `frac_experts` serve `frac_reads` of the reads (e.g. 4.6% -> 41%)."""
     if frac_reads <= frac_experts + 1e-9:  # no skew needed

@@ -118,7 +118,8 @@ def plan_template(engine: str) -> Plan:
     if engine == "llamacpp":
         # Static placement at load; experts in RAM (`--cpu-moe`), op offload for prefill.
         return Plan(engine="llamacpp", miss_policy=MissPolicy(kind="cpu"),
-                    prefill=Prefill(strategy="op-offload", chunk_tokens=2048, ubatch_tokens=512))
+                    prefill=Prefill(strategy="op-offload", chunk_tokens=2048, ubatch_tokens=512),
+                    gpu_workspace_bytes=2**30)  # compute buffers at -ub 512 (assumed)
     if engine == "tiered-cache":
         # dsv41-flash-offload ("FreeToken"): pinned RAM home, VRAM mirror cache, CPU/PCIe auction.
         return Plan(engine="tiered-cache",
@@ -131,7 +132,8 @@ def plan_template(engine: str) -> Plan:
         # Shipped hot-expert profile (static cache), CPU misses read in place, SSD beyond RAM.
         return Plan(engine="strata", expert_cache=ExpertCache(policy="static"),
                     miss_policy=MissPolicy(kind="cpu"),
-                    prefill=Prefill(strategy="op-offload"))
+                    prefill=Prefill(strategy="op-offload"),
+                    gpu_workspace_bytes=3 * 2**29)  # activations and staging, 1.5 GiB (assumed)
     if engine == "custom":
         return Plan()
     raise ValueError(f"unknown engine {engine!r} (llamacpp, tiered-cache, strata, custom)")

@@ -24,14 +24,15 @@ def _deq(w: ExpertTensor, e: int) -> np.ndarray:
     return gguf.dequantize(raw, w.qtype).astype(np.float32).reshape(w.rows, w.cols)
 
 
-def _close(got, want, tol=1e-4):
-    """Each output row within tol of that row's largest value (the one-token Q8_0/Q4_0 path quantises
-    activations to int16 per 32-block: <= 1.5e-5 of the block's largest value)."""
-    scale = np.abs(want).max(axis=-1, keepdims=True) + 1e-30
-    assert (np.abs(got - want) / scale).max() < tol, (np.abs(got - want) / scale).max()
+def _close(got, want, mag, tol=1e-4):
+    """|got - want| <= tol * mag elementwise, mag = the sum of |terms| (the one-token Q8_0/Q4_0 path
+    quantises activations to int16 per 32-block, <= 1.5e-5 of the block's largest value, so the
+    error scales with the terms, not with a result that cancels)."""
+    err = np.abs(got - want) / (mag + 1e-30)
+    assert err.max() < tol, err.max()
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(qt=st.sampled_from(TYPES), rows=st.integers(1, 70), nb=st.integers(1, 12),
        T=st.integers(1, 5), seed=st.integers(0, 2**31))
 def test_matmul_matches_dequantised(qt, rows, nb, T, seed):
@@ -39,11 +40,12 @@ def test_matmul_matches_dequantised(qt, rows, nb, T, seed):
     w = _tensor(rng, qt, 3, rows, nb * 32)
     x = rng.standard_normal((T, nb * 32)).astype(np.float32)
     got = K.expert_matmul(w, 1, x)
-    want = x @ _deq(w, 1).T
-    _close(got, want)
+    W = _deq(w, 1)
+    want = x @ W.T
+    _close(got, want, np.abs(x) @ np.abs(W).T)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(types=st.tuples(*[st.sampled_from(TYPES)] * 3), H32=st.integers(1, 6), F32=st.integers(1, 6),
        T=st.integers(1, 6), k=st.integers(1, 4), seed=st.integers(0, 2**31))
 def test_moe_matches_dequantised(types, H32, F32, T, k, seed):
@@ -56,11 +58,14 @@ def test_moe_matches_dequantised(types, H32, F32, T, k, seed):
     wts = rng.random((T, k)).astype(np.float32)
     got = K.moe_cpu(g, u, d, x, *K.csr(ids, wts))
     want = np.zeros((T, H), np.float32)
+    mag = np.zeros((T, H), np.float32)
     for t in range(T):
         for e, we in zip(ids[t], wts[t]):
             a = _deq(g, e) @ x[t]
-            want[t] += we * (_deq(d, e) @ (a / (1 + np.exp(-a)) * (_deq(u, e) @ x[t])))
-    _close(got, want)
+            act = a / (1 + np.exp(-a)) * (_deq(u, e) @ x[t])
+            want[t] += we * (_deq(d, e) @ act)
+            mag[t] += we * (np.abs(_deq(d, e)) @ np.abs(act))
+    _close(got, want, mag + np.abs(want).max(axis=1, keepdims=True), tol=2e-4)
 
 
 def test_moe_subset_of_experts():
