@@ -4,8 +4,8 @@ re-solved whenever a flow starts or ends. Times are seconds, sizes bytes, rates 
 
 Why our own kernel and not SimPy (measured, `python benchmarks/bench_simulator.py`, 2 shared cores):
 SimPy has no bandwidth sharing between concurrent transfers, so the fluid solver below would be
-needed anyway, and its generator processes run ~0.45 M events/s (DESIGN.md; SimPy is not installed
-here). This kernel runs 1.1-1.7 M callback events/s (a bare heapq loop 1.9-3.7 M/s) and 170-300 k
+needed anyway, and its generator processes run 0.61 M timeout events/s (SimPy 4.1.2 measured here
+in a side venv, one process yielding 200 k timeouts; DESIGN.md quotes ~0.45 M). This kernel runs 1.1-1.7 M callback events/s (a bare heapq loop 1.9-3.7 M/s) and 170-300 k
 fluid events/s with re-solves; a decode layer is ~5 events, so 1,000 DeepSeek-V4.1-Flash tokens
 (~192 k events) simulate in ~1.6 s. Numba would pay only for the heap, which is not the cost.
 """
