@@ -82,7 +82,8 @@ def run_twice(quick: bool = True) -> dict:
         r1 = one_run(d / "a.yaml", d / "r.csv", quick)
         r2 = one_run(d / "b.yaml", d / "r.csv", quick)
     sp = spreads(r1[0], r2[0])
-    return {"runs": [{"process_s": r[1], "calibrate_s": r[2], "loadavg_before": r[3], "outside_load": r[4], "kernel": r[5]}
+    return {"runs": [{"process_s": r[1], "calibrate_s": r[2], "loadavg_before": r[3], "outside_load": r[4],
+                      "kernel": r[5]}
                      for r in (r1, r2)],
             "spread": {k: {"a": v[0], "b": v[1], "rel": v[2], "judged": v[3]} for k, v in sp.items()},
             "max_judged": max(v[3] for v in sp.values()),

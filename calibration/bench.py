@@ -708,7 +708,8 @@ class KernelFit:
         return self.expert_bytes / (per * 1e-3) / 1e9
 
     def method(self) -> str:
-        return (f"{self.label}: job time (lower quintile of {self.repeats}) at k={self.ks} experts ({self.expert_bytes / 1e6:.2f} MB each), "
+        return (f"{self.label}: job time (lower quintile of {self.repeats}) at k={self.ks} experts "
+                f"({self.expert_bytes / 1e6:.2f} MB each), "
                 f"{self.threads} threads, least-squares fit c_a + c_b k, rms residual {100 * self.rms_rel:.1f}%, "
                 f"{self.noise.describe()}")
 

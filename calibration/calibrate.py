@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -71,11 +71,11 @@ class Settings:
     kernel_repeats: int = 15
     toy_kernel: bool = False  # benchmark bench.toy_expert_job instead of the executor's kernel
     # time budgets (s) for waiting out other processes' load, per benchmark
-    mem_budget_s: float = 12.0
-    kernel_budget_s: float = 6.0
-    hit_budget_s: float = 4.0
-    dense_budget_s: float = 3.0
-    handover_budget_s: float = 3.0
+    mem_budget_s: float = 10.0
+    kernel_budget_s: float = 5.0
+    hit_budget_s: float = 3.0
+    dense_budget_s: float = 2.0
+    handover_budget_s: float = 2.0
 
 
 QUICK = Settings(label="quick", mem_bytes=512 << 20, mem_repeats=12)
@@ -325,7 +325,9 @@ def store_rows(r: Results) -> list[dict]:
                 add(f"mem_{k}", "gbs", v, threads=t, size_bytes=r.mem.array_bytes, median=r.mem.median[k][t],
                     method=r.mem.method(k, t))
         _noise(add, "mem", r.mem.noise)
+    kv = bench.kernel_version() if r.kernels and "toy-f32" not in r.kernels else "toy"
     for fmt, f in r.kernels.items():
+        add(f"cpu_kernel_{fmt}", "kernel_version", 0.0, kernel=kv, method=f.label)
         add(f"cpu_kernel_{fmt}", "c_a_ms", f.c_a_ms, threads=f.threads, method=f.method())
         add(f"cpu_kernel_{fmt}", "c_b_ms", f.c_b_ms, threads=f.threads, method=f.method())
         add(f"cpu_kernel_{fmt}", "expert_gbs", f.expert_gbs, threads=f.threads, size_bytes=f.expert_bytes,

@@ -373,20 +373,21 @@ def _fmt(path: str, v) -> str:
     if not isinstance(v, (int, float)):
         return str(v)
     f = float(v)
-    leaf = path.rsplit(".", 1)[-1]
-    if leaf.endswith("_bytes"):
-        return f"{f / 1e9:.2f} GB" if f >= 1e8 else f"{int(f)} B"
-    if leaf.endswith("_gbs") or leaf in ("default",) or ".expert_gbs." in path:
+    # the name that carries the unit: a constant's base name ('c_b_ms.Q4_0' -> 'c_b_ms'), else the leaf
+    name = path.split("constants.", 1)[1].split(".")[0] if "constants." in path else path.rsplit(".", 1)[-1]
+    if ".expert_gbs." in path or name.endswith("_gbs"):
         return f"{f:.3g} GB/s"
-    if leaf.endswith("_us"):
+    if name.endswith("_bytes"):
+        return f"{f / 1e9:.2f} GB" if f >= 1e8 else f"{int(f)} B"
+    if name.endswith("_us"):
         return f"{f:.3g} us"
-    if leaf.endswith("_ms") or "_ms." in leaf:
+    if name.endswith("_ms"):
         return f"{f:.4g} ms"
-    if leaf.endswith("_iops"):
+    if name.endswith("_iops"):
         return f"{f:,.0f} IOPS"
-    if leaf == "mts":
+    if name == "mts":
         return f"{f:g} MT/s"
-    if leaf.endswith("tflops"):
+    if name.endswith("tflops"):
         return f"{f:g} TFLOPS"
     return f"{f:g}"
 

@@ -18,7 +18,7 @@ def _cmd_plan(a) -> int:
     from planner.summary import plan_summary
     from specs.loaders import load_hardware, load_model
 
-    hw, model = load_hardware(a.hw), load_model(a.model)
+    hw, model = _hw(a.hw), load_model(a.model)
     if a.engine:  # that engine's default plan, sized to the machine
         plan = base_plan(model, hw, context=a.context, engine=a.engine)
         pred = simulate_plan(model, hw, plan, prompt_tokens=a.prompt_tokens)
@@ -51,7 +51,7 @@ def _cmd_fit(a) -> int:
     from specs.loaders import load_hardware, load_model, load_plan
     from specs.memory import memory_map
 
-    hw, model, plan = load_hardware(a.hw), load_model(a.model), load_plan(a.plan)
+    hw, model, plan = _hw(a.hw), load_model(a.model), load_plan(a.plan)
     mm = memory_map(model, hw, plan)
     render_memory_map(mm)
     mm.check_fits(a.plan)
@@ -68,7 +68,7 @@ def _cmd_report(a) -> int:
     from reports.page import write_page
     from specs.loaders import load_hardware, load_model, load_plan
 
-    hw, model = load_hardware(a.hw), load_model(a.model)
+    hw, model = _hw(a.hw), load_model(a.model)
     plan = load_plan(a.plan) if a.plan else base_plan(model, hw, context=a.context)
     summary = plan_summary(model, hw, plan, predict(model, hw, plan, prompt_tokens=a.prompt_tokens))
     page = plan_report(summary, sweeps(model, hw, plan, predict, a.prompt_tokens))
@@ -83,7 +83,7 @@ def _cmd_optimize(a) -> int:
     from reports.tables import render_options
     from specs.loaders import load_hardware, load_model
 
-    hw = load_hardware(a.hw)
+    hw = _hw(a.hw)
     if a.models:
         rows = compare_models([load_model(m) for m in a.models.split(",")], hw, a.target_tok_s, predict,
                               a.prompt_tokens, a.context)
@@ -124,6 +124,61 @@ def _cmd_regress(a) -> int:
     return 0 if all(r["ok"] for r in rows) else 1
 
 
+def _cmd_hw(a) -> int:
+    from calibration.detect import describe
+    from reports.tables import render_provenance
+
+    hw = _hw(a.hw, measure=a.measure)
+    if a.save:
+        from specs.loaders import dump_hardware, write_atomic
+        write_atomic(a.save, dump_hardware(hw))
+    if a.json:
+        print(json.dumps(hw.to_yaml_dict(), indent=2))
+    else:
+        render_provenance(describe(hw), hw.name)
+        if a.save:
+            print(f"profile written to {a.save}")
+    return 0
+
+
+def _cmd_calibrate(a) -> int:
+    from calibration.calibrate import calibrate
+    from specs.loaders import load_hardware
+
+    base = load_hardware(a.hw_base) if a.hw_base else None
+    hw = calibrate(quick=a.quick, out=a.out, hw_base=base, progress=sys.stderr.isatty(), store_path=a.store)
+    print(f"calibrated profile {hw.name} written to {a.out}")
+    return 0
+
+
+def _cmd_make_model(a) -> int:
+    from executor.make_model import make_model
+
+    try:
+        path = make_model(a.preset, a.out, seed=a.seed, engram=a.engram)
+    except ValueError as e:
+        raise SpecError(None, "--preset", str(e)) from None
+    print(f"wrote {path} ({path.stat().st_size / 2**20:,.1f} MiB)")
+    return 0
+
+
+def _cmd_execute(a) -> int:
+    from executor.runner import execute
+    from specs.loaders import load_plan
+
+    plan = load_plan(a.plan)
+    if a.streams:
+        plan = plan.model_copy(update={"streams": a.streams})
+    r = execute(plan, a.model, prompt_tokens=a.prompt_tokens, gen_tokens=a.gen_tokens, trace_path=a.trace,
+                progress=not a.json and sys.stderr.isatty())
+    if a.json:
+        print(json.dumps({k: v for k, v in r.items() if k != "logits"}, indent=2, default=str))
+    else:
+        from reports.tables import render_execution
+        render_execution(r)
+    return 0
+
+
 def _cmd_schema(a) -> int:
     from specs.hardware import HardwareSpec
     from specs.model import ModelSpec
@@ -142,6 +197,15 @@ def _cmd_list(a) -> int:
     return 0
 
 
+def _hw(ref: str, measure: bool = False):
+    """A hardware profile: a YAML path, a built-in name, or `auto` (detected on this machine)."""
+    if ref == "auto":
+        from calibration.detect import detect_hardware
+        return detect_hardware(measure=measure)
+    from specs.loaders import load_hardware
+    return load_hardware(ref)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (exit 2), like every other bad input."""
 
@@ -155,7 +219,7 @@ def _cmd_simulate(a) -> int:
     from specs.loaders import load_hardware, load_model, load_plan
     from specs.memory import memory_map
 
-    hw, model = load_hardware(a.hw), load_model(a.model)
+    hw, model = _hw(a.hw), load_model(a.model)
     plan = load_plan(a.plan) if a.plan else base_plan(model, hw, context=a.context, engine=a.engine)
     memory_map(model, hw, plan).check_fits(a.plan)
     r = simulate(model, hw, plan, prompt_tokens=a.prompt_tokens, gen_tokens=a.gen_tokens,
@@ -244,6 +308,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local-only", action="store_true", help="skip the published cases")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_regress)
+
+    p = sub.add_parser("hw", help="show a hardware profile with the provenance of every figure")
+    p.add_argument("--hw", required=True, help="a profile, or `auto` to detect this machine")
+    p.add_argument("--measure", action="store_true", help="with auto: fill bandwidths from a quick calibration")
+    p.add_argument("--save", help="write the profile YAML here")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_hw)
+
+    p = sub.add_parser("calibrate", help="measure this machine and write a calibrated profile")
+    p.add_argument("--quick", action="store_true", help="about a minute instead of ten")
+    p.add_argument("--out", required=True, help="profile YAML to write (atomically)")
+    p.add_argument("--hw-base", help="merge the measurements over this profile (default: detected)")
+    p.add_argument("--store", help="results store CSV")
+    p.set_defaults(func=_cmd_calibrate)
+
+    p = sub.add_parser("make-model", help="write a synthetic MoE GGUF (llama.cpp loads it too)")
+    p.add_argument("--preset", required=True, help="tiny, tiny-q8, small, small-q4")
+    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--engram", action="store_true", help="also write an n-gram table beside it")
+    p.set_defaults(func=_cmd_make_model)
+
+    p = sub.add_parser("execute", help="run a plan for real on a GGUF MoE model and trace it")
+    p.add_argument("--plan", required=True)
+    p.add_argument("--model", required=True, help="the .gguf file")
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--gen-tokens", type=int, default=32)
+    p.add_argument("--streams", type=int, default=None)
+    p.add_argument("--trace", help="trace JSONL path (default runs/trace-*.jsonl)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_execute)
 
     p = sub.add_parser("schema", help="print the JSON Schema of a file format")
     p.add_argument("what", choices=["plan", "hardware", "model"])

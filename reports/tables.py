@@ -135,3 +135,32 @@ def render_regress(rows: list[dict], summary: dict, console: Console | None = No
         if isinstance(s, dict):
             c.print(f"{role}: {s['n']} cases, median |error| {s['median_abs_error'] * 100:.1f}%, "
                     f"max {s['max_abs_error'] * 100:.1f}%" + (f"; out of tolerance: {', '.join(s['failed'])}" if s["failed"] else ""))
+
+
+def render_provenance(rows: list[tuple[str, str, str, str]], name: str, console: Console | None = None) -> None:
+    """Print every figure of a profile with its source and reference."""
+    c = console or Console()
+    t = Table(title=f"Hardware profile {name}")
+    for col in ("field", "value", "source", "reference"):
+        t.add_column(col)
+    for row in rows:
+        t.add_row(*row)
+    c.print(t)
+
+
+def render_execution(r: dict, console: Console | None = None) -> None:
+    """Print an executor run: speeds, then achieved bandwidth per tier next to the roof."""
+    c = console or Console()
+    c.print(f"decode {r['decode_tok_s']:.2f} tok/s (ITL p50 {r['itl_p50_ms']:.2f} ms); TTFT {r['ttft_s']:.3f} s; "
+            f"{r.get('streams', 1)} stream(s) on {r.get('device', '?')}; trace {r['trace']}")
+    tiers = r.get("bandwidth") or r.get("tiers") or {}
+    if isinstance(tiers, dict) and tiers:
+        t = Table(title="Achieved bandwidth per tier")
+        t.add_column("tier")
+        keys = sorted({k for v in tiers.values() if isinstance(v, dict) for k in v})
+        for k in keys:
+            t.add_column(k, justify="right")
+        for name, v in tiers.items():
+            if isinstance(v, dict):
+                t.add_row(name, *[f"{v.get(k, 0):.3g}" if isinstance(v.get(k), (int, float)) else str(v.get(k, "")) for k in keys])
+        c.print(t)

@@ -14,7 +14,6 @@ import pytest
 from rich.console import Console
 
 from calibration import bench, calibrate as cal, store
-from specs.figure import Figure
 from specs.hardware import HardwareSpec
 from specs.loaders import load_hardware
 
