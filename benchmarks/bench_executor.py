@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import executor  # noqa: E402,F401  (first: sets OMP_WAIT_POLICY before torch loads OpenMP)
 from executor import kernels as K  # noqa: E402
 from executor.gguf_model import GGUFModel  # noqa: E402
 from executor.make_model import make_model  # noqa: E402
@@ -34,6 +36,14 @@ def rss_kb() -> dict:
             k, v = line.split(":")
             out[k] = int(v.split()[0])
     return out
+
+
+def cpu_jiffies() -> tuple[int, int]:
+    """(busy jiffies of the whole machine, jiffies of this process)."""
+    f = open("/proc/stat").readline().split()[1:]
+    busy = sum(int(v) for v in f) - int(f[3]) - int(f[4])
+    me = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+    return busy, int(me[11]) + int(me[12])
 
 
 def warm(path: Path) -> None:
@@ -82,11 +92,35 @@ def decode(path: Path, threads: int, prompt: int, gen: int, streams: int = 1) ->
     n_steps = len(times["itl_s"])
     per_layer = {k: sum(x[k] for x in dec) / len(dec) for k in ("t_dense_ms", "t_experts_ms", "t_cpu_ms", "t_wait_ms")}
     itl_ms = float(np.median(times["itl_s"]) * 1e3)
-    return dict(decode_tok_s=s["decode_tok_s"], decode_tok_s_p50=streams / (itl_ms / 1e3), itl_p50_ms=itl_ms, expert_bytes_per_token=expert_bytes,
+    return dict(decode_tok_s=s["decode_tok_s"], decode_tok_s_p50=streams / (itl_ms / 1e3), itl_p50_ms=itl_ms,
+                expert_bytes_per_token=expert_bytes,
                 dense_bytes_per_token=dense_bytes, per_layer_ms=per_layer,
                 overhead_per_layer_ms=itl_ms / c.n_layers - per_layer["t_dense_ms"] - per_layer["t_cpu_ms"],
                 rss_anon_added_mb=(after["RssAnon"] - before["RssAnon"]) / 1024,
                 rss_file_mb=after["RssFile"] / 1024, steps=n_steps, file_gb=r.m.file_bytes() / 1e9)
+
+
+def measure(paths: dict, a) -> dict:
+    """One full set of measurements (bandwidth, kernels, decode)."""
+    res: dict = {"threads": a.threads}
+    j0 = cpu_jiffies()
+    bw0 = K.read_bandwidth(1 << 30)
+    res["kernel_gbs"] = {"Q8_0": kernel_gbs(paths["small"]), "Q4_0": kernel_gbs(paths["small-q4"])}
+    bw1 = K.read_bandwidth(1 << 30)
+    res["tiny"] = decode(paths["tiny"], a.threads, a.prompt, a.gen)
+    res["small"] = sm = decode(paths["small"], a.threads, a.prompt, a.gen)
+    bw2 = K.read_bandwidth(1 << 30)
+    bw = max(bw0, bw1, bw2)  # the best of the run: the strictest denominator
+    res["read_bandwidth_gbs"] = {"before": bw0, "after": bw1, "end": bw2, "used": bw}
+    res["kernel_vs_bandwidth"] = {k: v / bw for k, v in res["kernel_gbs"].items()}
+    ceiling = bw * 1e9 / (sm["expert_bytes_per_token"] + sm["dense_bytes_per_token"])
+    res["small_ceiling_tok_s"] = ceiling
+    res["small_vs_ceiling"] = sm["decode_tok_s"] / ceiling
+    res["small_vs_ceiling_p50"] = sm["decode_tok_s_p50"] / ceiling
+    j1 = cpu_jiffies()
+    wall = (j1[0] - j0[0]) or 1
+    res["other_processes_cpu_share"] = max(0.0, (j1[0] - j0[0]) - (j1[1] - j0[1])) / wall
+    return res
 
 
 def main() -> None:
@@ -96,6 +130,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=16)
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--tries", type=int, default=3, help="repeat until other processes stay under 2%%")
     a = ap.parse_args()
     d = Path(a.dir)
     paths = {}
@@ -106,27 +141,26 @@ def main() -> None:
         warm(p)
         paths[name] = p
     K.set_threads(a.threads)
-    res: dict = {"threads": a.threads}
-    bw0 = K.read_bandwidth(1 << 30)
-    res["kernel_gbs"] = {"Q8_0": kernel_gbs(paths["small"]), "Q4_0": kernel_gbs(paths["small-q4"])}
-    bw1 = K.read_bandwidth(1 << 30)
-    bw = max(bw0, bw1)
-    res["read_bandwidth_gbs"] = {"before": bw0, "after": bw1, "used": bw}
-    res["kernel_vs_bandwidth"] = {k: v / bw for k, v in res["kernel_gbs"].items()}
-    res["tiny"] = decode(paths["tiny"], a.threads, a.prompt, a.gen)
-    res["small"] = sm = decode(paths["small"], a.threads, a.prompt, a.gen)
-    ceiling = bw * 1e9 / (sm["expert_bytes_per_token"] + sm["dense_bytes_per_token"])
-    res["small_ceiling_tok_s"] = ceiling
-    res["small_vs_ceiling"] = sm["decode_tok_s"] / ceiling
-    res["small_vs_ceiling_p50"] = sm["decode_tok_s_p50"] / ceiling
-    bw2 = K.read_bandwidth(1 << 30)
-    res["read_bandwidth_gbs"]["end"] = bw2
-    print(f"memory read bandwidth ({a.threads} threads): {bw0:.1f} / {bw1:.1f} / {bw2:.1f} GB/s (before/after kernels/end)")
+    runs = []
+    for i in range(a.tries):  # other processes share this machine: keep the cleanest run
+        runs.append(measure(paths, a))
+        print(f"try {i + 1}: other processes {runs[-1]['other_processes_cpu_share']:.0%} of busy CPU time",
+              flush=True)
+        if runs[-1]["other_processes_cpu_share"] < 0.02:
+            break
+    res = min(runs, key=lambda r: r["other_processes_cpu_share"])
+    bw0, bw1, bw2 = (res["read_bandwidth_gbs"][k] for k in ("before", "after", "end"))
+    bw, sm, ceiling = res["read_bandwidth_gbs"]["used"], res["small"], res["small_ceiling_tok_s"]
+    print(f"other processes used {res['other_processes_cpu_share']:.0%} of the busy CPU time during this run "
+          f"({os.cpu_count()} CPUs): figures are only clean near 0%")
+    print(f"memory read bandwidth ({a.threads} threads): {bw0:.1f} / {bw1:.1f} / {bw2:.1f} GB/s "
+          "(before / after the kernels / at the end)")
     for k, v in res["kernel_gbs"].items():
         print(f"kernel {k}: {v:.1f} GB/s = {v / bw:.0%} of {bw:.1f} GB/s")
     print(f"small all-CPU decode: {sm['decode_tok_s']:.1f} tok/s; ceiling {ceiling:.1f} tok/s "
           f"({(sm['expert_bytes_per_token'] + sm['dense_bytes_per_token']) / 1e6:.0f} MB/token) -> "
-          f"{res['small_vs_ceiling']:.0%} (median step: {sm['decode_tok_s_p50']:.1f} tok/s, {res['small_vs_ceiling_p50']:.0%})")
+          f"{res['small_vs_ceiling']:.0%} (median step: {sm['decode_tok_s_p50']:.1f} tok/s, "
+          f"{res['small_vs_ceiling_p50']:.0%})")
     print(f"per layer (small): {json.dumps({k: round(v, 3) for k, v in sm['per_layer_ms'].items()})} ms; "
           f"overhead {sm['overhead_per_layer_ms']:.3f} ms/layer")
     print(f"tiny: {res['tiny']['itl_p50_ms'] / 4:.3f} ms per layer (compute negligible: overhead bound)")

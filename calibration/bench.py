@@ -98,30 +98,36 @@ class Noise:
     windows: int = 0
     clean: int = 0
     others: float = 0.0  # mean share of all CPUs other processes used while timing
-    used_all: bool = False  # too few clean windows within the budget: every sample was used
+    used_all: bool = False  # too few clean windows within the budget: the least disturbed were used
+    fallback_others: float = 0.0  # then: the outside share of the most disturbed window taken
 
     def describe(self) -> str:
         s = f"{self.clean}/{self.windows} windows free of outside load (mean outside CPU {100 * self.others:.0f}%)"
-        return s + (", contended samples used" if self.used_all else "")
+        if self.used_all:
+            s += f", contended: least disturbed windows used (outside CPU up to {100 * self.fallback_others:.0f}%)"
+        return s
 
 
 def sample_clean(unit: Callable[[int], list[tuple[object, float]]], want: int, budget_s: float,
                  min_window_s: float = 0.15, max_others: float = 0.10, tick: Tick = None,
-                 keys: int = 1) -> tuple[dict[object, list[float]], Noise]:
+                 keys: int = 1, window: type = Window,
+                 min_units: int | None = None) -> tuple[dict[object, list[float]], Noise]:
     """Run `unit(i)` (returns (key, sample) pairs) in windows of at least `min_window_s`; keep the
     samples of windows where other processes used at most `max_others` of the CPUs.
 
-    Stops once every key has `want` clean samples, or when `budget_s` is spent (it always runs at
-    least `want` units). With fewer than max(2, want // 3) clean samples per key it falls back to
-    all samples and says so. One tick per clean unit, up to `want`."""
+    Stops once every key has `want` clean samples (samples, not units), or when `budget_s` is spent
+    (after at least `min_units` units, default a third of `want`). With fewer than max(2, want // 3)
+    clean samples per key it falls back to all samples and says so. One tick per clean unit, up to
+    `want`. `window`: what counts as outside load (CPU by default; `DiskWindow` adds a device's I/O)."""
     clean: dict[object, list[float]] = {}
-    every: dict[object, list[float]] = {}
+    windows: list[tuple[float, list[tuple[object, float]]]] = []
     noise = Noise()
     shares = []
     t_start = time.perf_counter()
     i = ticked = 0
+    min_units = max(1, -(-want // 3)) if min_units is None else min_units
     while True:
-        w = Window()
+        w = window()
         batch: list[tuple[object, float]] = []
         n = 0
         while n == 0 or w.wall() < min_window_s:
@@ -131,8 +137,7 @@ def sample_clean(unit: Callable[[int], list[tuple[object, float]]], want: int, b
         o = w.others()
         shares.append(o)
         noise.windows += 1
-        for k, v in batch:
-            every.setdefault(k, []).append(v)
+        windows.append((o, batch))
         if o <= max_others:
             noise.clean += 1
             for k, v in batch:
@@ -141,16 +146,25 @@ def sample_clean(unit: Callable[[int], list[tuple[object, float]]], want: int, b
                 _tick(tick)
                 ticked += 1
         done = len(clean) >= keys and all(len(v) >= want for v in clean.values())
-        spent = time.perf_counter() - t_start > budget_s and i >= want
+        spent = time.perf_counter() - t_start > budget_s and i >= min_units
         if done or spent:
             break
     noise.others = float(np.mean(shares)) if shares else 0.0
     for _ in range(want - ticked):
         _tick(tick)
     need = max(2, want // 3)
-    if len(clean) < keys or any(len(clean.get(k, [])) < need for k in every):
+    keys_seen = {k for _, b in windows for k, _ in b}
+    if len(clean) < keys or any(len(clean.get(k, [])) < need for k in keys_seen):
+        # too few clean windows: the least disturbed ones, until every key has `need` samples
         noise.used_all = True
-        return every, noise
+        least: dict[object, list[float]] = {}
+        for o, b in sorted(windows, key=lambda ob: ob[0]):
+            for k, v in b:
+                least.setdefault(k, []).append(v)
+            noise.fallback_others = o  # the most disturbed window taken
+            if all(len(least.get(k, [])) >= need for k in keys_seen):
+                break
+        return least, noise
     return clean, noise
 
 
@@ -215,7 +229,78 @@ class MemBandwidth:
 
     def method(self, kernel: str, threads: int) -> str:
         return (f"numba parallel {kernel} {threads} thread(s), {self.array_bytes / 2**30:.2f} GiB "
-                f"arrays, best of interleaved rounds, {self.noise.describe()}")
+                f"arrays, best of {self.repeats} interleaved rounds, {self.noise.describe()}")
+
+
+class MemoryBench:
+    """Read, copy and triad over three float64 arrays of `array_bytes` each, per thread count.
+
+    `sample()` may be called several times (calibrate samples at the start and at the end of its
+    run: on a VM the bandwidth two vCPUs get moves with where the host places them, and a longer
+    span sees the machine's best state more reliably); `result()` merges every call's samples."""
+
+    def __init__(self, array_bytes: int = 1 << 30, threads: Sequence[int] | None = None,
+                 kernels: Sequence[str] = ("read", "copy", "triad")):
+        self.n = max(1024, array_bytes // 8)
+        self.threads = list(threads or default_thread_counts())
+        self.kernels = list(kernels)
+        self.maxt = numba.config.NUMBA_NUM_THREADS
+        self.a, self.b, self.c = (np.empty(self.n, np.float64) for _ in range(3))
+        self.times: dict[tuple[str, int], list[float]] = {}
+        self.noise = Noise()
+        self.rounds = 0
+        prev = numba.get_num_threads()
+        try:
+            numba.set_num_threads(self.maxt)
+            for arr, v in ((self.a, 1.0), (self.b, 2.0), (self.c, 0.5)):
+                _k_fill(arr, v)  # first touch in parallel
+            a, b, c = self.a[:16], self.b[:16], self.c[:16]
+            _k_read(a), _k_copy(a, b), _k_triad(a, b, c, 3.0)  # compile
+        finally:
+            numba.set_num_threads(prev)
+
+    def _round(self, _i):
+        out = []
+        for k in self.kernels:
+            for t in self.threads:
+                numba.set_num_threads(min(t, self.maxt))
+                t0 = time.perf_counter()
+                if k == "read":
+                    _k_read(self.a)
+                elif k == "copy":
+                    _k_copy(self.a, self.b)
+                else:
+                    _k_triad(self.a, self.b, self.c, 3.0)
+                out.append(((k, t), time.perf_counter() - t0))
+        return out
+
+    def sample(self, repeats: int, budget_s: float, tick: Tick = None) -> None:
+        """`repeats` clean rounds (within `budget_s`), added to the samples so far."""
+        prev = numba.get_num_threads()
+        try:
+            got, noise = sample_clean(self._round, repeats, budget_s, tick=tick,
+                                      keys=len(self.kernels) * len(self.threads))
+        finally:
+            numba.set_num_threads(prev)
+        for key, v in got.items():
+            self.times.setdefault(key, []).extend(v)
+        w = self.noise.windows + noise.windows
+        self.noise = Noise(windows=w, clean=self.noise.clean + noise.clean,
+                           others=(self.noise.others * self.noise.windows + noise.others * noise.windows) / max(1, w),
+                           used_all=self.noise.used_all or noise.used_all,
+                           fallback_others=max(self.noise.fallback_others, noise.fallback_others))
+        self.rounds += repeats
+
+    def result(self) -> MemBandwidth:
+        res = MemBandwidth(array_bytes=self.n * 8, repeats=self.rounds, noise=self.noise)
+        for k in self.kernels:
+            nbytes = self.n * BYTES_PER_ELEMENT[k]
+            res.best[k] = {t: nbytes / min(self.times[(k, t)]) / 1e9 for t in self.threads}
+            res.median[k] = {t: nbytes / statistics.median(self.times[(k, t)]) / 1e9 for t in self.threads}
+        return res
+
+    def free(self) -> None:
+        self.a = self.b = self.c = None
 
 
 def bench_memory(array_bytes: int = 1 << 30, threads: Sequence[int] | None = None, repeats: int = 5,
@@ -226,41 +311,9 @@ def bench_memory(array_bytes: int = 1 << 30, threads: Sequence[int] | None = Non
     A round times every kernel at every thread count once (interleaved, so a burst of outside load
     hits one sample of each configuration); rounds during which other processes used the CPUs are
     set aside (`sample_clean`). The figure is the best clean round. One tick per clean round."""
-    n = max(1024, array_bytes // 8)
-    threads = list(threads or default_thread_counts())
-    maxt = numba.config.NUMBA_NUM_THREADS
-    prev = numba.get_num_threads()
-    a, b, c = (np.empty(n, np.float64) for _ in range(3))
-    res = MemBandwidth(array_bytes=n * 8, repeats=repeats)
-
-    def one_round(_i):
-        out = []
-        for k in kernels:
-            for t in threads:
-                numba.set_num_threads(min(t, maxt))
-                t0 = time.perf_counter()
-                if k == "read":
-                    _k_read(a)
-                elif k == "copy":
-                    _k_copy(a, b)
-                else:
-                    _k_triad(a, b, c, 3.0)
-                out.append(((k, t), time.perf_counter() - t0))
-        return out
-
-    try:
-        numba.set_num_threads(maxt)
-        for arr, v in ((a, 1.0), (b, 2.0), (c, 0.5)):
-            _k_fill(arr, v)
-        _k_read(a[:16]), _k_copy(a[:16], b[:16]), _k_triad(a[:16], b[:16], c[:16], 3.0)  # compile
-        times, res.noise = sample_clean(one_round, repeats, budget_s, tick=tick, keys=len(kernels) * len(threads))
-    finally:
-        numba.set_num_threads(prev)
-    for k in kernels:
-        nbytes = n * BYTES_PER_ELEMENT[k]
-        res.best[k] = {t: nbytes / min(times[(k, t)]) / 1e9 for t in threads}
-        res.median[k] = {t: nbytes / statistics.median(times[(k, t)]) / 1e9 for t in threads}
-    return res
+    m = MemoryBench(array_bytes, threads, kernels)
+    m.sample(repeats, budget_s, tick)
+    return m.result()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -463,15 +516,19 @@ class DiskResult:
     reads: int
     directory: str
     seq_passes: int = 1
+    noise: dict = field(default_factory=dict)  # 'qd1' / 'qd' / 'seq' -> Noise (outside I/O on the device)
 
     def method(self, what: str) -> str:
         base = f"{self.file_bytes / 2**20:.0f} MiB temp file in {self.directory}"
+        n = self.noise.get(what)
+        io = f", {n.describe().replace('outside CPU', 'outside CPU or I/O')}" if n else ""
         if what == "qd1":
-            return f"4 KiB random pread QD1, {self.bypass}, {base}, median"
+            return f"4 KiB random pread QD1, {self.bypass}, {base}, median{io}"
         if what == "qd":
-            return f"4 KiB random pread QD{self.qd} ({self.qd} threads), {self.bypass}, {base}"
+            return (f"4 KiB random pread QD{self.qd} ({self.qd} threads), {self.bypass}, {base}, "
+                    f"median of passes over fresh pages{io}")
         if what == "seq":
-            return f"1 MiB sequential pread, {self.bypass}, {base}, best of {self.seq_passes} passes"
+            return f"1 MiB sequential pread QD{SEQ_QD}, {self.bypass}, {base}, median of passes{io}"
         return f"4 KiB random pread from the page cache (file read once), {base}, median"
 
 
@@ -513,13 +570,54 @@ def _drop(fd: int, bypass: str) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
+def _disk_bytes(dev: tuple[int, int]) -> int | None:
+    """Bytes read + written on block device (major, minor) since boot (/proc/diskstats)."""
+    try:
+        with open("/proc/diskstats") as f:
+            for line in f:
+                v = line.split()
+                if len(v) > 9 and (int(v[0]), int(v[1])) == dev:
+                    return (int(v[5]) + int(v[9])) * 512
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+SEQ_QD = 4  # 1 MiB requests in flight for the sequential figure
+
+
+class DiskWindow(Window):
+    """Outside load over a window: the larger of the share of a device's traffic that was not this
+    benchmark's own reads and the share of the CPUs other processes used (Python threads issue the
+    reads, so a busy CPU slows them too)."""
+
+    dev: tuple[int, int] = (0, 0)
+    ours: list[int] = [0]  # bytes this benchmark read through the device (a running total)
+
+    def __init__(self):
+        super().__init__()
+        self.d0, self.o0 = _disk_bytes(self.dev), self.ours[0]
+
+    def others(self) -> float:
+        cpu = super().others()
+        d1 = _disk_bytes(self.dev)
+        if d1 is None or self.d0 is None:
+            return cpu
+        total = d1 - self.d0
+        mine = self.ours[0] - self.o0
+        return max(cpu, max(0.0, min(1.0, (total - mine) / max(1, total))) if total > 0 else 0.0)
+
+
 def bench_disk(file_bytes: int = 1 << 30, qd1_reads: int = 2000, qd_reads: int = 8000, qd: int = 16,
                cached_reads: int = 20000, directory: str | os.PathLike | None = None,
-               seq_passes: int = 3, tick: Tick = None) -> DiskResult:
+               seq_passes: int = 3, qd_passes: int = 3, tick: Tick = None, budget_s: float = 5.0) -> DiskResult:
     """Random 4 KiB reads on a temporary file in `directory` (default: the temp dir).
 
-    Every uncached read goes to a distinct page (a random permutation), so none is served from a
-    cache this process warmed. Ticks: write, qd1, qd, seq, cached (5)."""
+    Uncached reads go to fresh pages of a random permutation (wrapping round only when a long run
+    used them all), so none is served from a cache this process warmed. QD1, QD n and sequential
+    reads are sampled in windows; windows in which the device carried other processes' I/O
+    (/proc/diskstats) are set aside, within `budget_s` for each. Ticks: write, qd1, qd, seq,
+    cached (5)."""
     directory = Path(directory or tempfile.gettempdir())
     pages = max(64, file_bytes // 4096)
     file_bytes = pages * 4096
@@ -527,6 +625,12 @@ def bench_disk(file_bytes: int = 1 << 30, qd1_reads: int = 2000, qd_reads: int =
     os.close(fd_tmp)
     path = Path(name)
     fds: list[int] = []
+    st = os.stat(directory)
+
+    class Win(DiskWindow):
+        dev = (os.major(st.st_dev), os.minor(st.st_dev))
+        ours = [0]
+
     try:
         _write_file(path, file_bytes, tick)
         fd, bypass = _open_direct(path)
@@ -534,25 +638,39 @@ def bench_disk(file_bytes: int = 1 << 30, qd1_reads: int = 2000, qd_reads: int =
         _drop(fd, bypass)
         rng = np.random.default_rng()
         perm = rng.permutation(pages)
-        qd1_reads = min(qd1_reads, pages // 2)
-        qd_reads = min(qd_reads, pages - qd1_reads)
-        # QD1 latency (aligned buffer from an anonymous mmap satisfies O_DIRECT)
+        cursor = [0]
+
+        def fresh(n: int) -> np.ndarray:
+            """n page offsets not read yet (wraps round, dropping the cache, when all were)."""
+            if cursor[0] + n > pages:
+                cursor[0] = 0
+                _drop(fd, bypass)
+            o = perm[cursor[0]:cursor[0] + n] * 4096
+            cursor[0] += n
+            return o
+
+        # QD1 latency, blocks of 100 reads (aligned buffer from an anonymous mmap satisfies O_DIRECT)
         buf = mmap.mmap(-1, 4096)
-        lat = np.empty(qd1_reads)
-        for i in range(qd1_reads):
-            off = int(perm[i]) * 4096
-            t0 = time.perf_counter()
-            os.preadv(fd, [buf], off)
-            lat[i] = time.perf_counter() - t0
+        blk = max(1, min(100, qd1_reads))
+
+        def qd1_unit(_i):
+            out = []
+            for off in fresh(blk):
+                t0 = time.perf_counter()
+                os.preadv(fd, [buf], int(off))
+                out.append(("lat", time.perf_counter() - t0))
+            Win.ours[0] += 4096 * blk
+            return out
+
+        got, n1 = sample_clean(qd1_unit, qd1_reads, budget_s, window=Win, keys=1,  # want: reads
+                               min_units=max(1, qd1_reads // blk // 3))
+        lat = np.array(got["lat"])
         buf.close()
         qd1_us = float(np.median(lat)) * 1e6
-        qd1_iops = qd1_reads / float(lat.sum())
+        qd1_iops = len(lat) / float(lat.sum())
         _tick(tick)
-        # QD n: n threads, each its own aligned buffer, reading its share of fresh pages
-        _drop(fd, bypass)
-        offs = perm[qd1_reads:qd1_reads + qd_reads] * 4096
-        shares = np.array_split(offs, qd)
 
+        # QD n: n threads, each its own aligned buffer, reading its share of fresh pages
         def worker(share):
             b = mmap.mmap(-1, 4096)
             try:
@@ -561,26 +679,43 @@ def bench_disk(file_bytes: int = 1 << 30, qd1_reads: int = 2000, qd_reads: int =
             finally:
                 b.close()
 
+        per_pass = max(qd, min(qd_reads // max(1, qd_passes), pages // 2))
+        nqd = [0]
         with ThreadPoolExecutor(qd) as ex:
-            t0 = time.perf_counter()
-            list(ex.map(worker, shares))
-            qd_iops = len(offs) / (time.perf_counter() - t0)
+            def qd_unit(_i):
+                offs = fresh(per_pass)
+                t0 = time.perf_counter()
+                list(ex.map(worker, np.array_split(offs, qd)))
+                Win.ours[0] += 4096 * len(offs)
+                nqd[0] += len(offs)
+                return [("iops", len(offs) / (time.perf_counter() - t0))]
+
+            got, nq = sample_clean(qd_unit, qd_passes, budget_s, min_window_s=0.0, window=Win)
+        qd_iops = statistics.median(got["iops"])
         _tick(tick)
-        # sequential 1 MiB reads, uncached, best of `seq_passes` passes over the file
-        big = mmap.mmap(-1, 1 << 20)
-        seq_gbs = 0.0
-        for _ in range(seq_passes):
-            _drop(fd, bypass)
-            t0 = time.perf_counter()
-            done = 0
-            while done < file_bytes:
-                n = os.preadv(fd, [big], done)
-                if n <= 0:
-                    break
-                done += n
-            seq_gbs = max(seq_gbs, done / (time.perf_counter() - t0) / 1e9)
-        big.close()
+
+        # sequential 1 MiB reads, uncached, whole passes over the file, SEQ_QD requests in flight
+        chunks = list(range(0, file_bytes, 1 << 20))
+
+        def seq_worker(part):
+            b = mmap.mmap(-1, 1 << 20)
+            try:
+                return sum(os.preadv(fd, [b], o) for o in part)
+            finally:
+                b.close()
+
+        with ThreadPoolExecutor(SEQ_QD) as ex:
+            def seq_unit(_i):
+                _drop(fd, bypass)
+                t0 = time.perf_counter()
+                done = sum(ex.map(seq_worker, [chunks[j::SEQ_QD] for j in range(SEQ_QD)]))
+                Win.ours[0] += done
+                return [("gbs", done / (time.perf_counter() - t0) / 1e9)]
+
+            got, ns = sample_clean(seq_unit, seq_passes, budget_s, min_window_s=0.0, window=Win)
+        seq_gbs = statistics.median(got["gbs"])
         _tick(tick)
+
         # page cache: read the file once through the cache, then random 4 KiB reads
         fdc = os.open(path, os.O_RDONLY)
         fds.append(fdc)
@@ -597,8 +732,9 @@ def bench_disk(file_bytes: int = 1 << 30, qd1_reads: int = 2000, qd_reads: int =
         _tick(tick)
         return DiskResult(file_bytes=file_bytes, bypass=bypass, qd1_latency_us=qd1_us, qd1_iops=qd1_iops,
                           qd=qd, qd_iops=qd_iops, seq_gbs=seq_gbs, cached_us=cached_us,
-                          cached_iops=cached_reads / float(clat.sum()), reads=qd1_reads + len(offs),
-                          directory=str(directory), seq_passes=seq_passes)
+                          cached_iops=cached_reads / float(clat.sum()), reads=len(lat) + nqd[0],
+                          directory=str(directory), seq_passes=seq_passes,
+                          noise={"qd1": n1, "qd": nq, "seq": ns})
     finally:
         for f in fds:
             try:
@@ -622,14 +758,21 @@ class HandoverResult:
     thread_ms: float  # the thread hand-off alone
     iters: int
     noise: Noise = field(default_factory=Noise)
+    same_core: bool = False
 
     def method(self) -> str:
-        return (f"torch {self.device} op + sync, queue hand-off to a worker thread and back, "
+        where = "on one core" if self.same_core else "across cores"
+        return (f"torch {self.device} op + sync, queue hand-off to a worker thread and back {where}, "
                 f"lower quintile of block medians, {self.iters} round trips, {self.noise.describe()}")
 
 
-def bench_handover(iters: int = 2000, tick: Tick = None, budget_s: float = 5.0, block: int = 50) -> HandoverResult:
+def bench_handover(iters: int = 2000, tick: Tick = None, budget_s: float = 5.0, block: int = 50,
+                   same_core: bool = True) -> HandoverResult:
     """The cost of handing a layer from the device to the CPU tier and back.
+
+    `same_core`: run the caller and the worker thread on one core, as a decode loop whose cores
+    are awake would see it; across idle cores of a VM the wake-up of a halted vCPU dominates and
+    swings 3x with other processes' load (both are in the results store).
 
     Blocks of `block` round trips, thread-only then with the device op and sync; a block's figure
     is its median, the result the lower quintile of the clean blocks. iters // block ticks."""
@@ -638,13 +781,22 @@ def bench_handover(iters: int = 2000, tick: Tick = None, budget_s: float = 5.0, 
     to_w: queue.SimpleQueue = queue.SimpleQueue()
     to_m: queue.SimpleQueue = queue.SimpleQueue()
 
+    pin = None
+    if same_core and hasattr(os, "sched_setaffinity"):
+        prev_aff = os.sched_getaffinity(0)
+        pin = {min(prev_aff)}
+
     def worker():
+        if pin:
+            os.sched_setaffinity(0, pin)  # this thread only (Linux: 0 is the calling thread)
         while True:
             item = to_w.get()
             if item is None:
                 return
             to_m.put(item)
 
+    if pin:
+        os.sched_setaffinity(0, pin)
     th = threading.Thread(target=worker, daemon=True)
     th.start()
     x = torch.ones(16, device=dev)
@@ -675,8 +827,11 @@ def bench_handover(iters: int = 2000, tick: Tick = None, budget_s: float = 5.0, 
     finally:
         to_w.put(None)
         th.join(5)
+        if pin:
+            os.sched_setaffinity(0, prev_aff)
     return HandoverResult(device=dev.type, sync_ms=low_quantile(got["sync"]) * 1e3,
-                          thread_ms=low_quantile(got["thread"]) * 1e3, iters=iters, noise=noise)
+                          thread_ms=low_quantile(got["thread"]) * 1e3, iters=iters, noise=noise,
+                          same_core=bool(pin))
 
 
 # ---------------------------------------------------------------------------------------------

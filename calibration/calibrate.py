@@ -56,12 +56,13 @@ class Settings:
     dense_repeats: int = 10
     h2d_bytes: int = 256 << 20
     h2d_repeats: int = 5
-    disk_bytes: int = 256 << 20
+    disk_bytes: int = 128 << 20
     disk_qd1_reads: int = 2000
     disk_qd_reads: int = 8000
     disk_qd: int = 16
     disk_cached_reads: int = 20000
-    disk_seq_passes: int = 3
+    disk_seq_passes: int = 5
+    disk_qd_passes: int = 5
     handover_iters: int = 2000
     kernel_formats: tuple[str, ...] = ("Q4_0", "Q8_0", "F16")
     kernel_hidden: int = 2048
@@ -71,28 +72,31 @@ class Settings:
     kernel_repeats: int = 15
     toy_kernel: bool = False  # benchmark bench.toy_expert_job instead of the executor's kernel
     # time budgets (s) for waiting out other processes' load, per benchmark
-    mem_budget_s: float = 10.0
+    total_budget_s: float = 32.0  # all the waiting together (quick stays within 60 s)
+    mem_budget_s: float = 15.0
     kernel_budget_s: float = 5.0
     hit_budget_s: float = 3.0
     dense_budget_s: float = 2.0
     handover_budget_s: float = 2.0
+    disk_budget_s: float = 4.0
 
 
 QUICK = Settings(label="quick", mem_bytes=512 << 20, mem_repeats=12)
 FULL = Settings(label="full", mem_bytes=1 << 30, mem_repeats=10, hit_pool_bytes=1 << 30, hit_calls=200,
                 hit_repeats=11, dense_bytes=1 << 30, dense_repeats=15, h2d_bytes=1 << 30, h2d_repeats=10,
                 disk_bytes=2 << 30, disk_qd1_reads=10000, disk_qd_reads=50000, disk_cached_reads=100000,
-                disk_seq_passes=5,
+                disk_seq_passes=7, disk_qd_passes=7,
                 handover_iters=10000, kernel_pool_bytes=512 << 20, kernel_ks=(1, 2, 3, 4, 6, 8, 12, 16),
-                kernel_repeats=41, mem_budget_s=90, kernel_budget_s=45, hit_budget_s=30, dense_budget_s=20,
-                handover_budget_s=20)
+                kernel_repeats=41, total_budget_s=400, mem_budget_s=90, kernel_budget_s=45, hit_budget_s=30,
+                dense_budget_s=20, handover_budget_s=20, disk_budget_s=30)
 TINY = Settings(label="tiny", mem_bytes=1 << 20, mem_repeats=2, hit_hidden=64, hit_ffn=32,
                 hit_pool_bytes=1 << 20, hit_calls=5, hit_repeats=2, dense_bytes=1 << 20, dense_repeats=2,
                 h2d_bytes=1 << 20, h2d_repeats=2, disk_bytes=1 << 20, disk_qd1_reads=20, disk_qd_reads=40,
-                disk_qd=4, disk_cached_reads=50, disk_seq_passes=1, handover_iters=20, kernel_formats=("Q4_0",),
+                disk_qd=4, disk_cached_reads=50, disk_seq_passes=1, disk_qd_passes=2, handover_iters=20,
+                kernel_formats=("Q4_0",),
                 kernel_hidden=64, kernel_ffn=32, kernel_pool_bytes=1 << 20, kernel_ks=(1, 2, 4),
-                kernel_repeats=3, mem_budget_s=0.2, kernel_budget_s=0.2, hit_budget_s=0.2, dense_budget_s=0.2,
-                handover_budget_s=0.2)
+                kernel_repeats=3, total_budget_s=3, mem_budget_s=0.2, kernel_budget_s=0.2, hit_budget_s=0.2,
+                dense_budget_s=0.2, handover_budget_s=0.2, disk_budget_s=0.2)
 
 
 @dataclass
@@ -107,6 +111,7 @@ class Results:
     h2d: bench.H2DResult | None = None
     disk: bench.DiskResult | None = None
     handover: bench.HandoverResult | None = None
+    handover_cross: bench.HandoverResult | None = None
     wall_s: dict[str, float] = field(default_factory=dict)
     loadavg: tuple[float, float] = (0.0, 0.0)
 
@@ -121,7 +126,9 @@ class _Progress:
     def __init__(self, enabled: bool, console=None):
         self.p = None
         if enabled:
+            from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            console = console or Console(stderr=True)  # stdout stays for the command's own output
             self.p = Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
                               TimeElapsedColumn(), console=console, transient=False)
 
@@ -148,6 +155,25 @@ def _loadavg() -> float:
         return 0.0
 
 
+class _Budget:
+    """Splits the run's total waiting budget: a stage gets its own budget, or less when the
+    stages still to come would otherwise overrun `total_s` (each keeps its share)."""
+
+    def __init__(self, s: Settings, n_kernels: int, cuda: bool):
+        self.t0 = time.perf_counter()
+        self.total = s.total_budget_s
+        self.left = {"mem": s.mem_budget_s, "hit": s.hit_budget_s, "dense": s.dense_budget_s,
+                     "handover": 1.5 * s.handover_budget_s, "disk": 3 * s.disk_budget_s}
+        for i in range(n_kernels):
+            self.left[f"kernel{i}"] = s.kernel_budget_s
+
+    def take(self, key: str, own: float) -> float:
+        share = self.left.pop(key, own)
+        remaining = self.total - (time.perf_counter() - self.t0)
+        pending = share + sum(self.left.values())
+        return max(0.2, min(own, remaining * share / pending if pending > 0 else own))
+
+
 def run_benchmarks(s: Settings, progress: bool = True, console=None,
                    disk_dir: str | os.PathLike | None = None) -> Results:
     """Run every benchmark once (numba kernels before torch: torch's OpenMP threads spin after
@@ -157,17 +183,22 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
     l0 = _loadavg()
     threads = list(s.threads or bench.default_thread_counts())
     maxt = max(threads)
+    use_exec = not s.toy_kernel and bench.executor_kernel_available()
+    formats = s.kernel_formats if use_exec else ("toy-f32",)
+    bud = _Budget(s, len(formats), torch.cuda.is_available())
     with _Progress(progress, console) as pg:
         t0 = time.perf_counter()
+        first = (s.mem_repeats + 1) // 2
         tick = pg.stage("memory bandwidth", s.mem_repeats)
-        r.mem = bench.bench_memory(s.mem_bytes, threads, s.mem_repeats, tick=tick, budget_s=s.mem_budget_s)
+        membench = bench.MemoryBench(s.mem_bytes, threads)
+        mem_budget = bud.take("mem", s.mem_budget_s)
+        membench.sample(first, mem_budget * first / s.mem_repeats, tick=tick)
         r.wall_s["memory"] = time.perf_counter() - t0
 
         prev = numba.get_num_threads()
         numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
         try:
-            use_exec = not s.toy_kernel and bench.executor_kernel_available()
-            for fmt in (s.kernel_formats if use_exec else ("toy-f32",)):
+            for i, fmt in enumerate(formats):
                 t0 = time.perf_counter()
                 tick = pg.stage(f"CPU expert kernel {fmt}", s.kernel_repeats)
                 if use_exec:
@@ -180,7 +211,7 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                     label = f"toy numba f32 kernel {s.kernel_ffn}x{s.kernel_hidden}"
                 r.kernels[fmt] = bench.bench_expert_kernel(job, s.kernel_ks, eb, s.kernel_repeats, label=label,
                                                            threads=numba.get_num_threads(), tick=tick,
-                                                           budget_s=s.kernel_budget_s)
+                                                           budget_s=bud.take(f"kernel{i}", s.kernel_budget_s))
                 del job
                 r.wall_s[f"kernel {fmt}"] = time.perf_counter() - t0
         finally:
@@ -192,12 +223,13 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
             t0 = time.perf_counter()
             tick = pg.stage(f"per-hit time ({bench.torch_device().type})", s.hit_repeats)
             r.hit = bench.bench_hit(s.hit_hidden, s.hit_ffn, s.hit_pool_bytes, s.hit_calls, s.hit_repeats, tick=tick,
-                                    budget_s=s.hit_budget_s)
+                                    budget_s=bud.take("hit", s.hit_budget_s))
             r.wall_s["hit"] = time.perf_counter() - t0
 
             t0 = time.perf_counter()
             tick = pg.stage("dense path", s.dense_repeats)
-            r.dense = bench.bench_dense(s.dense_bytes, repeats=s.dense_repeats, tick=tick, budget_s=s.dense_budget_s)
+            r.dense = bench.bench_dense(s.dense_bytes, repeats=s.dense_repeats, tick=tick,
+                                        budget_s=bud.take("dense", s.dense_budget_s))
             r.wall_s["dense"] = time.perf_counter() - t0
 
             if torch.cuda.is_available():
@@ -208,7 +240,10 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
 
             t0 = time.perf_counter()
             tick = pg.stage("device/CPU handover", max(1, s.handover_iters // 50))
-            r.handover = bench.bench_handover(s.handover_iters, tick=tick, budget_s=s.handover_budget_s)
+            hb = bud.take("handover", 1.5 * s.handover_budget_s)
+            r.handover = bench.bench_handover(s.handover_iters, tick=tick, budget_s=hb * 2 / 3)
+            r.handover_cross = bench.bench_handover(s.handover_iters, budget_s=hb / 3,
+                                                    same_core=False)  # results store only: it swings
             r.wall_s["handover"] = time.perf_counter() - t0
         finally:
             torch.set_num_threads(torch_threads)
@@ -216,8 +251,17 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
         t0 = time.perf_counter()
         tick = pg.stage("disk 4 KiB random reads", 5)
         r.disk = bench.bench_disk(s.disk_bytes, s.disk_qd1_reads, s.disk_qd_reads, s.disk_qd,
-                                  s.disk_cached_reads, directory=disk_dir, seq_passes=s.disk_seq_passes, tick=tick)
+                                  s.disk_cached_reads, directory=disk_dir, seq_passes=s.disk_seq_passes,
+                                  qd_passes=s.disk_qd_passes, tick=tick,
+                                  budget_s=bud.take("disk", 3 * s.disk_budget_s) / 3)
         r.wall_s["disk"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()  # the rest of the memory rounds, a run's length after the first
+        if s.mem_repeats > first:
+            membench.sample(s.mem_repeats - first, mem_budget * (s.mem_repeats - first) / s.mem_repeats, tick=tick)
+        r.mem = membench.result()
+        membench.free()
+        r.wall_s["memory"] += time.perf_counter() - t0
     r.loadavg = (l0, _loadavg())
     return r
 
@@ -225,6 +269,13 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
 # ---------------------------------------------------------------------------------------------
 # results -> profile and store rows
 # ---------------------------------------------------------------------------------------------
+
+def noise_of(r: Results) -> list[tuple[str, bench.Noise]]:
+    """(benchmark, what its sampler saw) for every benchmark that sampled around outside load."""
+    out = ([("memory", r.mem.noise)] if r.mem else []) + [(f"kernel {k}", f.noise) for k, f in r.kernels.items()]
+    out += [(n, x.noise) for n, x in (("hit", r.hit), ("dense", r.dense), ("handover", r.handover)) if x]
+    return out + [(f"disk {k}", n) for k, n in (r.disk.noise.items() if r.disk else ())]
+
 
 def _m(value: float, method: str, date: str) -> Figure:
     return Figure(float(value), "measured", f"{date}, {method}")
@@ -255,7 +306,8 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
         mem["efficiency"] = _m(ratio, f"{r.mem.method('read', t)}: {read:.2f} GB/s / peak "
                                       f"{channels} ch x {mts_now:g} MT/s = {channels * mts_now * 8 / 1000:.1f} GB/s "
                                       f"(channels/MT/s {how})", date)
-        notes.append(f"memory.efficiency = measured read {read:.2f} GB/s ({t} threads) / peak; "
+        notes.append(f"memory.efficiency = measured read {read:.2f} GB/s ({t} threads; rounds at the start and "
+                     f"the end of the run) / peak; "
                      f"channels and MT/s {'known' if known else 'assumed, so the peak is an assumption'}")
 
     consts: dict[str, Any] = dict(data.get("constants") or {})
@@ -273,6 +325,7 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
         consts["c_b_ms"] = _m(d.c_b_ms, f"as {default}: " + d.method(), date)
         data["cpu"]["expert_gbs"] = eg
         data["cpu"]["threads_used"] = d.threads
+        notes.append(f"@ cpu.threads_used: measured: {date}, the threads the CPU expert kernel benchmark ran on")
     if r.hit:
         consts["t_hit_ms"] = _m(r.hit.t_hit_ms, r.hit.method(), date)
     if r.dense:
@@ -295,14 +348,15 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
         consts["pagecache_4k_us"] = _m(dk.cached_us, dk.method("cached"), date)
     data["constants"] = consts
     l0, l1 = r.loadavg
-    noise = ([("memory", r.mem.noise)] if r.mem else []) + [(f"kernel {k}", f.noise) for k, f in r.kernels.items()]
-    noise += [(n, x.noise) for n, x in (("hit", r.hit), ("dense", r.dense), ("handover", r.handover)) if x]
+    noise = noise_of(r)
     head = (f"calibrated ({s.label}) by moe-offload calibrate on {store.machine_id()} at {store.now_iso()}, "
             f"commit {store.git_commit()}; 1-min load average {l0:.2f} before, {l1:.2f} after; outside load "
             f"while timing (max mean share of the CPUs other processes used) "
             f"{max((x.others for _, x in noise), default=0.0):.2f}")
     notes += [f"noise {n}: {x.describe()}" for n, x in noise]
-    data["notes"] = "\n".join([head, *notes, data.get("notes") or ""]).strip()
+    stale = ("calibrated (", "noise ", "memory.efficiency = measured", "@ cpu.threads_used: measured")
+    kept = [ln for ln in (data.get("notes") or "").splitlines() if not ln.startswith(stale)]
+    data["notes"] = "\n".join([head, *notes, *kept]).strip()  # a re-calibration replaces the last one's lines
     return HardwareSpec.model_validate(data)
 
 
@@ -327,15 +381,15 @@ def store_rows(r: Results) -> list[dict]:
         _noise(add, "mem", r.mem.noise)
     kv = bench.kernel_version() if r.kernels and "toy-f32" not in r.kernels else "toy"
     for fmt, f in r.kernels.items():
-        add(f"cpu_kernel_{fmt}", "kernel_version", 0.0, kernel=kv, method=f.label)
-        add(f"cpu_kernel_{fmt}", "c_a_ms", f.c_a_ms, threads=f.threads, method=f.method())
-        add(f"cpu_kernel_{fmt}", "c_b_ms", f.c_b_ms, threads=f.threads, method=f.method())
-        add(f"cpu_kernel_{fmt}", "expert_gbs", f.expert_gbs, threads=f.threads, size_bytes=f.expert_bytes,
+        case = f"cpu_kernel_{fmt}"
+        add(case, "c_a_ms", f.c_a_ms, threads=f.threads, kernel=kv, method=f.method())
+        add(case, "c_b_ms", f.c_b_ms, threads=f.threads, kernel=kv, method=f.method())
+        add(case, "expert_gbs", f.expert_gbs, threads=f.threads, size_bytes=f.expert_bytes, kernel=kv,
             method=f.method())
-        add(f"cpu_kernel_{fmt}", "rms_residual_rel", f.rms_rel, threads=f.threads, method=f.method())
-        _noise(add, f"cpu_kernel_{fmt}", f.noise)
+        add(case, "rms_residual_rel", f.rms_rel, threads=f.threads, kernel=kv, method=f.method())
+        _noise(add, case, f.noise)
         for k, t, res in zip(f.ks, f.t_ms, f.residuals_ms):
-            add(f"cpu_kernel_{fmt}", "job_ms", t, experts=k, residual_ms=res, threads=f.threads, method=f.method())
+            add(case, "job_ms", t, experts=k, residual_ms=res, threads=f.threads, kernel=kv, method=f.method())
     for name, x in (("t_hit", r.hit), ("dense", r.dense), ("handover", r.handover)):
         if x:
             _noise(add, name, x.noise)
@@ -351,6 +405,10 @@ def store_rows(r: Results) -> list[dict]:
     if r.handover:
         add("handover", "sync_ms", r.handover.sync_ms, device=r.handover.device, method=r.handover.method())
         add("handover", "thread_ms", r.handover.thread_ms, method="queue hand-off to a worker thread and back")
+    if r.handover_cross:
+        add("handover_cross_core", "sync_ms", r.handover_cross.sync_ms, device=r.handover_cross.device,
+            method=r.handover_cross.method())
+        add("handover_cross_core", "thread_ms", r.handover_cross.thread_ms, method=r.handover_cross.method())
     if r.disk:
         dk = r.disk
         add("disk_qd1", "latency_us", dk.qd1_latency_us, size_bytes=dk.file_bytes, method=dk.method("qd1"))
@@ -373,6 +431,18 @@ def measure_profile(s: Settings, base: HardwareSpec, progress: bool = True, cons
     return build_profile(r, base), r
 
 
+def _check_writable(path: Path, what: str) -> None:
+    """Fail before any benchmark runs when `path`'s folder cannot take a file (SpecError, exit 2)."""
+    from specs.errors import SpecError
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe = path.with_name(f".{path.name}.probe{os.getpid()}")
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise SpecError(str(path), None, f"{what}: {e.strerror or e}") from None
+
+
 def calibrate(quick: bool = True, out: Path | str = "calibrated.yaml", hw_base: HardwareSpec | None = None,
               progress: bool = True, *, settings: Settings | None = None, store_path: Path | str | None = None,
               console=None, disk_dir: str | os.PathLike | None = None) -> HardwareSpec:
@@ -383,10 +453,21 @@ def calibrate(quick: bool = True, out: Path | str = "calibrated.yaml", hw_base: 
     is appended there after the profile is written. `settings` overrides QUICK/FULL (tests use
     TINY). Ctrl-C before the end writes nothing."""
     s = settings or (QUICK if quick else FULL)
+    _check_writable(Path(out), "cannot write the profile")
+    _check_writable(Path(store_path or store.default_store_path()), "cannot write the results store")
+    if disk_dir is not None:
+        _check_writable(Path(disk_dir) / ".moe-offload-probe", "cannot create the disk benchmark's file")
     if hw_base is None:
         from .detect import detect_hardware
         hw_base = detect_hardware(measure=False, path=disk_dir or ".")
     hw, r = measure_profile(s, hw_base, progress=progress, console=console, disk_dir=disk_dir)
+    if progress:
+        from rich.console import Console
+        con = console or Console(stderr=True)
+        for name, n in noise_of(r):
+            if n.used_all:
+                con.print(f"[yellow]note[/]: {name}: {n.describe()} - other processes were busy; "
+                          f"re-run on a quiet machine for steadier figures")
     rows = store_rows(r)
     write_atomic(out, dump_hardware(hw))
     store.append_rows(store_path or store.default_store_path(), [{**row, "profile": str(out)} for row in rows])

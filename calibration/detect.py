@@ -260,11 +260,12 @@ def _disk_assumptions(d: dict | None) -> tuple[float, float, float, str]:
     return 0.5, 80000, 100, f"disk {name or 'unknown'}: typical SATA SSD"
 
 
-def detect_hardware(measure: bool = False, path: str | os.PathLike = ".") -> HardwareSpec:
+def detect_hardware(measure: bool = False, path: str | os.PathLike = ".", progress: bool | None = None) -> HardwareSpec:
     """This machine as a HardwareSpec; figures read off it are measured, the rest assumed with why.
 
     `path`: where model files live (its block device is the `nvme` entry). With `measure=True`,
-    bandwidths, disk figures and the CPU expert rate come from a quick calibration."""
+    bandwidths, disk figures and the CPU expert rate come from a quick calibration (progress bars on
+    stderr when it is a terminal, or as `progress` says)."""
     date = today()
     prov: list[str] = []
 
@@ -313,6 +314,7 @@ def detect_hardware(measure: bool = False, path: str | os.PathLike = ".") -> Har
     gpu = pcie = None
     if g:
         note("gpu.name", "measured", f"{date}, {g['where']}")
+        note("gpu.shares_host", "measured", f"{date}, a CUDA device with its own memory ({g['where']})")
         key = next((k for k in GPU_TABLE if k.lower() in g["name"].lower()), None)
         if key:
             bw = Figure(GPU_TABLE[key][0], "datasheet", f"vendor spec of {key} (built-in table)")
@@ -357,7 +359,9 @@ def detect_hardware(measure: bool = False, path: str | os.PathLike = ".") -> Har
                       notes="\n".join([f"detected by moe-offload hw --hw auto on {date}", *prov]))
     if measure:
         from .calibrate import QUICK, measure_profile
-        hw, _ = measure_profile(QUICK, hw, progress=False, disk_dir=path)
+        import sys
+        show = sys.stderr.isatty() if progress is None else progress  # bars go to stderr
+        hw, _ = measure_profile(QUICK, hw, progress=show, disk_dir=path)
     return hw
 
 
@@ -393,13 +397,13 @@ def _fmt(path: str, v) -> str:
 
 
 def provenance_notes(hw: HardwareSpec) -> dict[str, tuple[str, str]]:
-    """field -> (source, ref) for non-figure fields, from the profile's notes."""
+    """field -> (source, ref) for non-figure fields, from the profile's notes (`@ field: source: ref`)."""
     out = {}
     for line in hw.notes.splitlines():
         if line.startswith(_PROV):
             field, _, rest = line[len(_PROV):].partition(": ")
             source, _, ref = rest.partition(": ")
-            out[field] = (source, ref)
+            out.setdefault(field, (source, ref))  # the first line wins: calibrate puts its own first
     return out
 
 

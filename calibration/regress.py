@@ -37,24 +37,61 @@ def local_rows(store: str | Path, hw_path: str, latest_only: bool = True) -> lis
     from specs.plan import Plan
 
     hw = load_hardware(hw_path)
+    _check_host_profile(hw, hw_path)
     runs = [r for r in read_rows(store) if r.get("plan") and r.get("model")]
     if latest_only:  # the newest measurement of each case
         runs = list({(r["case"], r["metric"]): r for r in runs}.values())
     rows = []
     for r in runs:
+        plan = Plan.model_validate_json(r["plan"])
         try:
             model = load_model(r["model"])
+            if plan.placement.engram != "none":
+                model = with_engram(model, r["model"])
         except SpecError:
             continue  # the model file of an old run is gone
-        plan = Plan.model_validate_json(r["plan"])
         n_prompt, n_gen = int(float(r.get("n_prompt") or 0)), int(float(r.get("n_gen") or 0) or 64)
-        sim = simulate(model, hw, plan, prompt_tokens=n_prompt, gen_tokens=n_gen, routing=r.get("routing") or None)
+        routing = r.get("routing") or None
+        if routing and not Path(routing).exists():
+            routing = None  # the trace of an old run is gone: the default routing model
+        warm = int(float(r["warm_steps"])) if r.get("warm_steps") not in (None, "") else 300
+        sim = simulate(model, hw, plan, prompt_tokens=n_prompt, gen_tokens=n_gen, routing=routing,
+                       warm_steps=warm)
         pred, meas = float(getattr(sim, r["metric"])), float(r["value"])
         err = pred / meas - 1
         rows.append({"case": r["case"], "kind": r.get("engine", "local"), "role": "local", "metric": r["metric"],
                      "measured": meas, "predicted": pred, "error": err, "tolerance": LOCAL_TOLERANCE,
                      "band": None, "ok": abs(err) <= LOCAL_TOLERANCE, "source": f"{store} ({r['time']})"})
     return rows
+
+
+HOST_CONSTANTS = ("layer_overhead_ms", "dev_expert_gbs")  # what a host-sharing device needs fitted
+
+
+def _check_host_profile(hw, path) -> None:
+    """SpecError when a host-sharing profile lacks a constant only a trace fit gives."""
+    if hw.gpu is not None and hw.gpu.shares_host:
+        for k in HOST_CONSTANTS:
+            if k not in hw.constants:
+                raise SpecError(str(path), f"constants.{k}", "missing: fit it with `moe-offload calibrate "
+                                "--from-trace TRACE... --model GGUF --hw-base HW --out HW.yaml`")
+
+
+def with_engram(model, gguf_path: str):
+    """`model` with the Engram table of its sidecar GGUF (`<model>.engram.gguf`), when there is one."""
+    side = Path(str(gguf_path) + ".engram.gguf")
+    if model.engram is not None or not side.exists():
+        return model
+    import gguf
+
+    from specs.model import EngramSpec
+    r = gguf.GGUFReader(side, "r")
+    t = next(x for x in r.tensors if x.name == "per_layer_token_embd.weight")
+    get = lambda k, d: r.fields[k].contents() if k in r.fields else d  # noqa: E731
+    eng = dict(rows=int(t.shape[1]), row_values=int(t.shape[0]), format=t.tensor_type.name,
+               layers=[int(v) for v in get("engram.layers", [1])], orders=len(get("engram.orders", [2, 3, 4])),
+               heads=int(get("engram.heads", 8)))
+    return model.model_copy(update={"engram": EngramSpec(**eng)})
 
 
 def summary(rows: list[dict]) -> dict:

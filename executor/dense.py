@@ -7,6 +7,7 @@ import numpy as np
 import torch
 import torch.nn.functional as Fn
 
+from . import kernels as kern
 from .gguf_model import GGUFModel
 
 
@@ -15,8 +16,14 @@ def pick_device(want_gpu: bool = True) -> torch.device:
     return torch.device("cuda") if want_gpu and torch.cuda.is_available() else torch.device("cpu")
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim, times weight w."""
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, fast: bool = False) -> torch.Tensor:
+    """RMSNorm over the last dim, times weight w (fast: numba on CPU float32, no per-op overhead)."""
+    if fast and x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous():
+        out = torch.empty_like(x)
+        kern.rms_rows(x.view(-1, x.shape[-1]).numpy(), w.numpy(), eps, out.view(-1, x.shape[-1]).numpy())
+        return out
+    if hasattr(Fn, "rms_norm"):  # torch >= 2.4: one op
+        return Fn.rms_norm(x, w.shape, w, eps)
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
@@ -28,7 +35,7 @@ def rope_table(ctx: int, d: int, base: float, device, dtype) -> tuple[torch.Tens
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:
-    """Rotary embedding of x [S, h, n, d] with cos/sin [n, d/2]; style 'neox' (halves) or 'norm' (pairs)."""
+    """Rotary embedding of x [..., d] with cos/sin broadcastable to [..., d/2]; 'neox' (halves) or 'norm' (pairs)."""
     d = x.shape[-1]
     if style == "neox":
         x1, x2 = x[..., : d // 2], x[..., d // 2:]
@@ -61,17 +68,48 @@ class KVCache:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
 
-class Dense:
-    """Dense weights dequantised once to `dtype` tensors on `device`; the embedding is read by rows."""
+class Linear:
+    """y = x W^T for weights stacked from GGUF tensors `names`: on the CPU read in place by the numba
+    kernels (F16 / Q8_0 / Q4_0), elsewhere (or for other types) dequantised once to a torch tensor."""
 
-    def __init__(self, model: GGUFModel, device: torch.device, dtype=torch.float32):
+    def __init__(self, model: GGUFModel, names: list[str], device, dtype, inplace: bool):
+        parts = [model.inplace(n) for n in names] if inplace else [None]
+        self.parts = parts if all(p is not None for p in parts) else None
+        self.w = None
+        if self.parts is None:
+            ws = [torch.from_numpy(model.dense(n)).to(device=device, dtype=dtype) for n in names]
+            self.w = ws[0] if len(ws) == 1 else torch.cat(ws)
+        self.rows = sum(p[2] for p in self.parts) if self.parts else self.w.shape[0]
+
+    def nbytes(self) -> int:
+        """Bytes read per token."""
+        return sum(p[0].nbytes for p in self.parts) if self.parts else self.w.numel() * self.w.element_size()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., cols] -> [..., rows]."""
+        if self.w is not None:
+            return Fn.linear(x, self.w)
+        x2 = x.reshape(-1, x.shape[-1]).float().contiguous().numpy()
+        ys = [kern.linear(flat, code, rows, x2) for flat, code, rows, _ in self.parts]
+        y = ys[0] if len(ys) == 1 else np.concatenate(ys, axis=1)
+        return torch.from_numpy(y).to(x.dtype).view(*x.shape[:-1], self.rows)
+
+
+class Dense:
+    """Dense weights on `device`: read in place on the CPU (numba kernels), else dequantised once to
+    `dtype` tensors; norms and routers as tensors; the embedding is read by rows."""
+
+    def __init__(self, model: GGUFModel, device: torch.device, dtype=torch.float32, inplace: bool | None = None):
         self.m, self.c, self.device, self.dtype = model, model.cfg, device, dtype
+        inplace = device.type == "cpu" if inplace is None else inplace
+        self.fast = inplace and device.type == "cpu" and dtype == torch.float32  # numba small ops too
         t = lambda name: torch.from_numpy(model.dense(name)).to(device=device, dtype=dtype)  # noqa: E731
+        lin = lambda *names: Linear(model, list(names), device, dtype, inplace)  # noqa: E731
         self.layers = []
         for i in range(self.c.n_layers):
             b = f"blk.{i}."
-            L = dict(attn_norm=t(b + "attn_norm.weight"), wq=t(b + "attn_q.weight"),
-                     wk=t(b + "attn_k.weight"), wv=t(b + "attn_v.weight"), wo=t(b + "attn_output.weight"),
+            wqkv = lin(b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight")
+            L = dict(attn_norm=t(b + "attn_norm.weight"), wqkv=wqkv, wo=lin(b + "attn_output.weight"),
                      ffn_norm=t(b + "ffn_norm.weight"), router=t(b + "ffn_gate_inp.weight"))
             if self.c.qk_norm:
                 L["q_norm"], L["k_norm"] = t(b + "attn_q_norm.weight"), t(b + "attn_k_norm.weight")
@@ -82,14 +120,14 @@ class Dense:
                     L["sh_inp"] = t(b + "ffn_gate_inp_shexp.weight").reshape(1, -1)
             self.layers.append(L)
         self.out_norm = t("output_norm.weight")
-        self.out = t("output.weight" if model.has("output.weight") else "token_embd.weight")  # [V, H]
+        self.out = lin("output.weight" if model.has("output.weight") else "token_embd.weight")  # [V, H]
         self._rope = None
 
     def nbytes_per_token(self) -> int:
         """Bytes of dense weights read per decode step (all dense tensors plus one embedding row)."""
-        n = sum(v.numel() * v.element_size() for L in self.layers for v in L.values())
-        n += self.out.numel() * self.out.element_size() + self.out_norm.numel() * self.out_norm.element_size()
-        return n + self.c.hidden * 4
+        size = lambda v: v.nbytes() if isinstance(v, Linear) else v.numel() * v.element_size()  # noqa: E731
+        n = sum(size(v) for L in self.layers for v in L.values())
+        return n + size(self.out) + size(self.out_norm) + self.c.hidden * 4
 
     def embed(self, ids: np.ndarray) -> torch.Tensor:
         """Embeddings of token ids [S, n] -> [S, n, H] (only those rows are read from the mmap)."""
@@ -101,17 +139,26 @@ class Dense:
         """Attention block of layer i on x [S, n, H] (pre-norm inside), appending to kv -> [S, n, H]."""
         c, L = self.c, self.layers[i]
         S, n, _ = x.shape
-        h = rms_norm(x, L["attn_norm"], c.eps)
-        q = (h @ L["wq"].T).view(S, n, c.n_heads, c.head_dim).transpose(1, 2)  # [S, nh, n, hd]
-        k = (h @ L["wk"].T).view(S, n, c.n_kv, c.head_dim).transpose(1, 2)  # [S, nkv, n, hd]
-        v = (h @ L["wv"].T).view(S, n, c.n_kv, c.head_dim).transpose(1, 2)
-        if c.qk_norm:
-            q, k = rms_norm(q, L["q_norm"], c.eps), rms_norm(k, L["k_norm"], c.eps)
+        h = rms_norm(x, L["attn_norm"], c.eps, self.fast)
+        qkv = L["wqkv"](h).view(S, n, c.n_heads + 2 * c.n_kv, c.head_dim)  # [S, n, nh + 2 nkv, hd]
+        nq = c.n_heads + c.n_kv
         p0 = kv.len
         if self._rope is None or self._rope[0].shape[0] < p0 + n:
             self._rope = rope_table(max(p0 + n, kv.k[i].shape[2]), c.head_dim, c.rope_base, x.device, x.dtype)
-        cos, sin = self._rope[0][p0:p0 + n], self._rope[1][p0:p0 + n]
-        q, k = rope(q, cos, sin, c.rope_style), rope(k, cos, sin, c.rope_style)
+        cos, sin = self._rope[0][p0:p0 + n], self._rope[1][p0:p0 + n]  # [n, hd/2]
+        if self.fast and qkv.is_contiguous():  # numba, in place
+            qn, kn = (L["q_norm"], L["k_norm"]) if c.qk_norm else (self.out_norm, self.out_norm)
+            kern.qk_post(qkv.view(S * n, -1, c.head_dim).numpy(), qn.numpy(), kn.numpy(), c.eps, cos.numpy(),
+                      sin.numpy(), c.n_heads, c.n_kv, c.rope_style == "neox", c.qk_norm)
+            qk = qkv[:, :, :nq].transpose(1, 2)
+        else:
+            qk = qkv[:, :, :nq]
+            if c.qk_norm:
+                qk = torch.cat([rms_norm(qk[:, :, :c.n_heads], L["q_norm"], c.eps),
+                                rms_norm(qk[:, :, c.n_heads:], L["k_norm"], c.eps)], dim=2)
+            qk = rope(qk, cos[:, None], sin[:, None], c.rope_style).transpose(1, 2)  # [S, nh + nkv, n, hd]
+        v = qkv[:, :, nq:].transpose(1, 2)  # [S, nkv, n, hd]
+        q, k = qk[:, :c.n_heads], qk[:, c.n_heads:]
         kv.k[i][:, :, p0:p0 + n] = k
         kv.v[i][:, :, p0:p0 + n] = v
         K, V = kv.k[i][:, :, : p0 + n], kv.v[i][:, :, : p0 + n]  # [S, nkv, T, hd]
@@ -120,15 +167,15 @@ class Dense:
             mask = torch.arange(p0 + n, device=x.device)[None, :] <= torch.arange(p0, p0 + n, device=x.device)[:, None]
         o = _sdpa(q, K, V, mask, c.n_heads // c.n_kv)  # [S, nh, n, hd]
         o = o.transpose(1, 2).reshape(S, n, c.n_heads * c.head_dim)
-        return o @ L["wo"].T
+        return L["wo"](o)
 
     def ffn_in(self, i: int, x: torch.Tensor) -> torch.Tensor:
         """Normed input of layer i's MoE block, x [..., H]."""
-        return rms_norm(x, self.layers[i]["ffn_norm"], self.c.eps)
+        return rms_norm(x, self.layers[i]["ffn_norm"], self.c.eps, self.fast)
 
     def route(self, i: int, h: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k routing of h [T, H]: (expert ids [T, k] int64, weights [T, k] f32, softmax over the top-k)."""
-        logits = (h @ self.layers[i]["router"].T).float()  # [T, E]
+        logits = Fn.linear(h, self.layers[i]["router"]).float()  # [T, E]
         top, idx = torch.topk(logits, k, dim=-1)
         w = torch.softmax(top, dim=-1)
         return idx.cpu().numpy(), w.cpu().numpy().astype(np.float32)
@@ -145,4 +192,4 @@ class Dense:
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits [..., V] (float32) of the last hidden states x [..., H]."""
-        return (rms_norm(x, self.out_norm, self.c.eps) @ self.out.T).float()
+        return self.out(rms_norm(x.contiguous(), self.out_norm, self.c.eps, self.fast)).float()

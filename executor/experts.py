@@ -116,6 +116,8 @@ class Experts:
         static = self.static.get(layer)
         if static is not None:
             dev, miss = union, union[:0]
+        elif not self.slot:
+            dev, miss = union[:0], union
         else:
             mask = np.array([(layer, int(e)) in self.slot for e in union], dtype=bool)
             dev, miss = union[mask], union[~mask]
@@ -131,8 +133,11 @@ class Experts:
         fut = cpu_args = None
         if len(cpu):
             xs = h.detach().float().cpu().numpy()
-            cset = set(int(e) for e in cpu)
-            cpu_args = (layer, xs, K.csr(ids, w, keep=(lambda e: e in cset) if len(cpu) < len(union) else None))
+            keep = None
+            if len(cpu) < len(union):
+                keep = np.zeros(self.m.cfg.n_experts, dtype=bool)
+                keep[cpu] = True
+            cpu_args = (layer, xs, K.csr(ids, w, keep))
             if THREAD_ALWAYS or len(dev) or len(pcie):  # overlap: CPU experts on the worker thread, device work here
                 fut = self.pool.submit(self._cpu_job, *cpu_args)
         t0 = time.perf_counter()

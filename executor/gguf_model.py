@@ -116,7 +116,8 @@ class GGUFModel:
         k = int(self._need(a + "expert_used_count"))
         ff = self.meta(a + "expert_feed_forward_length")
         if ff is None:
-            ff = self.tensors["blk.0.ffn_gate_exps.weight"].shape[1] if "blk.0.ffn_gate_exps.weight" in self.tensors else 0
+            t0 = self.tensors.get("blk.0.ffn_gate_exps.weight")
+            ff = int(t0.shape[1]) if t0 is not None else 0
         emb = self.tensors.get("token_embd.weight")
         if emb is None:
             raise SpecError(str(self.path), "token_embd.weight", "missing tensor")
@@ -146,6 +147,9 @@ class GGUFModel:
         for i in range(c.n_layers):
             for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
                 t = self.tensors[f"blk.{i}.{n}.weight"]
+                if int(t.shape[0]) % 32:
+                    raise SpecError(str(self.path), t.name, f"rows of {int(t.shape[0])} values: the CPU kernels "
+                                    "need a multiple of 32")
                 if t.tensor_type not in EXPERT_TYPES:
                     raise SpecError(str(self.path), t.name,
                                     f"unsupported expert tensor type {t.tensor_type.name} "
@@ -182,6 +186,15 @@ class GGUFModel:
         data = np.asarray(t.data)
         data = data.view(np.uint8).reshape(E, rows, -1)  # [E, rows, row_bytes]
         return ExpertTensor(data=data, qtype=t.tensor_type, code=EXPERT_TYPES[t.tensor_type], rows=rows, cols=cols)
+
+    def inplace(self, name: str) -> tuple[np.ndarray, int, int, int] | None:
+        """2-D tensor `name` for the CPU kernels: (flat uint8 bytes view, type code, rows, cols), or None
+        when its type has no kernel (then it is dequantised instead)."""
+        t = self.tensors[name]
+        if t.tensor_type not in EXPERT_TYPES or len(t.shape) != 2 or int(t.shape[0]) % 32:
+            return None
+        cols, rows = (int(s) for s in t.shape.tolist())
+        return np.asarray(t.data).view(np.uint8).reshape(-1), EXPERT_TYPES[t.tensor_type], rows, cols
 
     def expert_bytes(self, layer: int) -> int:
         """Bytes of one routed expert of `layer` (gate + up + down)."""

@@ -1,7 +1,9 @@
-"""Numba CPU kernels: SwiGLU experts reading F16 / Q8_0 / Q4_0 blocks in place from the mmap.
+"""Numba CPU kernels: SwiGLU experts (and dense matvecs) reading F16 / Q8_0 / Q4_0 in place from the mmap.
 
-All kernels take expert tensors as uint8 [E, rows, row_bytes] views (no copies), release the GIL
-(nogil) and split rows across threads (prange). Type codes: 1 = F16, 2 = Q8_0, 3 = Q4_0.
+Weights are uint8 views of the file mapping (no copies). One-token products use the AVX2 row
+intrinsics of simd.py (Q8_0 / Q4_0 with int16 activations, F16 with float32 ones); more than
+_FUSED tokens per expert dequantise each row once. Kernels release the GIL (nogil) and split rows
+across threads (prange); little work runs serially. Type codes: 1 = F16, 2 = Q8_0, 3 = Q4_0.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .simd import quant16, rows1_q4, rows1_q8, rows4_q4, rows4_q8
+from .simd import quant16, rows1_f16, rows1_q4, rows1_q8, rows4_f16, rows4_q4, rows4_q8, rows8_q8
 
 
 def _drop_stale_cache() -> None:
@@ -37,6 +39,7 @@ _drop_stale_cache()
 F16, Q8_0, Q4_0 = 1, 2, 3
 
 _ROWS = 16  # rows per parallel work item
+_FUSED = 8  # tokens per expert up to which each token gets fused in-place dots
 
 # 2**(e-25) for half exponents e (e = 0: subnormal scale 2**-24)
 _EXP = np.array([2.0 ** -24] + [2.0 ** (e - 25) for e in range(1, 32)], dtype=np.float32)
@@ -83,23 +86,18 @@ def _deq(code, w, o0, buf, qk):
                 buf[_U(b) * _U(32) + _U(16) + j] = np.float32((q >> 4) - 8) * d
 
 
-@njit(fastmath=True, inline="always")
-def _vdot(a, b):
-    s = np.float32(0.0)
-    for j in range(_U(a.shape[0])):
-        s += a[j] * b[j]
-    return s
-
-
 @njit(fastmath=True)
-def _rows_dot(code, w, r0, r1, rb, x, x16, dx, buf, res):
+def _rows_dot(code, w, r0, r1, rb, x, x16, dx, res):
     """res[r - r0] = row_r . x for rows [r0, r1) of flat expert bytes w (row stride rb).
 
-    Q8_0 / Q4_0 use the int16 activations x16 * dx (simd.py); F16 dequantises each row into buf.
+    Q8_0 / Q4_0 use the int16 activations x16 * dx, F16 the float32 x (simd.py intrinsics).
     """
     nb = np.int64(x.shape[0] // 32)
     r = r0
     if code == Q8_0:
+        while r + 8 <= r1:
+            rows8_q8(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(r - r0))
+            r += 8
         while r + 4 <= r1:
             rows4_q8(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(r - r0))
             r += 4
@@ -113,102 +111,159 @@ def _rows_dot(code, w, r0, r1, rb, x, x16, dx, buf, res):
         while r < r1:
             rows1_q4(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(r - r0))
             r += 1
-    else:
-        for r in range(r0, r1):
-            _deq(code, w, _U(r) * _U(rb), buf, _U(32))
-            res[r - r0] = _vdot(buf, x)
+    else:  # F16: float32 activations, exact products
+        nc = np.int64(x.shape[0] // 16)
+        while r + 4 <= r1:
+            rows4_f16(w, np.int64(r * rb), np.int64(rb), x, dx, nc, res, np.int64(r - r0))
+            r += 4
+        while r < r1:
+            rows1_f16(w, np.int64(r * rb), np.int64(rb), x, dx, nc, res, np.int64(r - r0))
+            r += 1
 
 
 @njit(fastmath=True)
-def _rows_matmul(code, w, r0, r1, rb, xs, x16s, dxs, idx, m, buf, res):
-    """res[k, r - r0] = row_r . xs[idx[k]] for k < m; one token: fused dots, else dequantise once."""
-    if m == 1:
-        t = idx[0]
-        _rows_dot(code, w, r0, r1, rb, xs[t], x16s[t], dxs[t], buf, res[0])
-        return
-    for r in range(r0, r1):
-        _deq(code, w, _U(r) * _U(rb), buf, _U(32))
+def _rows_matmul(code, w, r0, r1, rb, X, X16, DX, res):
+    """res[k, r - r0] = row_r . X[k] for the m rows of X [m, cols]: fused in-place dots per token up to
+    _FUSED tokens (the weight rows stay in L1/L2), else the rows are dequantised once and multiplied
+    with every token (prefill)."""
+    m = X.shape[0]
+    if m <= _FUSED:
         for k in range(m):
-            res[k, r - r0] = _vdot(buf, xs[idx[k]])
+            _rows_dot(code, w, r0, r1, rb, X[k], X16[k], DX[k], res[k])
+        return
+    cols = X.shape[1]
+    qk = _U(cols // (cols // 32))  # 32, but opaque to LLVM (a constant trip count unrolls into gathers)
+    buf = np.empty(cols, np.float32)
+    for r in range(r0, r1):
+        _deq(code, w, _U(r) * _U(rb), buf, qk)
+        for k in range(m):
+            x = X[k]
+            s = np.float32(0.0)
+            for j in range(cols):
+                s += buf[j] * x[j]
+            res[k, r - r0] = s
+
+
+@njit(fastmath=True, cache=True)
+def _moe_prep(x, experts, offs, tok):
+    """Gather each expert's tokens (CSR order) and quantise them -> (xg [M, H], x16, dx, max tokens per expert)."""
+    M, H = tok.shape[0], x.shape[1]
+    xg = np.empty((M, H), np.float32)
+    x16 = np.empty((M, H), np.int16)
+    dx = np.empty((M, H // 32), np.float32)
+    for a in range(M):
+        xg[a] = x[tok[a]]
+        quant16(xg[a], x16[a], dx[a])
+    maxm = 1
+    for i in range(experts.shape[0]):
+        maxm = max(maxm, offs[i + 1] - offs[i])
+    return xg, x16, dx, maxm
+
+
+@njit(fastmath=True, cache=True)
+def _moe_up(it, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, act):
+    """Work item `it` of phase 1: act[a, f] = silu(gate x) * (up x) for one expert and _ROWS rows of F."""
+    nch = (F + _ROWS - 1) // _ROWS
+    i = it // nch
+    r0 = (it % nch) * _ROWS
+    r1 = min(F, r0 + _ROWS)
+    e = experts[i]
+    a0 = offs[i]
+    m = offs[i + 1] - a0
+    g = np.empty((m, _ROWS), np.float32)
+    u = np.empty((m, _ROWS), np.float32)
+    s = slice(a0, a0 + m)
+    _rows_matmul(gc, gd[e], r0, r1, gd.shape[1] // F, xg[s], x16[s], dx[s], g)
+    _rows_matmul(uc, ud[e], r0, r1, ud.shape[1] // F, xg[s], x16[s], dx[s], u)
+    for k in range(m):
+        for r in range(r1 - r0):
+            gv = g[k, r]
+            act[a0 + k, r0 + r] = gv / (np.float32(1.0) + np.exp(-gv)) * u[k, r]
+
+
+@njit(fastmath=True, cache=True)
+def _moe_down(it, dd, dc, H, experts, offs, tok, wts, act, a16, da, maxm, out):
+    """Work item `it` of phase 2: _ROWS rows of out [T, H] (owned by this item), summed over experts."""
+    r0 = it * _ROWS
+    r1 = min(H, r0 + _ROWS)
+    y = np.empty((maxm, _ROWS), np.float32)
+    for i in range(experts.shape[0]):
+        e = experts[i]
+        a0 = offs[i]
+        m = offs[i + 1] - a0
+        _rows_matmul(dc, dd[e], r0, r1, dd.shape[1] // H, act[a0:a0 + m], a16[a0:a0 + m], da[a0:a0 + m], y)
+        for k in range(m):
+            t = tok[a0 + k]
+            for r in range(r1 - r0):
+                out[t, r0 + r] += wts[a0 + k] * y[k, r]
 
 
 @njit(parallel=True, nogil=True, fastmath=True, cache=True)
 def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out):
     """SwiGLU experts: out[t] += sum_a wts[a] * down_e(silu(gate_e x_t) * up_e x_t), CSR by expert.
 
-    gd/ud/dd: flat expert bytes [E, rows * row_bytes]; act [m, F] scratch.
+    gd/ud/dd: flat expert bytes [E, rows * row_bytes]; act [m, F] scratch. Rows split across threads.
     """
-    n = experts.shape[0]
-    T = x.shape[0]
-    M = act.shape[0]
-    grb, urb, drb = gd.shape[1] // F, ud.shape[1] // F, dd.shape[1] // H
-    x16 = np.empty((T, H), np.int16)
-    dx = np.empty((T, H // 32), np.float32)
-    for t in range(T):
-        quant16(x[t], x16[t], dx[t])
-    maxm = 1
-    for i in range(n):
-        maxm = max(maxm, offs[i + 1] - offs[i])
-    nch = (F + _ROWS - 1) // _ROWS
-    for it in prange(n * nch):  # phase 1: act[a, f] = silu(g) * u
-        i = it // nch
-        r0 = (it % nch) * _ROWS
-        r1 = min(F, r0 + _ROWS)
-        e = experts[i]
-        a0 = offs[i]
-        m = offs[i + 1] - a0
-        idx = tok[a0:a0 + m]
-        buf = np.empty(H, np.float32)
-        g = np.empty((m, _ROWS), np.float32)
-        u = np.empty((m, _ROWS), np.float32)
-        _rows_matmul(gc, gd[e], r0, r1, grb, x, x16, dx, idx, m, buf, g)
-        _rows_matmul(uc, ud[e], r0, r1, urb, x, x16, dx, idx, m, buf, u)
-        for k in range(m):
-            for r in range(r1 - r0):
-                gv = g[k, r]
-                act[a0 + k, r0 + r] = gv / (np.float32(1.0) + np.exp(-gv)) * u[k, r]
-    a16 = np.empty((M, F), np.int16)
-    da = np.empty((M, F // 32), np.float32)
-    for a in range(M):  # serial: a parallel region here costs more than it saves
-        quant16(act[a], a16[a], da[a])
-    nh = (H + _ROWS - 1) // _ROWS
-    for it in prange(nh):  # phase 2: each thread owns rows of out, loops over experts
-        r0 = it * _ROWS
-        r1 = min(H, r0 + _ROWS)
-        buf = np.empty(F, np.float32)
-        y = np.empty((maxm, _ROWS), np.float32)
-        lidx = np.arange(maxm)
-        for i in range(n):
-            e = experts[i]
-            a0 = offs[i]
-            m = offs[i + 1] - a0
-            _rows_matmul(dc, dd[e], r0, r1, drb, act[a0:a0 + m], a16[a0:a0 + m], da[a0:a0 + m], lidx, m, buf, y)
-            for k in range(m):
-                t = tok[a0 + k]
-                for r in range(r1 - r0):
-                    out[t, r0 + r] += wts[a0 + k] * y[k, r]
+    xg, x16, dx, maxm = _moe_prep(x, experts, offs, tok)
+    for it in prange(experts.shape[0] * ((F + _ROWS - 1) // _ROWS)):
+        _moe_up(it, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, act)
+    a16, da = _quant_rows(act)
+    for it in prange((H + _ROWS - 1) // _ROWS):
+        _moe_down(it, dd, dc, H, experts, offs, tok, wts, act, a16, da, maxm, out)
 
 
-@njit(parallel=True, nogil=True, fastmath=True, cache=True)
-def _matmul(wd, code, R, x, out):
-    """out[t, r] = W[r] . x[t] for one expert matrix (flat bytes wd, in place), rows across threads."""
+@njit(nogil=True, fastmath=True, cache=True)
+def _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out):
+    """_moe on the calling thread (little work: a parallel region costs more than it saves)."""
+    xg, x16, dx, maxm = _moe_prep(x, experts, offs, tok)
+    for it in range(experts.shape[0] * ((F + _ROWS - 1) // _ROWS)):
+        _moe_up(it, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, act)
+    a16, da = _quant_rows(act)
+    for it in range((H + _ROWS - 1) // _ROWS):
+        _moe_down(it, dd, dc, H, experts, offs, tok, wts, act, a16, da, maxm, out)
+
+
+@njit(fastmath=True, cache=True)
+def _quant_rows(x):
+    """int16 activations of x [T, C]: (x16 [T, C], dx [T, C/32])."""
     T, C = x.shape
-    rb = wd.shape[0] // R
     x16 = np.empty((T, C), np.int16)
     dx = np.empty((T, C // 32), np.float32)
     for t in range(T):
         quant16(x[t], x16[t], dx[t])
-    nch = (R + _ROWS - 1) // _ROWS
-    for it in prange(nch):
-        r0 = it * _ROWS
-        r1 = min(R, r0 + _ROWS)
-        buf = np.empty(C, np.float32)
-        res = np.empty((T, _ROWS), np.float32)
-        idx = np.arange(T)
-        _rows_matmul(code, wd, r0, r1, rb, x, x16, dx, idx, T, buf, res)
-        for t in range(T):
-            for r in range(r1 - r0):
-                out[t, r0 + r] = res[t, r]
+    return x16, dx
+
+
+@njit(fastmath=True, cache=True)
+def _matmul_chunk(wd, code, R, x, x16, dx, it, out):
+    """Rows [it * _ROWS, (it + 1) * _ROWS) of out [T, R] = x W^T."""
+    T = x.shape[0]
+    r0 = it * _ROWS
+    r1 = min(R, r0 + _ROWS)
+    res = np.empty((T, _ROWS), np.float32)
+    _rows_matmul(code, wd, r0, r1, wd.shape[0] // R, x, x16, dx, res)
+    for t in range(T):
+        for r in range(r1 - r0):
+            out[t, r0 + r] = res[t, r]
+
+
+@njit(parallel=True, nogil=True, fastmath=True, cache=True)
+def _matmul(wd, code, R, x, out):
+    """out[t, r] = W[r] . x[t] for one matrix (flat bytes wd, in place), rows across threads."""
+    x16, dx = _quant_rows(x)
+    for it in prange((R + _ROWS - 1) // _ROWS):
+        _matmul_chunk(wd, code, R, x, x16, dx, it, out)
+
+
+@njit(nogil=True, fastmath=True, cache=True)
+def _matmul_serial(wd, code, R, x, out):
+    """_matmul on the calling thread (small matrices: a parallel region costs more than it saves)."""
+    x16, dx = _quant_rows(x)
+    for it in range((R + _ROWS - 1) // _ROWS):
+        _matmul_chunk(wd, code, R, x, x16, dx, it, out)
+
+
+_SERIAL_BYTES = 1 << 20  # weight bytes x tokens below which _matmul_serial is used
 
 
 def flat(w) -> np.ndarray:
@@ -224,27 +279,110 @@ def expert_matmul(w, e: int, x: np.ndarray) -> np.ndarray:
     return out
 
 
+def linear(flat_w: np.ndarray, code: int, rows: int, x: np.ndarray) -> np.ndarray:
+    """x [T, cols] f32 times a 2-D weight read in place (flat bytes, type code) -> [T, rows] f32."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.empty((x.shape[0], rows), np.float32)
+    (_matmul_serial if flat_w.nbytes * x.shape[0] < _SERIAL_BYTES else _matmul)(flat_w, code, rows, x, out)
+    return out
+
+
+@njit(fastmath=True, cache=True)
+def rms_rows(x, w, eps, out):
+    """out[i] = x[i] / rms(x[i]) * w for rows of x [N, d] (float32, CPU fast path of the dense norms)."""
+    d = x.shape[1]
+    for i in range(x.shape[0]):
+        s = np.float32(0.0)
+        for j in range(d):
+            s += x[i, j] * x[i, j]
+        r = np.float32(1.0) / np.sqrt(s / np.float32(d) + np.float32(eps))
+        for j in range(d):
+            out[i, j] = x[i, j] * r * w[j]
+
+
+@njit(fastmath=True, cache=True)
+def qk_post(qkv, qn, kn, eps, cos, sin, nh, nkv, neox, norm):
+    """In place on qkv [T, nh + 2 nkv, hd]: RMSNorm (qn / kn) then RoPE (cos/sin [n, hd/2], token t at
+    row t % n) on the nh query and nkv key heads; the value heads are left alone."""
+    T, _, hd = qkv.shape
+    half = hd // 2
+    n = cos.shape[0]
+    tmp = np.empty(hd, np.float32)
+    for t in range(T):
+        c = cos[t % n]
+        s = sin[t % n]
+        for h in range(nh + nkv):
+            v = qkv[t, h]
+            if norm:
+                w = qn if h < nh else kn
+                ss = np.float32(0.0)
+                for j in range(hd):
+                    ss += v[j] * v[j]
+                r = np.float32(1.0) / np.sqrt(ss / np.float32(hd) + np.float32(eps))
+                for j in range(hd):
+                    v[j] = v[j] * r * w[j]
+            for j in range(hd):
+                tmp[j] = v[j]
+            for j in range(half):
+                if neox:
+                    a, b = tmp[j], tmp[j + half]
+                    v[j] = a * c[j] - b * s[j]
+                    v[j + half] = b * c[j] + a * s[j]
+                else:
+                    a, b = tmp[2 * j], tmp[2 * j + 1]
+                    v[2 * j] = a * c[j] - b * s[j]
+                    v[2 * j + 1] = b * c[j] + a * s[j]
+
+
+@njit(cache=True)
+def _csr(ids, w, keep):
+    """Counting sort of routing ids/w [T, K] by expert, kept experts only (keep [E] bool)."""
+    T, K = ids.shape
+    E = keep.shape[0]
+    cnt = np.zeros(E + 1, np.int64)
+    for t in range(T):
+        for k in range(K):
+            if keep[ids[t, k]]:
+                cnt[ids[t, k] + 1] += 1
+    n = 0
+    for e in range(E):
+        n += cnt[e + 1] > 0
+    experts = np.empty(n, np.int32)
+    offs = np.zeros(n + 1, np.int32)
+    pos = np.zeros(E, np.int64)
+    j = 0
+    for e in range(E):
+        if cnt[e + 1] > 0:
+            experts[j] = e
+            offs[j + 1] = offs[j] + cnt[e + 1]
+            pos[e] = offs[j]
+            j += 1
+    tok = np.empty(offs[n], np.int32)
+    wts = np.empty(offs[n], np.float32)
+    for t in range(T):  # token order within an expert
+        for k in range(K):
+            e = ids[t, k]
+            if keep[e]:
+                tok[pos[e]] = t
+                wts[pos[e]] = w[t, k]
+                pos[e] += 1
+    return experts, offs, tok, wts
+
+
 def csr(experts_per_tok: np.ndarray, weights: np.ndarray, keep=None):
-    """Group routing [T, K] by expert -> (experts int32 [n], offs [n+1], tok [m], wts [m]); keep(e) filters."""
-    T, K = experts_per_tok.shape
-    flat_e = experts_per_tok.reshape(-1)
-    order = np.argsort(flat_e, kind="stable")
-    fe = flat_e[order]
-    tok = (order // K).astype(np.int32)
-    wts = weights.reshape(-1)[order].astype(np.float32)
-    uniq, starts = np.unique(fe, return_index=True)
-    if keep is not None:
-        mask = np.array([keep(int(u)) for u in uniq], dtype=bool)
-        ends = np.append(starts[1:], fe.shape[0])
-        sel = np.concatenate([np.arange(s, t) for s, t, k in zip(starts, ends, mask) if k] or [np.zeros(0, np.int64)])
-        counts = (ends - starts)[mask]
-        uniq = uniq[mask]
-        tok, wts = tok[sel.astype(np.int64)], wts[sel.astype(np.int64)]
+    """Group routing [T, K] by expert -> (experts int32 [n], offs [n+1], tok [m], wts [m]).
+
+    keep: None (all), a bool mask [E] or a predicate on expert ids: the experts this tier computes.
+    """
+    ids = np.ascontiguousarray(experts_per_tok, dtype=np.int64)
+    E = int(ids.max()) + 1 if ids.size else 0
+    if keep is None:
+        mask = np.ones(E, dtype=bool)
+    elif callable(keep):
+        mask = np.array([bool(keep(e)) for e in range(E)], dtype=bool)
     else:
-        counts = np.diff(np.append(starts, fe.shape[0]))
-    offs = np.zeros(len(uniq) + 1, np.int32)
-    offs[1:] = np.cumsum(counts)
-    return uniq.astype(np.int32), offs, tok, wts
+        mask = np.asarray(keep, dtype=bool)
+    return _csr(ids, np.ascontiguousarray(weights, dtype=np.float32), mask)
 
 
 def moe_cpu(gate, up, down, x: np.ndarray, experts, offs, tok, wts, out: np.ndarray | None = None) -> np.ndarray:
@@ -254,8 +392,10 @@ def moe_cpu(gate, up, down, x: np.ndarray, experts, offs, tok, wts, out: np.ndar
         out = np.zeros((x.shape[0], down.rows), np.float32)
     act = np.empty((max(1, tok.shape[0]), gate.rows), np.float32)
     if experts.shape[0]:
-        _moe(flat(gate), gate.code, flat(up), up.code, flat(down), down.code, gate.rows, down.rows,
-             x, experts, offs, tok, wts, act, out)
+        work = experts.shape[0] * (gate.expert_bytes + up.expert_bytes + down.expert_bytes)
+        fn = _moe_serial if work < _SERIAL_BYTES else _moe
+        fn(flat(gate), gate.code, flat(up), up.code, flat(down), down.code, gate.rows, down.rows,
+           x, experts, offs, tok, wts, act, out)
     return out
 
 

@@ -55,12 +55,12 @@ def default_prompts(streams: int, n: int, vocab: int, seed: int = 0) -> np.ndarr
 class Runner:
     """A model loaded for a plan: dense path, experts, KV cache, optional Engram."""
 
-    def __init__(self, plan: Plan, model_path: str | Path, context: int):
+    def __init__(self, plan: Plan, model_path: str | Path, context: int, dense_inplace: bool | None = None):
         self.plan, self.m = plan, GGUFModel(model_path)
         c = self.c = self.m.cfg
         self.device = pick_device(plan.placement.dense == "gpu")
         K.set_threads(plan.cpu_threads)
-        self.dense = Dense(self.m, self.device)
+        self.dense = Dense(self.m, self.device, inplace=dense_inplace)
         self.experts = Experts(self.m, plan, self.device)
         self.k = min(plan.experts_per_token or c.top_k, c.top_k)
         self.kv = KVCache(c.n_layers, plan.streams, c.n_kv, context, c.head_dim, self.device, torch.float32)
@@ -110,6 +110,16 @@ class Runner:
 
     def generate(self, prompts: np.ndarray, gen_tokens: int, keep_logits: bool = False, progress: bool = False):
         """Prefill `prompts` [S, P], then greedy-decode gen_tokens per stream -> (tokens [S, G], times, logits)."""
+        if self.device.type != "cpu":
+            return self._generate(prompts, gen_tokens, keep_logits, progress)
+        n = torch.get_num_threads()  # on the CPU the heavy products run in numba; torch's remaining ops are
+        torch.set_num_threads(1)     # small, and waking its own thread pool costs more than it saves
+        try:
+            return self._generate(prompts, gen_tokens, keep_logits, progress)
+        finally:
+            torch.set_num_threads(n)
+
+    def _generate(self, prompts, gen_tokens, keep_logits, progress):
         plan = self.plan
         if plan.expert_cache.release_during_prefill and self.experts.cache.slots:
             self.experts.release()
@@ -148,30 +158,33 @@ def write_trace(trace: list[dict], path: str | Path) -> Path:
 
 
 def summarise(trace: list[dict], times: dict, streams: int, gen_tokens: int) -> dict:
-    """Speed and achieved bandwidth per tier from a trace."""
+    """Speed (tok/s, ms), cache hit rate and achieved bandwidth per tier (GB/s) from a trace."""
     dec = [r for r in trace if r["phase"] == "decode"]
-    itl = np.array(times["itl_s"]) if times["itl_s"] else np.array([np.nan])
-    tot = lambda k, rs=dec: float(sum(r[k] for r in rs))  # noqa: E731
-    hits, miss = tot("n_hits") if dec and "n_hits" in dec[0] else None, None
+    itl = np.array(times["itl_s"], dtype=float)
+    tot = lambda k: float(sum(r[k] for r in dec))  # noqa: E731
     n_hit = sum(len(r["hits"]) for r in dec)
     n_miss = sum(len(r["misses"]) for r in dec)
     bw = lambda b, ms: (b / (ms / 1e3) / 1e9) if ms > 0 else None  # noqa: E731
-    del hits, miss
     return dict(
-        decode_tok_s=float(streams * len(times["itl_s"]) / itl.sum()) if times["itl_s"] else None,
-        ttft_s=times["ttft_s"], itl_p50_ms=float(np.median(itl) * 1e3), itl_p95_ms=float(np.percentile(itl, 95) * 1e3),
+        decode_tok_s=float(streams * len(itl) / itl.sum()) if len(itl) else None,
+        ttft_s=times["ttft_s"],
+        itl_p50_ms=float(np.median(itl) * 1e3) if len(itl) else None,
+        itl_p95_ms=float(np.percentile(itl, 95) * 1e3) if len(itl) else None,
         cache_hit_rate=(n_hit / (n_hit + n_miss)) if n_hit + n_miss else None,
         time_ms={k: tot(k) for k in ("t_dense_ms", "t_experts_ms", "t_dev_ms", "t_cpu_ms", "t_wait_ms")},
         bytes={"cpu": tot("bytes_cpu"), "pcie": tot("bytes_pcie"), "device": tot("bytes_dev")},
         bandwidth_gbs={"cpu": bw(tot("bytes_cpu"), tot("t_cpu_ms")), "device": bw(tot("bytes_dev"), tot("t_dev_ms"))},
-        engram_pages_per_token=(tot("engram_pages") / max(1, streams * len(times["itl_s"]))) if dec else 0.0,
+        engram_pages_per_token=tot("engram_pages") / max(1, streams * len(itl)),
     )
 
 
 def execute(plan: Plan, model_path: str | Path, prompt_tokens: int = 32, gen_tokens: int = 32,
             trace_path: str | Path | None = None, progress: bool = False, prompts: np.ndarray | None = None,
             keep_logits: bool = False) -> dict:
-    """Run `plan` on the GGUF at model_path: prefill prompt_tokens, decode gen_tokens per stream; speeds in tok/s, ms."""
+    """Run `plan` on the GGUF at model_path: prefill prompt_tokens, decode gen_tokens per stream.
+
+    Returns decode_tok_s (tok/s, all streams), ttft_s, itl_p50_ms, tokens [S][G], trace (JSONL path),
+    bandwidth_gbs per tier, cache_hit_rate and the time split (ms)."""
     model_path = Path(model_path)
     m = GGUFModel(model_path)
     check_plan(plan, m, prompt_tokens, gen_tokens)

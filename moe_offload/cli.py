@@ -112,8 +112,11 @@ def _cmd_regress(a) -> int:
     from calibration import regress
     from calibration.store import default_store_path
 
-    rows = [] if a.local_only else regress.published_rows(a.case)
     store = a.store or default_store_path()
+    if a.measure:
+        from calibration.local import measure_local
+        measure_local(a.preset, store_path=store, rounds=a.rounds, log=lambda s: print(s, file=sys.stderr))
+    rows = [] if a.local_only else regress.published_rows(a.case)
     if a.hw and store.exists():
         rows += regress.local_rows(store, a.hw)
     if a.json:
@@ -146,6 +149,14 @@ def _cmd_calibrate(a) -> int:
     from specs.loaders import load_hardware
 
     base = load_hardware(a.hw_base) if a.hw_base else None
+    if a.from_trace:
+        from calibration.trace_fit import calibrate_from_traces
+        if base is None or not a.model:
+            raise SpecError("calibrate", "--hw-base" if base is None else "--model",
+                            "--from-trace needs --hw-base (a measured profile) and --model (the traces' GGUF)")
+        hw, _, _ = calibrate_from_traces(a.from_trace, a.model, base, out=a.out)
+        print(f"fitted profile {hw.name} written to {a.out}")
+        return 0
     hw = calibrate(quick=a.quick, out=a.out, hw_base=base, progress=sys.stderr.isatty(), store_path=a.store)
     print(f"calibrated profile {hw.name} written to {a.out}")
     return 0
@@ -306,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hw", help="this machine's calibrated profile, to check the store's local runs")
     p.add_argument("--store", type=__import__("pathlib").Path, help="results store CSV")
     p.add_argument("--local-only", action="store_true", help="skip the published cases")
+    p.add_argument("--measure", action="store_true", help="re-run the local executor cases first")
+    p.add_argument("--preset", default="small", help="with --measure: the synthetic model (small, tiny)")
+    p.add_argument("--rounds", type=int, default=3, help="with --measure: runs per case (median kept)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_regress)
 
@@ -321,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="profile YAML to write (atomically)")
     p.add_argument("--hw-base", help="merge the measurements over this profile (default: detected)")
     p.add_argument("--store", help="results store CSV")
+    p.add_argument("--from-trace", nargs="+", metavar="TRACE", help="fit host overheads from executor traces")
+    p.add_argument("--model", help="with --from-trace: the GGUF the traces ran")
     p.set_defaults(func=_cmd_calibrate)
 
     p = sub.add_parser("make-model", help="write a synthetic MoE GGUF (llama.cpp loads it too)")

@@ -88,7 +88,9 @@ class DecodeRun:
         kv = self.kv_tok * self.context * self.ntok / self.model.n_layers
         w_bytes = self.dense_layer_bytes
         self.lt = m.sim.now
-        if self.dense_on_gpu:
+        if self.dense_on_gpu and m.shares_host:
+            m.host_dense(w_bytes + kv, lambda: self._routed(layer), tokens=self.ntok)
+        elif self.dense_on_gpu:
             m.gpu.submit(m.gpu_read_s(w_bytes + kv), lambda: self._routed(layer))
         else:
             m.cpu_read(w_bytes + kv, lambda: self._routed(layer), rate=m.cpu_dense_rate)
@@ -102,7 +104,13 @@ class DecodeRun:
             return
         self.crit["gpu" if self.dense_on_gpu else "cpu"] += m.sim.now - self.lt
         picks = self.r[:, i, :]
-        ex = picks[0] if self.ntok == 1 else np.unique(picks)
+        cnt = None
+        if self.ntok == 1:
+            ex = picks[0]
+        elif m.shares_host:  # a host device pays per (token, expert) product beyond the first
+            ex, cnt = np.unique(picks, return_counts=True)
+        else:
+            ex = np.unique(picks)
         self.reads += ex.size
         if i in self.static_gpu:
             hit = np.ones(ex.size, dtype=bool)
@@ -154,14 +162,19 @@ class DecodeRun:
                 after()
             if self.kind == "copy":
                 m.gpu.submit(hit_s)
-        elif m.has_gpu:
+        elif m.shares_host and n_h:  # the host device computes its residents beside the CPU job
+            extra = int(cnt[hit].sum()) - n_h if cnt is not None else 0
+            m.host_experts(n_h, lambda: self._join(layer, "gpu"), extra_pairs=extra)
+        elif m.has_gpu and not m.shares_host:
             m.gpu.submit(hit_s, lambda: self._join(layer, "gpu"))
         else:
             self.pending -= 1
         # CPU side
         if k_cpu:
             self.bytes_by_tier["cpu"] += k_cpu * eb
-            ho = self.handover_s if m.has_gpu else 0.0
+            # a handover when device work runs beside the CPU job (on a host-sharing device the
+            # job otherwise runs inline on the same thread)
+            ho = self.handover_s if ((n_h or n_gpu_miss) if m.shares_host else m.has_gpu) else 0.0
             ram_part = (k_cpu - n_ssd_cpu) * eb
             if n_ssd_cpu:  # pages stream in while the CPU computes; one expert's work trails
                 self.bytes_by_tier["nvme"] += n_ssd_cpu * eb
@@ -171,7 +184,9 @@ class DecodeRun:
                 overlap = ram_part + (n_ssd_cpu - 1) * eb
                 go = lambda: m.cpu_read(overlap, sub_done) if overlap else sub_done()
             else:
-                go = lambda: m.cpu_read(ram_part, lambda: self._join(layer, "cpu"))
+                extra_s = (m.cpu_pairs_s(round((int(cnt[~hit].sum()) - n_m) * k_cpu / n_m))
+                           if cnt is not None else 0.0)
+                go = lambda: m.cpu_read(ram_part, lambda: self._join(layer, "cpu"), extra_s=extra_s)
             m.sim.after(ho, go) if ho else go()
         else:
             self.pending -= 1
@@ -197,7 +212,9 @@ class DecodeRun:
         over = m.c.step_overhead_ms * 1e-3
         changes = self.cache.end_step()
         ins = [(c[0], c[1]) for c in changes if c[1] >= 0]
-        if ins:  # fills stream in on the copy engine beside the next steps; usable when landed
+        if ins and m.shares_host:  # the host device loads its copies between steps, untimed
+            self.bytes_by_tier["fills"] += len(ins) * self.eb
+        elif ins:  # fills stream in on the copy engine beside the next steps; usable when landed
             rows, cols = np.array(ins).T
             self.landing[rows, cols] = True
             self.bytes_by_tier["fills"] += len(ins) * self.eb

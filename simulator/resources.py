@@ -26,6 +26,14 @@ class Constants:
     gpu_expert_efficiency: float = 0.47
     gemm_efficiency: float = 0.30  # fraction of fp16_tflops prefill GEMMs attain (assumed, see README)
     cpu_prefill_gflops_per_core: float = 50.0  # CPU prefill expert GEMM rate per core, GFLOP/s (assumed)
+    cpu_job_ms: float = 0.0  # fixed cost of one CPU expert job (kernel launch, routing tables), ms
+    # A host-sharing pseudo-GPU (hw.gpu.shares_host): fixed host cost of each layer (Python and torch
+    # dispatch, norms, routing), the rate at which it computes a resident expert (GB/s over the
+    # expert's device bytes) and the bytes per weight its resident copies take (f32 = 4).
+    layer_overhead_ms: float = 0.0
+    token_overhead_ms: float = 0.0  # per layer, per token beyond the first in a step (several streams)
+    dev_expert_gbs: float = 0.0  # 0: VRAM bandwidth x gpu_expert_efficiency
+    dev_bytes_per_param: float = 0.0  # 0: the expert's quantised bytes
 
     @classmethod
     def from_hw(cls, hw, **override) -> "Constants":
@@ -43,6 +51,7 @@ class Machine:
         self.net = FluidNet(sim)
         self.threads = int(plan.cpu_threads or hw.cpu.threads_used)
         self.has_gpu = hw.gpu is not None
+        self.shares_host = bool(self.has_gpu and hw.gpu.shares_host)
         self.gpu = Serial(sim, "gpu")
         self.copy = Serial(sim, "copy_engine")
         self.cpu = Pool(sim, "cpu", self.threads)
@@ -60,6 +69,10 @@ class Machine:
         self.gpu_flops = (hw.gpu.fp16_tflops * 1e12 * consts.gemm_efficiency) if self.has_gpu else 0.0
         self.rand_rate = hw.nvme.rand_4k_iops * hw.page_bytes
         self.moved = {"gpu": 0.0, "copy_engine": 0.0, "cpu": 0.0}  # bytes each engine processed
+        self.dev_expert_bytes = (model.params_per_expert * consts.dev_bytes_per_param
+                                 if consts.dev_bytes_per_param else model.expert_bytes)
+        self.dev_expert_rate = (consts.dev_expert_gbs * GB if consts.dev_expert_gbs
+                                else self.gpu_bw * consts.gpu_expert_efficiency)
         self.nvme_latency = hw.nvme.latency_us * 1e-6
 
     # ---- transfers and jobs (sizes in bytes, done() when finished) --------------------------
@@ -80,16 +93,18 @@ class Machine:
         if done is not None:
             done()
 
-    def cpu_read(self, nbytes: float, done, rate: float | None = None) -> None:
+    def cpu_read(self, nbytes: float, done, rate: float | None = None, extra_s: float = 0.0) -> None:
         """All CPU threads compute over `nbytes` of weights in DDR (each core capped by its
-        arithmetic rate, all of them by their DDR share)."""
+        arithmetic rate, all of them by their DDR share); `extra_s` of arithmetic beyond the read."""
         rate = self.cpu_expert_rate if rate is None else rate
         threads = self.threads
         self.moved["cpu"] += nbytes
+        job_s = self.c.cpu_job_ms * 1e-3 + extra_s
 
-        def go():
+        def flow():
             self.net.start(nbytes, (self.ddr,), lambda: self._cpu_end(done), cap=rate,
                            weight=threads, name="cpu")
+        go = (lambda: self.sim.after(job_s, flow)) if job_s else flow
         self.cpu.acquire(threads, go)
 
     def _cpu_end(self, done) -> None:
@@ -102,6 +117,40 @@ class Machine:
         self.sim.after(self.nvme_latency, lambda: self.net.start(
             nbytes, (self.nvme, self.ddr), done, cap=cap, name="nvme"))
 
+    # ---- a host-sharing pseudo-GPU: its work holds the device stream and reads host DDR ----------
+    def host_dense(self, nbytes: float, done, tokens: int = 1) -> None:
+        """One layer's dense path on a host-sharing device: fixed host cost (per layer, and per
+        further token of the step), then `nbytes` of weights read at the host kernels' rate for
+        the dense format, over DDR."""
+        self.moved["gpu"] += nbytes
+        over = (self.c.layer_overhead_ms + (tokens - 1) * self.c.token_overhead_ms) * 1e-3
+        if tokens > 1:  # each further token's dense products at the host GEMM rate
+            over += (tokens - 1) * self.gpu_flops_s(self.model.dense_flops_per_token / self.model.n_layers)
+
+        def flow():
+            self.net.start(nbytes, (self.ddr,), lambda: (self.gpu.release(), done()),
+                           cap=self.cpu_dense_rate, name="host-dense")
+        self.gpu.acquire(lambda: self.sim.after(over, flow) if over else flow())
+
+    def host_experts(self, n: int, done, extra_pairs: int = 0) -> None:
+        """`n` resident experts on a host-sharing device: their device copies read over DDR
+        (contending with CPU expert jobs) at the measured per-hit rate; `extra_pairs` further
+        (token, expert) products at the host GEMM rate."""
+        nbytes = n * self.dev_expert_bytes
+        self.moved["gpu"] += nbytes
+        extra_s = self.gpu_flops_s(extra_pairs * self.model.expert_flops)
+
+        def flow():
+            self.net.start(nbytes, (self.ddr,), lambda: (self.gpu.release(), done()),
+                           cap=self.dev_expert_rate, name="host-experts")
+        self.gpu.acquire(lambda: self.sim.after(extra_s, flow) if extra_s else flow())
+
+    def cpu_pairs_s(self, extra_pairs: int) -> float:
+        """Seconds of CPU arithmetic for (token, expert) products beyond one token per expert
+        (the prefill GEMM rate: the weights are already being read)."""
+        rate = self.c.cpu_prefill_gflops_per_core * 1e9 * self.threads
+        return extra_pairs * self.model.expert_flops / rate if extra_pairs else 0.0
+
     def gpu_read_s(self, nbytes: float) -> float:
         """Seconds for the GPU to stream `nbytes` of weights from VRAM."""
         self.moved["gpu"] += nbytes
@@ -110,6 +159,8 @@ class Machine:
     def gpu_expert_s(self, nbytes: float) -> float:
         """Seconds for the GPU to run experts of `nbytes` resident in VRAM (GEMV efficiency)."""
         self.moved["gpu"] += nbytes
+        if self.shares_host:
+            return nbytes / self.model.expert_bytes * self.dev_expert_bytes / self.dev_expert_rate
         return nbytes / (self.gpu_bw * self.c.gpu_expert_efficiency) if self.gpu_bw else 0.0
 
     def gpu_flops_s(self, flops: float) -> float:

@@ -42,6 +42,9 @@ class GPU(_Strict):
     bw_gbs: Pos  # VRAM bandwidth, GB/s (1e9 bytes/s)
     fp16_tflops: Pos  # dense fp16/bf16 tensor throughput
     reserved_bytes: NonNeg  # CUDA context, graphs, activations, DMA staging: not for weights
+    # A pseudo-GPU on a host without one (torch on the CPU): its work runs on the host's cores and
+    # reads the host's DDR, so it contends with the CPU expert tier there (simulator/resources.py).
+    shares_host: bool = False
 
 
 class PCIe(_Strict):

@@ -1,4 +1,5 @@
 """Microbenchmarks on tiny inputs: structure, positivity and relations (never timing bars)."""
+import itertools
 import os
 import time
 
@@ -30,6 +31,16 @@ def test_memory_structure():
     assert "1 thread" in m.method("read", 1)
 
 
+def test_memory_bench_merges_sampling_calls():
+    m = bench.MemoryBench(1 << 20, threads=[1], kernels=("read",))
+    m.sample(2, budget_s=0.3)
+    m.sample(2, budget_s=0.3)
+    r = m.result()
+    assert r.repeats == 4 and len(m.times[("read", 1)]) >= 4 and r.noise.windows >= 2
+    assert r.best["read"][1] >= r.median["read"][1] > 0
+    m.free()
+
+
 def test_fit_recovers_line_exactly():
     ks = [1, 2, 4, 6, 8]
     c_a, c_b, res = bench.fit_job_costs(ks, [0.11 + 0.2 * k for k in ks])
@@ -56,7 +67,7 @@ def test_expert_kernel_hook_fits_a_known_job():
                                 budget_s=0.3)
     assert f.ks == [1, 2, 4] and len(f.t_ms) == 3 and len(f.residuals_ms) == 3
     assert f.t_ms[0] < f.t_ms[1] < f.t_ms[2]
-    assert 1.5 < f.c_b_ms < 5 and f.c_b_ms > f.c_a_ms >= 0
+    assert 1.0 < f.c_b_ms < 8 and f.c_b_ms > f.c_a_ms >= 0
     assert f.expert_gbs == pytest.approx(1e6 / (f.c_b_ms * 1e-3) / 1e9)
     assert "least-squares" in f.method()
 
@@ -114,7 +125,7 @@ def test_disk_uncached_and_cached(tmp_path):
                          tick=lambda: ticks.append(1))
     assert len(ticks) == 5
     assert d.bypass in ("O_DIRECT", "posix_fadvise DONTNEED")
-    assert d.file_bytes == 1 << 20 and d.reads == 60 and d.qd == 4
+    assert d.file_bytes == 1 << 20 and d.reads >= 40 and d.qd == 4
     for v in (d.qd1_latency_us, d.qd1_iops, d.qd_iops, d.seq_gbs, d.cached_us, d.cached_iops):
         assert v > 0
     assert os.listdir(tmp_path) == []  # the temporary file is gone
@@ -128,9 +139,13 @@ def test_disk_falls_back_to_fadvise(tmp_path, monkeypatch):
 
 
 def test_handover():
+    aff = os.sched_getaffinity(0)
     h = bench.bench_handover(iters=20, budget_s=0.3, block=10)
     assert h.sync_ms > 0 and h.thread_ms > 0 and h.iters == 20
-    assert h.device in h.method()
+    assert h.device in h.method() and h.same_core and "one core" in h.method()
+    assert os.sched_getaffinity(0) == aff  # pinning undone
+    c = bench.bench_handover(iters=20, budget_s=0.3, block=10, same_core=False)
+    assert not c.same_core and c.sync_ms > 0 and os.sched_getaffinity(0) == aff  # affinity restored
 
 
 def test_sample_clean_keeps_clean_windows_and_reports_noise(monkeypatch):
@@ -150,7 +165,14 @@ def test_sample_clean_keeps_clean_windows_and_reports_noise(monkeypatch):
     got, noise = bench.sample_clean(unit, want=3, budget_s=0.05, min_window_s=0.01, keys=2,
                                     tick=lambda: ticks.append(1))
     assert noise.used_all and noise.clean == 0 and noise.others == pytest.approx(0.9)
-    assert len(got["a"]) >= 3 and len(ticks) == 3
+    assert len(got["a"]) >= 2 and len(ticks) == 3 and "least disturbed" in noise.describe()
+    # some windows disturbed more than others: the fallback takes the quietest first
+    calls.clear()
+    shares = itertools.cycle([0.9, 0.3, 0.8, 0.5, 0.95, 0.6])
+    monkeypatch.setattr(bench.Window, "others", lambda self: next(shares))
+    got, noise = bench.sample_clean(unit, want=6, budget_s=0.02, min_window_s=0.0, keys=2)
+    assert noise.used_all and noise.fallback_others == 0.3
+    assert got["a"][:2] == [calls[1], calls[7]]  # the first windows that saw the least load (0.3)
 
 
 def test_window_measures_outside_load():

@@ -59,6 +59,15 @@ def test_measured_figures_carry_date_and_method(run):
     assert hw.constants["pagecache_4k_us"] < hw.nvme.latency_us
 
 
+def test_describe_calibrated_profile(run):
+    from calibration.detect import describe
+    hw, _, _, _ = run
+    rows = {r[0]: r for r in describe(hw)}
+    assert rows["constants.t_hit_ms"][1].endswith(" ms") and rows["constants.t_hit_ms"][2] == "measured"
+    assert rows["cpu.threads_used"][2] == "measured"
+    assert rows["nvme.rand_4k_iops"][1].endswith("IOPS")
+
+
 def test_progress_bars_shown(run):
     _, _, _, text = run
     for stage in ("memory bandwidth", "CPU expert kernel", "per-hit time", "disk 4 KiB"):
@@ -70,12 +79,13 @@ def test_store_rows(run):
     rows = store.read_rows(st)
     cases = {r["case"] for r in rows}
     for c in ("calibrate:mem_read", "calibrate:mem_copy", "calibrate:mem_triad", "calibrate:t_hit",
-              "calibrate:handover", "calibrate:disk_qd1", "calibrate:pagecache_4k", "calibrate:dense"):
+              "calibrate:handover", "calibrate:handover_cross_core", "calibrate:disk_qd1",
+              "calibrate:pagecache_4k", "calibrate:dense"):
         assert c in cases
     assert all(r["time"] and r["commit"] and r["machine"] and r["profile"] == str(out) for r in rows)
     assert all(r["mode"] == "tiny" for r in rows)
     kern = [r for r in rows if r["case"].startswith("calibrate:cpu_kernel_") and r["metric"] == "job_ms"]
-    assert len(kern) >= len(TINY.kernel_ks) and all(r["residual_ms"] != "" for r in kern)
+    assert len(kern) >= len(TINY.kernel_ks) and all(r["residual_ms"] != "" and r["kernel"] for r in kern)
 
 
 def test_second_run_appends_and_replaces_profile(run, tmp_path):
@@ -88,6 +98,14 @@ def test_second_run_appends_and_replaces_profile(run, tmp_path):
     assert st2.read_bytes().startswith(before)  # nothing rewritten
     assert len(store.read_rows(st2)) > n0
     assert load_hardware(str(out2)).constants["t_hit_ms"].source == "measured"
+
+
+def test_recalibration_replaces_its_notes(run, tmp_path):
+    hw, _, _, _ = run
+    again = cal.calibrate(True, tmp_path / "again.yaml", hw, False, settings=TINY, store_path=tmp_path / "r.csv",
+                          disk_dir=tmp_path)
+    assert again.notes.count("calibrated (tiny)") == 1
+    assert again.notes.count("noise memory:") == 1
 
 
 def test_merge_over_datasheet_base(tmp_path):
@@ -171,3 +189,43 @@ def test_toy_kernel_path(tmp_path):
     hw = cal.calibrate(True, tmp_path / "t.yaml", None, False, settings=replace(TINY, toy_kernel=True),
                        store_path=tmp_path / "r.csv", disk_dir=tmp_path)
     assert "c_b_ms.toy-f32" in hw.constants and hw.cpu.expert_gbs["toy-f32"].source == "measured"
+
+
+def test_budget_split_keeps_total(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(cal.time, "perf_counter", lambda: clock[0])
+    s = replace(cal.QUICK, total_budget_s=10.0)
+    b = cal._Budget(s, n_kernels=3, cuda=False)
+    assert sum(b.left.values()) > 10  # the stages' own budgets add up to more than the total
+    stages = [("mem", s.mem_budget_s)] + [(f"kernel{i}", s.kernel_budget_s) for i in range(3)]
+    stages += [("hit", s.hit_budget_s), ("dense", s.dense_budget_s), ("handover", 1.5 * s.handover_budget_s),
+               ("disk", 3 * s.disk_budget_s)]
+    got = []
+    for key, own in stages:
+        g = b.take(key, own)
+        assert 0.2 <= g <= own
+        got.append(g)
+        clock[0] += g  # a stage that waits out its whole budget
+    assert sum(got) <= 10.0 + 1e-6
+
+
+def test_quick_fits_its_minute():
+    s = cal.QUICK
+    worst_wait = s.total_budget_s
+    assert worst_wait <= 35  # leaves the work (~12 s here) and a first JIT of the kernels (~13 s) room
+    assert cal.FULL.total_budget_s <= 420
+
+
+def test_unwritable_output_is_a_spec_error_before_benchmarks(tmp_path, monkeypatch):
+    from specs.errors import SpecError
+    ran = []
+    monkeypatch.setattr(cal, "run_benchmarks", lambda *a, **k: ran.append(1))
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(SpecError) as e:
+        cal.calibrate(True, blocker / "hw.yaml", None, False, settings=TINY, store_path=tmp_path / "r.csv")
+    assert "hw.yaml" in e.value.line() and "cannot write the profile" in e.value.line()
+    with pytest.raises(SpecError) as e:
+        cal.calibrate(True, tmp_path / "hw.yaml", None, False, settings=TINY, store_path=blocker / "r.csv")
+    assert "results store" in e.value.line()
+    assert not ran and not (tmp_path / "hw.yaml").exists()

@@ -54,7 +54,8 @@ def reference_logits(path, tokens, engram=None, k=None) -> np.ndarray:
         if engram is not None and i in engram.layers:
             rows = [engram.row_ids(i, list(tokens[: j + 1])) for j in range(N)]
             tab = engram._reader.tensors[0]
-            x = x + np.stack([gguf.dequantize(tab.data[rr], tab.tensor_type).reshape(len(rr), -1).mean(0) for rr in rows])
+            x = x + np.stack([gguf.dequantize(tab.data[rr], tab.tensor_type).reshape(len(rr), -1).mean(0)
+                              for rr in rows])
         h = _rms(x, W[b + "attn_norm"], eps)
         q = (h @ W[b + "attn_q"].T).reshape(N, nh, hd)
         kk = (h @ W[b + "attn_k"].T).reshape(N, nkv, hd)

@@ -4,11 +4,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from executor.engram import Engram
 from executor.make_model import PRESETS, write_model
 from executor.runner import execute
-from specs.plan import Plan, Placement
+from specs.plan import MissPolicy, Placement, Plan
 
 P, G = 6, 5
 
@@ -26,8 +27,13 @@ def _check(path, reference, plan, engram=None):
     return rel.max()
 
 
-def test_logits_match_reference(tiny, reference):
-    _check(tiny, reference, Plan(placement=Placement(engram="none")))
+@pytest.mark.parametrize("plan", [
+    Plan(placement=Placement(engram="none")),  # all experts on the CPU (numba, in place)
+    Plan(placement=Placement(engram="none", gpu_expert_layers=[0, 1, 2, 3])),  # all on the device (torch)
+    Plan(placement=Placement(engram="none"), miss_policy=MissPolicy(kind="copy")),  # copied per use
+], ids=["cpu-tier", "device-tier", "pcie-copy"])
+def test_logits_match_reference(tiny, reference, plan):
+    _check(tiny, reference, plan)
 
 
 def test_logits_match_reference_with_engram(tiny, reference, engram_of):
@@ -44,3 +50,29 @@ def test_mixtral_style_llama_arch(tmp_path, reference):
     p = replace(PRESETS["tiny"], arch="llama", n_layers=2)
     path = write_model(p, tmp_path / "mixtral.gguf", seed=3)
     _check(path, reference, Plan(placement=Placement(engram="none")))
+
+
+def test_dense_torch_path_matches_inplace(tiny):
+    """The torch dense path (CUDA's, weights dequantised) gives the logits of the in-place CPU path."""
+    from executor.runner import Runner, default_prompts
+    plan = Plan(placement=Placement(engram="none"))
+    out = []
+    for inplace in (True, False):
+        r = Runner(plan, tiny, 16, dense_inplace=inplace)
+        toks, _, logits = r.generate(default_prompts(1, 6, 512), 4, keep_logits=True)
+        r.experts.close()
+        out.append((toks, np.stack(logits)))
+    assert (out[0][0] == out[1][0]).all()
+    assert np.abs(out[0][1] - out[1][1]).max() / np.abs(out[1][1]).max() < 1e-4
+
+
+def test_logits_match_reference_longer_prompts(tiny, reference):
+    """Longer prompts (prefill with more than 8 tokens per expert): the CPU tier still matches."""
+    from executor.runner import default_prompts
+    for seed in (100, 101, 102):
+        prompts = default_prompts(1, 16, 512, seed=seed)
+        r = execute(Plan(placement=Placement(engram="none")), tiny, 16, 4, trace_path=tiny.parent / "long.jsonl",
+                    keep_logits=True, prompts=prompts)
+        want = reference(tiny, list(prompts[0]) + r["tokens"][0][:-1])[15:]
+        got = np.stack([lg[0] for lg in r["logits"]])
+        assert (np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)).max() < 1e-3

@@ -1,0 +1,315 @@
+"""Fit the simulator's host overhead constants from executor traces (JSONL, one record per step and
+layer), and write them into a profile whose `gpu` is the torch device.
+
+Each constant is read off the records that isolate it (no joint fudge):
+
+    cpu_job_ms, cpu_expert_ms  CPU expert jobs run inline (no device work beside them), 1 token:
+                               t_cpu = c_a + c_b n_cpu (c_a from the base profile's kernel
+                               benchmark when every job has the same n_cpu)
+    hit_ms                     layers with device hits and no CPU job, 1 token: t_dev = hit_ms n_h
+    layer_overhead_ms          per layer, what is left of t_dense + t_experts after the expert
+                               work above and the dense weights read at the measured dense rate
+    token_overhead_ms          steps of several tokens (streams): what is left per layer and
+                               further token beyond the one-token model plus the further
+                               (token, expert) products at the prefill-measured GEMM rates
+    prefill_gflops_per_core    prefill CPU expert jobs: routed FLOPs / t_cpu / threads
+    host_gemm_gflops           prefill dense path: dense + attention FLOPs / the rest of the layer
+
+Errors: per trace, the summed step time the fitted per-layer model gives for the trace's own
+hits and misses against the measured sum, in sample and leave-one-trace-out.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from specs.errors import SpecError
+from specs.figure import Figure
+
+DEVICE_BYTES_PER_PARAM = 4.0  # the executor's device copies of experts on a CPU host are f32
+
+
+@dataclass
+class HostFit:
+    """Fitted host constants (ms, GB/s, GFLOP/s) and how many records pinned each."""
+
+    layer_overhead_ms: float
+    token_overhead_ms: float
+    cpu_job_ms: float
+    cpu_expert_ms: float
+    hit_ms: float | None
+    prefill_gflops_per_core: float | None
+    host_gemm_gflops: float | None
+    n: dict = field(default_factory=dict)
+
+
+def read_trace(path: str | Path) -> list[dict]:
+    """Records of an executor trace; SpecError (file, line) when it is not one."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise SpecError(str(path), None, f"cannot read the trace: {e.strerror or e}") from None
+    out = []
+    need = ("phase", "layer", "tokens", "t_dense_ms", "t_experts_ms", "t_dev_ms", "t_cpu_ms", "hits", "cpu")
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SpecError(str(path), f"line {i}", f"not JSON ({e.msg})") from None
+        miss = [k for k in need if k not in rec]
+        if miss:
+            raise SpecError(str(path), f"line {i}", f"not an executor trace record (no {miss[0]!r})")
+        out.append(rec)
+    if not out:
+        raise SpecError(str(path), None, "empty trace")
+    return out
+
+
+def check_trace(recs: list[dict], model, path: str) -> None:
+    """SpecError when the trace's layers or expert ids do not fit `model` (a trace of another model)."""
+    layers = {r["layer"] for r in recs}
+    if max(layers) >= model.n_layers or len(layers) != model.n_layers:
+        raise SpecError(str(path), "layer", f"trace has {len(layers)} layers (max id {max(layers)}), "
+                        f"model {model.name} has {model.n_layers}: a trace of another model")
+    top = max((e for r in recs for e in r["hits"] + r.get("misses", r["cpu"])), default=-1)
+    if top >= model.n_experts:
+        raise SpecError(str(path), "routed", f"expert id {top} but model {model.name} has {model.n_experts} "
+                        "experts per layer: a trace of another model")
+    k = max((len(t) for r in recs for t in r.get("routed", [])), default=0)
+    if k > model.top_k:
+        raise SpecError(str(path), "routed", f"{k} experts per token but model {model.name} routes "
+                        f"top-{model.top_k}: a trace of another model")
+
+
+def _inline(r) -> bool:
+    return bool(r["cpu"]) and not r["hits"] and not r.get("pcie")
+
+
+def _decode1(recs):
+    return [r for r in recs if r["phase"] == "decode" and r["tokens"] == 1]
+
+
+def _pairs(r, experts) -> int:
+    """(token, expert) products of record r among `experts`."""
+    s = set(experts)
+    return sum(1 for tok in r.get("routed", []) for e in tok if e in s)
+
+
+def _further_ms(r, f: HostFit, model, threads: int) -> tuple[float, float, float]:
+    """(dense, device, CPU) ms of a step's tokens beyond one per expert and layer, at the rates
+    prefill measures (host GEMM, CPU expert GEMM); zeros for one-token steps."""
+    if r["tokens"] <= 1 or not f.host_gemm_gflops or not f.prefill_gflops_per_core:
+        return 0.0, 0.0, 0.0
+    gemm = f.host_gemm_gflops * 1e6  # FLOP per ms
+    cpu = f.prefill_gflops_per_core * threads * 1e6
+    dense = (r["tokens"] - 1) * model.dense_flops_per_token / model.n_layers / gemm
+    dev = (_pairs(r, r["hits"]) - len(r["hits"])) * model.expert_flops / gemm
+    return dense, dev, (_pairs(r, r["cpu"]) - len(r["cpu"])) * model.expert_flops / cpu
+
+
+def _expert_part(r, f: HostFit, ddr_gbs: float, eb: float, dev_eb: float, ho_ms: float,
+                 further: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> float:
+    """Modelled expert time of one decode layer record (ms): device hits and the CPU job, which
+    overlap and share DDR when both are present (the fluid bound)."""
+    n_h, n_c = len(r["hits"]), len(r["cpu"])
+    t_dev = n_h * (f.hit_ms or 0.0) + further[1]
+    t_cpu = (f.cpu_job_ms + f.cpu_expert_ms * n_c + further[2]) if n_c else 0.0
+    if n_h and n_c:
+        shared = (n_h * dev_eb + n_c * eb) / (ddr_gbs * 1e6)  # ms at the DDR's rate
+        return ho_ms + max(t_dev, t_cpu, shared)
+    return t_dev + t_cpu
+
+
+_DDR_UNUSED = 1e9  # GB/s: no DDR bound when reading the one-token model off a step's records
+
+
+def _step_means(recs, model, value) -> list[tuple[float, int]]:
+    """(mean of value(record) over a step's layers, tokens) for each complete step of one trace."""
+    steps: dict = {}
+    for r in recs:
+        steps.setdefault((r["step"], r["tokens"]), []).append(value(r))
+    return [(sum(v) / len(v), key[1]) for key, v in steps.items() if len(v) == model.n_layers]
+
+
+def fit(traces: dict[str, list[dict]], model, dense_gbs: float, threads: int,
+        c_a_hint: float = 0.0) -> HostFit:
+    """Fit the host constants on `traces` {name: records} of `model` (dense weights at dense_gbs)."""
+    dec = [r for recs in traces.values() for r in _decode1(recs)]
+    if not dec:
+        raise SpecError(", ".join(traces), "phase", "no single-token decode records to fit")
+    inl = [r for r in dec if _inline(r)]
+    ns = np.array([len(r["cpu"]) for r in inl], dtype=float)
+    ts = np.array([r["t_cpu_ms"] for r in inl], dtype=float)
+    if len(set(ns)) >= 2:
+        A = np.stack([np.ones_like(ns), ns], 1)
+        c_a, c_b = np.linalg.lstsq(A, ts, rcond=None)[0]
+        c_a, c_b = max(0.0, float(c_a)), float(c_b)
+    elif len(ns):
+        c_a = c_a_hint
+        c_b = float(np.median((ts - c_a) / ns))
+    else:
+        raise SpecError(", ".join(traces), "cpu", "no inline CPU expert jobs (run an all-CPU plan)")
+    hit = [r for r in dec if r["hits"] and not r["cpu"]]
+    hit_ms = statistics.median(r["t_dev_ms"] / len(r["hits"]) for r in hit) if hit else None
+    f = HostFit(0.0, 0.0, c_a, c_b, hit_ms, None, None,
+                n={"decode_records": len(dec), "inline_cpu": len(inl), "hit_only": len(hit)})
+    dense_ms = model.dense_bytes_per_token / model.n_layers / (dense_gbs * 1e6)
+    def rest(r):  # a layer's time beyond its measured expert work
+        return r["t_dense_ms"] + r["t_experts_ms"] - r["t_dev_ms"] - r.get("t_wait_ms", 0.0) \
+            - (r["t_cpu_ms"] if _inline(r) else 0.0)
+    per_step = [v for recs in traces.values() for v, _ in _step_means(_decode1(recs), model, rest)]
+    f.layer_overhead_ms = max(0.0, statistics.median(per_step) - dense_ms)
+    pre = [r for recs in traces.values() for r in recs if r["phase"] == "prefill" and r["tokens"] >= 64]
+    if pre:
+        flops = sum(_pairs(r, r["cpu"]) * model.expert_flops for r in pre if r["cpu"])
+        t = sum(r["t_cpu_ms"] for r in pre if r["cpu"]) * 1e-3
+        f.prefill_gflops_per_core = flops / t / 1e9 / threads if t > 0 else None
+        from simulator.prefill import attention_flops
+        dflops = sum((model.dense_flops_per_token * r["tokens"] + attention_flops(model, 0, r["tokens"]))
+                     / model.n_layers for r in pre)
+        td = sum(r["t_dense_ms"] + r["t_experts_ms"] - r["t_cpu_ms"] - r["t_dev_ms"] for r in pre) * 1e-3
+        f.host_gemm_gflops = dflops / td / 1e9 if td > 0 else None
+        f.n["prefill_records"] = len(pre)
+
+    def beyond(r):  # what further tokens cost beyond the mechanism (prefill-measured rates)
+        fd, fv, fc = _further_ms(r, f, model, threads)
+        return (r["t_dense_ms"] + r["t_experts_ms"] - dense_ms - f.layer_overhead_ms - fd
+                - _expert_part(r, f, _DDR_UNUSED, model.expert_bytes, 0.0, 0.0, (0.0, fv, fc)))
+    multi = [x for recs in traces.values()
+             for x in _step_means([r for r in recs if r["phase"] == "decode" and r["tokens"] > 1], model, beyond)]
+    if multi:
+        f.token_overhead_ms = max(0.0, statistics.median(v / (t - 1) for v, t in multi))
+        f.n["multi_token_steps"] = len(multi)
+    return f
+
+
+def replay_error(recs: list[dict], f: HostFit, model, dense_gbs: float, ddr_gbs: float,
+                 handover_ms: float = 0.0, threads: int = 1) -> float | None:
+    """Relative error of the fitted per-layer model's summed decode time on `recs`."""
+    dec = [r for r in recs if r["phase"] == "decode"]
+    if not dec:
+        return None
+    dense_ms = model.dense_bytes_per_token / model.n_layers / (dense_gbs * 1e6)
+    dev_eb = model.params_per_expert * DEVICE_BYTES_PER_PARAM
+    pred = 0.0
+    for r in dec:
+        fu = _further_ms(r, f, model, threads)
+        pred += (f.layer_overhead_ms + (r["tokens"] - 1) * f.token_overhead_ms + dense_ms + fu[0]
+                 + _expert_part(r, f, ddr_gbs, model.expert_bytes, dev_eb, handover_ms, fu))
+    meas = sum(r["t_dense_ms"] + r["t_experts_ms"] for r in dec)
+    return pred / meas - 1
+
+
+def errors(traces: dict[str, list[dict]], model, dense_gbs: float, ddr_gbs: float, threads: int,
+           handover_ms: float = 0.0, c_a_hint: float = 0.0) -> list[dict]:
+    """Per trace: in-sample error (fit on all) and leave-one-trace-out error (fit on the others)."""
+    full = fit(traces, model, dense_gbs, threads, c_a_hint)
+    rows = []
+    for name, recs in traces.items():
+        ins = replay_error(recs, full, model, dense_gbs, ddr_gbs, handover_ms, threads)
+        others = {k: v for k, v in traces.items() if k != name}
+        loo = None
+        if others:
+            try:
+                fo = fit(others, model, dense_gbs, threads, c_a_hint)
+                for k in ("hit_ms", "prefill_gflops_per_core", "host_gemm_gflops"):
+                    if getattr(fo, k) is None:  # no record among the others pins it: nothing to predict from
+                        setattr(fo, k, getattr(full, k))
+                loo = replay_error(recs, fo, model, dense_gbs, ddr_gbs, handover_ms, threads)
+            except SpecError:
+                loo = None
+        rows.append({"trace": name, "in_sample": ins, "out_of_sample": loo})
+    return rows
+
+
+# ---- profile ------------------------------------------------------------------------------------
+
+def _measured(hw, what: str) -> float:
+    """A figure of the base profile the simulator needs measured; SpecError when it is not."""
+    obj = hw
+    for part in what.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else getattr(obj, part, None)
+        if obj is None:
+            break
+    if obj is None or getattr(obj, "source", "measured") not in ("measured", "derived"):
+        raise SpecError(hw.name, what, "not measured on this machine (run `moe-offload calibrate "
+                        "--out HW.yaml` and pass it as --hw-base)")
+    return float(obj)
+
+
+def base_rates(hw, model) -> tuple[float, float, float, float]:
+    """(dense GB/s, DDR GB/s, handover ms, c_a hint ms) of the base profile, each measured."""
+    dense = _measured(hw, f"cpu.expert_gbs.{model.dense_format}")
+    eff = _measured(hw, "memory.efficiency")
+    ddr = hw.memory.peak_gbs * eff
+    ho = float(hw.constants.get("sync_ms", hw.constants.get("handover_ms", 0.0)))
+    ca = float(hw.constants.get(f"c_a_ms.{model.fmt_experts.name}", hw.constants.get("c_a_ms", 0.0)))
+    return dense, ddr, ho, ca
+
+
+def fitted_profile(base, model, f: HostFit, sources: list[str], date: str):
+    """`base` with a host-sharing pseudo-GPU (the torch device) and the fitted constants."""
+    from specs.hardware import GPU
+    ref = f"{date}, calibration/trace_fit.py over {len(sources)} executor trace(s) of {model.name}: " \
+          + ", ".join(Path(s).name for s in sources)
+    d = lambda v, how: Figure(float(v), "measured", f"{ref}; {how}")  # noqa: E731
+    dev_eb = model.params_per_expert * DEVICE_BYTES_PER_PARAM
+    consts = dict(base.constants)
+    consts.update(layer_overhead_ms=d(f.layer_overhead_ms, "per-layer rest of t_dense + t_experts, median step"),
+                  token_overhead_ms=d(f.token_overhead_ms, "multi-token steps: per-layer rest per further token"),
+                  cpu_job_ms=d(f.cpu_job_ms, "t_cpu = c_a + c_b n over inline CPU jobs"),
+                  dev_bytes_per_param=Figure(DEVICE_BYTES_PER_PARAM, "derived", "executor device copies are f32"),
+                  gemm_efficiency=Figure(1.0, "derived", "gpu.fp16_tflops is the measured host GEMM rate"))
+    if "sync_ms" in base.constants:
+        consts["handover_ms"] = base.constants["sync_ms"]
+    if f.hit_ms:
+        consts["dev_expert_gbs"] = d(dev_eb / f.hit_ms / 1e6, f"f32 expert bytes / hit_ms {f.hit_ms:.3f} ms")
+    if f.prefill_gflops_per_core:
+        consts["cpu_prefill_gflops_per_core"] = d(f.prefill_gflops_per_core, "prefill routed FLOPs / t_cpu / threads")
+    eg = dict(base.cpu.expert_gbs)
+    eg[model.fmt_experts.name] = d(model.expert_bytes / f.cpu_expert_ms / 1e6,
+                                   f"expert bytes / c_b {f.cpu_expert_ms:.3f} ms")
+    cpu = base.cpu.model_copy(update={"expert_gbs": eg})
+    gpu = base.gpu
+    if gpu is None or gpu.shares_host:
+        avail = float(base.memory.capacity_bytes) - float(base.memory.os_reserve_bytes)
+        gpu = GPU(name="torch cpu (host-sharing pseudo-GPU)", shares_host=True,
+                  vram_bytes=Figure(avail, "derived", "host RAM less the OS reserve"),
+                  bw_gbs=consts.get("dev_expert_gbs", Figure(base.memory.usable_gbs, "derived", "DDR")),
+                  fp16_tflops=d((f.host_gemm_gflops or 50.0) / 1e3, "prefill dense FLOPs / time"),
+                  reserved_bytes=Figure(0.0, "assumed", "none"))
+    return base.model_copy(update={"gpu": gpu, "cpu": cpu, "constants": consts,
+                                   "notes": (base.notes + f"\ntrace fit: {ref}").strip()})
+
+
+def calibrate_from_traces(paths: list[str], model_path: str, hw_base, out: str | Path | None = None,
+                          log=print) -> tuple[object, HostFit, list[dict]]:
+    """Fit on the traces, report errors, write the profile (atomically) to `out` when given."""
+    from specs.loaders import dump_hardware, load_model, write_atomic
+    from .bench import today
+    model = load_model(model_path)
+    traces = {}
+    for p in paths:
+        recs = read_trace(p)
+        check_trace(recs, model, p)
+        traces[str(p)] = recs
+    dense, ddr, ho, ca = base_rates(hw_base, model)
+    f = fit(traces, model, dense, hw_base.cpu.threads_used, ca)
+    errs = errors(traces, model, dense, ddr, hw_base.cpu.threads_used, ho, ca)
+    hw = fitted_profile(hw_base, model, f, list(traces), today())
+    if out is not None:
+        write_atomic(out, dump_hardware(hw))
+    if log:
+        log("fitted: " + ", ".join(f"{k} = {v:.4g}" for k, v in asdict(f).items() if isinstance(v, float)))
+        for e in errs:
+            fmt = lambda x: "-" if x is None else f"{100 * x:+.1f}%"  # noqa: E731
+            log(f"  {Path(e['trace']).name:40s} in-sample {fmt(e['in_sample']):>7s}  "
+                f"leave-one-out {fmt(e['out_of_sample']):>7s}")
+    return hw, f, errs
