@@ -70,7 +70,7 @@ class GGUFModel:
         try:
             self.reader = gguf.GGUFReader(self.path, "r")
         except Exception as e:  # truncated, not a GGUF, bad version
-            raise SpecError(f, None, f"not a readable GGUF file ({type(e).__name__}: {e})") from None
+            raise SpecError(f, None, f"not a readable GGUF file: truncated or corrupt header ({e})") from None
         size = os.path.getsize(self.path)
         self.tensors = {t.name: t for t in self.reader.tensors}
         for t in self.reader.tensors:
