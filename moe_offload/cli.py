@@ -180,8 +180,11 @@ def _cmd_execute(a) -> int:
     plan = load_plan(a.plan)
     if a.streams:
         plan = plan.model_copy(update={"streams": a.streams})
-    r = execute(plan, a.model, prompt_tokens=a.prompt_tokens, gen_tokens=a.gen_tokens, trace_path=a.trace,
-                progress=not a.json and sys.stderr.isatty())
+    try:
+        r = execute(plan, a.model, prompt_tokens=a.prompt_tokens, gen_tokens=a.gen_tokens, trace_path=a.trace,
+                    progress=not a.json and sys.stderr.isatty())
+    except SpecError as e:  # the executor names the plan "plan": give the user its file
+        raise SpecError(a.plan if e.file == "plan" else e.file, e.field, e.reason) from None
     if a.json:
         print(json.dumps({k: v for k, v in r.items() if k != "logits"}, indent=2, default=str))
     else:

@@ -42,8 +42,13 @@ def fit_exponent(n_experts: int, k: int, frac_experts: float = 0.046, frac_reads
     if frac_reads <= frac_experts + 1e-9:  # no skew needed
         return 0.0
     from scipy.optimize import brentq  # lazy: scipy.optimize costs ~0.4 s to import
-    return brentq(lambda s: top_share(zipf_popularity(n_experts, s), k, frac_experts) - frac_reads,
-                  0.0, 5.0, xtol=1e-6)
+
+    def gap(s: float) -> float:
+        return top_share(zipf_popularity(n_experts, s), k, frac_experts) - frac_reads
+
+    if gap(5.0) < 0:  # few experts: the top share saturates below the target (one of 32 at top-4
+        return 5.0    # serves at most 1/4 of reads); take the steepest skew the bracket allows
+    return brentq(gap, 0.0, 5.0, xtol=1e-6)
 
 
 def _pl_sample(pop: np.ndarray, n_tokens: int, k: int, rng) -> np.ndarray:

@@ -121,6 +121,8 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
             "pcie_h2d": n_dyn * float(parts[2]),
             "cpu": n_dyn * (lay - float(parts[2])) if parts[1] >= parts[0] else 0.0}
     step["gpu"] += n_dyn * lay - step["pcie_h2d"] - step["cpu"]
+    if not (has_gpu and plan.placement.dense == "gpu"):  # the dense path ran on the host cores
+        step["cpu (dense path)"] = step.pop("gpu")
     step_ms = dense_ms + n_static * n * t_hit + n_dyn * lay + c.step_overhead_ms
     step_ms = max(step_ms, eng_ms)
     tok_s = streams * committed / step_ms * 1e3

@@ -1,0 +1,51 @@
+"""The whole pipeline through the CLI on this machine: make-model, plan --hw auto, execute, hw."""
+import json
+import os
+
+import pytest
+
+from moe_offload.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pipe")
+    assert main(["make-model", "--preset", "tiny", "--out", str(d / "tiny.gguf")]) == 0
+    return d
+
+
+def test_plan_for_a_gguf_on_this_machine_then_execute_it(tiny, capsys):
+    plan = tiny / "plan.json"
+    assert main(["plan", "--hw", "auto", "--model", str(tiny / "tiny.gguf"), "--out", str(plan), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["plan"]["placement"]["dense"] == "cpu"  # no GPU here
+    trace = tiny / "trace.jsonl"
+    assert main(["execute", "--plan", str(plan), "--model", str(tiny / "tiny.gguf"), "--gen-tokens", "4",
+                 "--prompt-tokens", "4", "--trace", str(trace), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["decode_tok_s"] > 0 and len(r["tokens"][0]) == 4
+    records = [json.loads(ln) for ln in trace.read_text().splitlines()]
+    assert {rec["layer"] for rec in records} == set(range(4))
+
+
+def test_execute_names_the_plan_file_for_a_layer_the_model_lacks(tiny, capsys):
+    bad = tiny / "bad.json"
+    bad.write_text(json.dumps({"placement": {"gpu_expert_layers": [9]}}))
+    code = main(["execute", "--plan", str(bad), "--model", str(tiny / "tiny.gguf")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"moe-offload: {bad}: placement.gpu_expert_layers:")
+
+
+def test_unknown_make_model_preset(tmp_path, capsys):
+    assert main(["make-model", "--preset", "huge", "--out", str(tmp_path / "x.gguf")]) == 2
+    assert "--preset: unknown preset 'huge'" in capsys.readouterr().err
+
+
+def test_hw_auto_reports_this_machines_cores_memory_and_no_gpu(capsys):
+    assert main(["hw", "--hw", "auto", "--json"]) == 0
+    hw = json.loads(capsys.readouterr().out)
+    assert hw["cpu"]["cores"] == len(os.sched_getaffinity(0))
+    assert "gpu" not in hw  # no CUDA device on this machine
+    total = int(open("/proc/meminfo").read().split("MemTotal:")[1].split()[0]) * 1024
+    assert hw["memory"]["capacity_bytes"]["value"] == pytest.approx(total, rel=0.01)
+    assert hw["memory"]["capacity_bytes"]["source"] == "measured"
