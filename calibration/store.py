@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from specs.loaders import write_atomic
+
 BASE_COLUMNS = ("time", "commit", "machine", "case", "metric", "value")
 ENV_PATH = "MOE_OFFLOAD_RESULTS"
 
@@ -149,16 +151,7 @@ def append_rows(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> i
         cols += new
         old = read_rows(path) if header is not None else []
         text = _lines(cols, [dict(zip(cols, cols))]) + _lines(cols, old) + _lines(cols, rows)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        try:
-            with open(tmp, "w", newline="") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        write_atomic(path, text)
         return len(rows)
 
 

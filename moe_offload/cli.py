@@ -149,6 +149,8 @@ def _cmd_calibrate(a) -> int:
     from specs.loaders import load_hardware
 
     base = load_hardware(a.hw_base) if a.hw_base else None
+    if a.from_runs:
+        return _calibrate_from_runs(a)
     if a.from_trace:
         from calibration.trace_fit import calibrate_from_traces
         if base is None or not a.model:
@@ -159,6 +161,30 @@ def _cmd_calibrate(a) -> int:
         return 0
     hw = calibrate(quick=a.quick, out=a.out, hw_base=base, progress=sys.stderr.isatty(), store_path=a.store)
     print(f"calibrated profile {hw.name} written to {a.out}")
+    return 0
+
+
+def _calibrate_from_runs(a) -> int:
+    from calibration.run_fit import fit_runs, leave_one_out, median_abs, runs_from_store
+    from calibration.store import default_store_path
+    from reports.tables import render_loo
+    from specs.loaders import dump_hardware, load_model, write_atomic
+
+    if not (a.hw_base and a.model):
+        raise SpecError(None, "--from-runs", "needs --hw-base (the machine's profile) and --model (the runs' model)")
+    base, model = _hw(a.hw_base), load_model(a.model)
+    runs = runs_from_store(a.store or default_store_path(), a.model)
+    rows = leave_one_out(model, base, runs)
+    values = fit_runs(model, base, runs)
+    render_loo(rows, median_abs(rows, "unfitted_error"), median_abs(rows, "loo_error"), values)
+    from calibration.run_fit import _apply
+    from specs.figure import Figure
+    hw2, _ = _apply(base, values)
+    consts = {k: Figure(v, "derived", f"calibration/run_fit.py on {len(runs)} runs of {a.model}")
+              for k, v in values.items() if k != "cpu_rate_efficiency"}
+    hw2 = hw2.model_copy(update={"constants": {**base.constants, **consts}})
+    write_atomic(a.out, dump_hardware(hw2))
+    print(f"fitted profile written to {a.out}")
     return 0
 
 
@@ -338,6 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="profile YAML to write (atomically)")
     p.add_argument("--hw-base", help="merge the measurements over this profile (default: detected)")
     p.add_argument("--store", help="results store CSV")
+    p.add_argument("--from-runs", action="store_true",
+                   help="fit overheads to the store's measured runs of --model (e.g. ingested llama.cpp runs)")
     p.add_argument("--from-trace", nargs="+", metavar="TRACE", help="fit host overheads from executor traces")
     p.add_argument("--model", help="with --from-trace: the GGUF the traces ran")
     p.set_defaults(func=_cmd_calibrate)

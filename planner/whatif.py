@@ -79,18 +79,16 @@ def sweeps(model, hw: HardwareSpec, plan, predict, prompt_tokens: int = 512) -> 
             r = predict(model, hw, p, prompt_tokens)
             pts.append((s, r.decode_tok_s, r.bottleneck))
         out["cache_slots"] = _series(pts, "expert cache slots (experts)", "decode (tok/s)", plan.expert_cache.slots)
-    pts = []
-    for ch in (1, 2, 4, 6, 8, 12, 16):
-        h = with_ddr_channels(hw, ch)
-        r = predict(model, h, plan, prompt_tokens)
-        pts.append((h.memory.peak_gbs, r.decode_tok_s, r.bottleneck))
-    out["ddr_bandwidth"] = _series(pts, "DDR peak bandwidth (GB/s)", "decode (tok/s)", hw.memory.peak_gbs)
-    pts = []
-    for f in (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0):
-        h = scale_cpu_rate(hw, f)
-        r = predict(model, h, plan, prompt_tokens)
-        pts.append((h.cpu.threads_used, r.decode_tok_s, r.bottleneck))
-    out["cpu_cores"] = _series(pts, "CPU threads for experts (cores)", "decode (tok/s)", hw.cpu.threads_used)
+    def over_hw(machines, x_of):
+        return [(x_of(h), r.decode_tok_s, r.bottleneck)
+                for h in machines for r in [predict(model, h, plan, prompt_tokens)]]
+
+    out["ddr_bandwidth"] = _series(over_hw([with_ddr_channels(hw, ch) for ch in (1, 2, 4, 6, 8, 12, 16)],
+                                           lambda h: h.memory.peak_gbs),
+                                   "DDR peak bandwidth (GB/s)", "decode (tok/s)", hw.memory.peak_gbs)
+    out["cpu_cores"] = _series(over_hw([scale_cpu_rate(hw, f) for f in (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)],
+                                       lambda h: h.cpu.threads_used),
+                               "CPU threads for experts (cores)", "decode (tok/s)", hw.cpu.threads_used)
     pts = []
     top = min(model.context_length or 262144, plan.kv.context if plan.kv.context > 1024 else 262144)
     for n in sorted({n for n in (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144) if n <= top}):

@@ -164,3 +164,17 @@ def render_execution(r: dict, console: Console | None = None) -> None:
             if isinstance(v, dict):
                 t.add_row(name, *[f"{v.get(k, 0):.3g}" if isinstance(v.get(k), (int, float)) else str(v.get(k, "")) for k in keys])
         c.print(t)
+
+
+def render_loo(rows: list[dict], unfitted: float, loo: float, values: dict, console: Console | None = None) -> None:
+    """Print leave-one-out errors per run against the unfitted prediction."""
+    c = console or Console()
+    t = Table(title="Leave-one-out: each run predicted by a fit on the others")
+    for col in ("case", "measured", "unfitted", "error", "fitted on others", "error"):
+        t.add_column(col, justify="left" if col == "case" else "right")
+    for r in rows:
+        t.add_row(r["case"], f"{r['measured']:.2f}", f"{r['unfitted']:.2f}", f"{r['unfitted_error'] * 100:+.1f}%",
+                  f"{r['loo']:.2f}", f"{r['loo_error'] * 100:+.1f}%")
+    c.print(t)
+    c.print(f"median |error|: unfitted {unfitted * 100:.1f}%, leave-one-out {loo * 100:.1f}%; fitted on all: "
+            + ", ".join(f"{k} = {v:.4g}" for k, v in values.items()))
