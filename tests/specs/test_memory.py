@@ -9,17 +9,27 @@ from specs.plan import KVCache, Placement, Plan, plan_template
 GIB = 2**30
 
 
-def test_tiered_cache_on_epyc_leaves_709_slots_8_76_GiB():
-    """24 GiB - 7.7 dense - 1.5 KV (297,224 fp8 tokens) - ~5 workspace - context = 709 slots (D107)."""
+def test_tiered_cache_at_64k_context_leaves_709_slots_8_76_GiB():
+    """24 GiB - 7.7 dense - 64k fp8 KV - ~5 workspace - context and pools = 709 slots (D107)."""
     m, hw = load_model("deepseek-v4.1-flash"), load_hardware("epyc8ch-3090")
-    plan = plan_template("tiered-cache").model_copy(update={"kv": KVCache(context=297_224, dtype="fp8")})
+    plan = plan_template("tiered-cache").model_copy(update={"kv": KVCache(context=65_536, dtype="fp8")})
     plan = size_cache(m, hw, plan)
     assert plan.expert_cache.slots == 709
     assert round(plan.expert_cache.slots * m.expert_bytes / GIB, 2) == 8.76
     mm = memory_map(m, hw, plan)
-    assert round(mm.vram["kv cache"] / GIB, 2) == 1.5
     assert round(mm.ram["experts"] / GIB, 1) == 189.8
     assert mm.vram_free >= 0
+
+
+def test_the_262k_default_has_a_smaller_cache_than_the_64k_runs():
+    """KV competes with the cache: 297,224 fp8 tokens (1.5 GiB, README tier table) cost ~95 slots
+    against a 64k context (seed article big-moe-one-3090)."""
+    m, hw = load_model("deepseek-v4.1-flash"), load_hardware("epyc8ch-3090")
+    long = plan_template("tiered-cache").model_copy(update={"kv": KVCache(context=297_224, dtype="fp8")})
+    mm = memory_map(m, hw, size_cache(m, hw, long))
+    assert round(mm.vram["kv cache"] / GIB, 2) == 1.5
+    lost = (297_224 - 65_536) * m.kv_bytes_per_token("fp8") / m.expert_bytes  # 94.6 slots of KV
+    assert 709 - size_cache(m, hw, long).expert_cache.slots == pytest.approx(lost, abs=1)
 
 
 def test_static_split_moves_whole_layers_to_vram():
