@@ -51,8 +51,9 @@ class MemoryMap:
         return int(kv // self.kv_bytes_per_token)
 
     def check_fits(self, plan_file: str | None = None) -> None:
-        """Raise a SpecError with the byte accounting when VRAM or RAM is over-committed."""
-        for tier, parts, cap in (("VRAM", self.vram, self.vram_capacity), ("RAM", self.ram, self.ram_capacity)):
+        """Raise a SpecError with the byte accounting when VRAM, RAM or NVMe is over-committed."""
+        for tier, parts, cap in (("VRAM", self.vram, self.vram_capacity), ("RAM", self.ram, self.ram_capacity),
+                                 ("NVMe", self.nvme, self.nvme_capacity)):
             used = sum(parts.values())
             if used > cap:
                 detail = " + ".join(f"{k} {v / GIB:.2f}" for k, v in parts.items() if v)
@@ -90,7 +91,6 @@ def memory_map(model: ModelSpec, hw: HardwareSpec, plan: Plan) -> MemoryMap:
         raise SpecError(None, "placement", f"hardware {hw.name} has no GPU but the plan puts weights in VRAM")
 
     ram: dict[str, float] = {"os reserve": float(hw.memory.os_reserve_bytes)}
-
     if p.dense == "cpu":
         ram["dense path"] = model.dense_resident_bytes
     if p.kv == "cpu":
@@ -108,7 +108,6 @@ def memory_map(model: ModelSpec, hw: HardwareSpec, plan: Plan) -> MemoryMap:
         ram["experts"] = cpu_side
     if p.engram == "nvme" and model.engram is not None:
         nvme["engram"] = model.engram_table_bytes
-
     return MemoryMap(vram=vram, ram=ram, nvme=nvme,
                      vram_capacity=float(hw.gpu.vram_bytes) if hw.gpu else 0.0,
                      ram_capacity=float(hw.memory.capacity_bytes), nvme_capacity=float(hw.nvme.capacity_bytes),

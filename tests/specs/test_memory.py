@@ -61,3 +61,13 @@ def test_experts_beyond_ram_go_to_nvme():
     mm = memory_map(m, hw, plan)
     assert mm.ram["experts"] == 56e9
     assert mm.nvme["experts"] == pytest.approx(m.routed_bytes - 56e9)
+
+
+def test_plan_over_the_drive_is_rejected():
+    """DeepSeek's 183 GiB fp8 Engram tables plus experts beyond RAM on a 100 GB drive."""
+    m, hw = load_model("deepseek-v4.1-flash"), load_hardware("rtx5070-64g")
+    small_drive = hw.model_copy(update={"nvme": hw.nvme.model_copy(update={
+        "capacity_bytes": hw.nvme.capacity_bytes.with_value(100e9)})})
+    plan = Plan(placement=Placement(expert_ram_bytes=50_000_000_000), kv=KVCache(context=4096))
+    with pytest.raises(SpecError, match="does not fit in NVMe: experts"):
+        memory_map(m, small_drive, plan).check_fits()
