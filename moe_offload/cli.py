@@ -23,9 +23,15 @@ def _cmd_plan(a) -> int:
         plan = base_plan(model, hw, context=a.context, engine=a.engine)
         pred = simulate_plan(model, hw, plan, prompt_tokens=a.prompt_tokens)
     else:
-        plan, pred, _, _ = search(model, hw, a.objective, context=a.context, prompt_tokens=a.prompt_tokens,
-                                  top=a.simulate_top, progress=not a.json and sys.stderr.isatty())
+        plan, pred, _, front = search(model, hw, "ttft" if a.objective == "ttft" else "decode", context=a.context,
+                                      prompt_tokens=a.prompt_tokens, top=a.simulate_top,
+                                      progress=not a.json and sys.stderr.isatty())
     summary = plan_summary(model, hw, plan, pred)
+    if not a.engine and a.objective == "pareto":
+        summary["pareto"] = [{"engine": p.engine, "miss_policy": p.miss_policy.kind, "cache_slots": p.expert_cache.slots,
+                              "gpu_expert_layers": len(p.placement.gpu_expert_layers), "prefill": p.prefill.strategy,
+                              "chunk_tokens": p.prefill.chunk_tokens, **r.to_dict(), "plan": p.model_dump(mode="json")}
+                             for p, r in front]
     summary["what_ifs"] = explain(model, hw, plan, predict, a.prompt_tokens)
     if a.emit == "llamacpp":
         from planner.llamacpp import closest_static, emit
@@ -279,7 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="choose a placement and print the ceiling report")
     p.add_argument("--hw", required=True, help="hardware profile: YAML path or built-in name")
     p.add_argument("--model", default="deepseek-v4.1-flash", help="preset name, config.json or .gguf")
-    p.add_argument("--objective", choices=["decode", "ttft"], default="decode")
+    p.add_argument("--objective", choices=["decode", "ttft", "pareto"], default="decode",
+                   help="pareto: also list the plans no other beats on both decode and TTFT")
     p.add_argument("--context", type=int, default=None, help="KV context to reserve (tokens)")
     p.add_argument("--prompt-tokens", type=int, default=512, help="prompt length for TTFT (tokens)")
     p.add_argument("--engine", choices=["llamacpp", "tiered-cache", "strata", "custom"], default=None,

@@ -73,6 +73,14 @@ def render_plan_report(s: dict, console: Console | None = None) -> None:
             t.add_row(w["what_if"], f"{w['decode_tok_s']:.2f}", f"{w['decode_gain'] * 100:+.0f}%",
                       f"{w['ttft_s']:.2f}", w["bottleneck"])
         c.print(t)
+    if s.get("pareto"):
+        t = Table(title="Pareto front (screen): no other plan beats these on both decode and TTFT")
+        for col in ("engine", "misses", "cache slots", "device layers", "prefill", "decode tok/s", "TTFT s"):
+            t.add_column(col, justify="right" if col[0].islower() and col not in ("engine", "misses", "prefill") else "left")
+        for f in s["pareto"]:
+            t.add_row(f["engine"], f["miss_policy"], str(f["cache_slots"]), str(f["gpu_expert_layers"]),
+                      f"{f['prefill']} {f['chunk_tokens']}", f"{f['decode_tok_s']:.2f}", f"{f['ttft_s']:.2f}")
+        c.print(t)
     if s.get("llamacpp"):
         L = s["llamacpp"]
         c.print(f"[bold]llama.cpp[/]: {L['command']}")

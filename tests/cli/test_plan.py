@@ -3,6 +3,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from moe_offload.cli import main
 from specs.loaders import load_model, load_plan
 
@@ -70,3 +72,18 @@ def test_model_that_fits_nowhere_is_one_line_with_the_accounting(capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
     assert "does not fit on rtx5070-64g with any placement: plan does not fit in VRAM" in err
+
+
+def test_pareto_objective_lists_the_front(capsys):
+    s = plan_json(capsys, "--hw", "i5-13600k-ddr5-3090", "--model", "qwen3.8-flash-next-iq3_s",
+                  "--objective", "pareto", "--prompt-tokens", "8192")
+    front = s["pareto"]
+    assert front and [f["decode_tok_s"] for f in front] == sorted((f["decode_tok_s"] for f in front), reverse=True)
+    assert [f["ttft_s"] for f in front] == sorted((f["ttft_s"] for f in front), reverse=True)
+
+
+def test_unknown_engine_is_one_line_exit_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["simulate", "--hw", "epyc8ch-3090", "--engine", "vllm"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "invalid choice: 'vllm'" in err
