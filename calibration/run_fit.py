@@ -98,3 +98,20 @@ def runs_from_store(store, model_ref: str) -> list[Run]:
                            int(float(row.get("n_prompt") or 0))))
     latest = {r.case: r for r in out}  # the newest measurement of each case
     return list(latest.values())
+
+
+def calibrate_from_runs(store, model_ref: str, base: HardwareSpec, model: ModelSpec, out) -> tuple[HardwareSpec, list[dict], dict]:
+    """Fit on every stored run of `model_ref`, write the fitted profile to `out` (atomically);
+    returns (profile, leave-one-out rows, fitted values)."""
+    from specs.figure import Figure
+    from specs.loaders import dump_hardware, write_atomic
+
+    runs = runs_from_store(store, model_ref)
+    rows = leave_one_out(model, base, runs)
+    values = fit_runs(model, base, runs)
+    hw, _ = _apply(base, values)
+    ref = f"calibration/run_fit.py on {len(runs)} runs of {model_ref}"
+    consts = {k: Figure(v, "derived", ref) for k, v in values.items() if k != "cpu_rate_efficiency"}
+    hw = hw.model_copy(update={"constants": {**base.constants, **consts}})
+    write_atomic(out, dump_hardware(hw))
+    return hw, rows, values

@@ -15,8 +15,8 @@ def _cmd_plan(a) -> int:
     from planner.predict import predict, simulate_plan
     from planner.search import base_plan, search
     from planner.whatif import explain
-    from planner.summary import plan_summary
-    from specs.loaders import load_hardware, load_model
+    from planner.summary import pareto_rows, plan_summary
+    from specs.loaders import load_model
 
     hw, model = _hw(a.hw), load_model(a.model)
     if a.engine:  # that engine's default plan, sized to the machine
@@ -28,10 +28,7 @@ def _cmd_plan(a) -> int:
                                       progress=not a.json and sys.stderr.isatty())
     summary = plan_summary(model, hw, plan, pred)
     if not a.engine and a.objective == "pareto":
-        summary["pareto"] = [{"engine": p.engine, "miss_policy": p.miss_policy.kind, "cache_slots": p.expert_cache.slots,
-                              "gpu_expert_layers": len(p.placement.gpu_expert_layers), "prefill": p.prefill.strategy,
-                              "chunk_tokens": p.prefill.chunk_tokens, **r.to_dict(), "plan": p.model_dump(mode="json")}
-                             for p, r in front]
+        summary["pareto"] = pareto_rows(front)
     summary["what_ifs"] = explain(model, hw, plan, predict, a.prompt_tokens)
     if a.emit == "llamacpp":
         from planner.llamacpp import closest_static, emit
@@ -54,7 +51,7 @@ def _cmd_plan(a) -> int:
 
 def _cmd_fit(a) -> int:
     from reports.tables import render_memory_map
-    from specs.loaders import load_hardware, load_model, load_plan
+    from specs.loaders import load_model, load_plan
     from specs.memory import memory_map
 
     hw, model, plan = _hw(a.hw), load_model(a.model), load_plan(a.plan)
@@ -72,7 +69,7 @@ def _cmd_report(a) -> int:
     from planner.whatif import sweeps
     from reports.build import plan_report
     from reports.page import write_page
-    from specs.loaders import load_hardware, load_model, load_plan
+    from specs.loaders import load_model, load_plan
 
     hw, model = _hw(a.hw), load_model(a.model)
     plan = load_plan(a.plan) if a.plan else base_plan(model, hw, context=a.context)
@@ -87,7 +84,7 @@ def _cmd_optimize(a) -> int:
     from planner.optimize import compare_models, optimize
     from planner.predict import predict
     from reports.tables import render_options
-    from specs.loaders import load_hardware, load_model
+    from specs.loaders import load_model
 
     hw = _hw(a.hw)
     if a.models:
@@ -171,25 +168,16 @@ def _cmd_calibrate(a) -> int:
 
 
 def _calibrate_from_runs(a) -> int:
-    from calibration.run_fit import fit_runs, leave_one_out, median_abs, runs_from_store
+    from calibration.run_fit import calibrate_from_runs, median_abs
     from calibration.store import default_store_path
     from reports.tables import render_loo
-    from specs.loaders import dump_hardware, load_model, write_atomic
+    from specs.loaders import load_model
 
     if not (a.hw_base and a.model):
         raise SpecError(None, "--from-runs", "needs --hw-base (the machine's profile) and --model (the runs' model)")
-    base, model = _hw(a.hw_base), load_model(a.model)
-    runs = runs_from_store(a.store or default_store_path(), a.model)
-    rows = leave_one_out(model, base, runs)
-    values = fit_runs(model, base, runs)
+    _, rows, values = calibrate_from_runs(a.store or default_store_path(), a.model, _hw(a.hw_base),
+                                          load_model(a.model), a.out)
     render_loo(rows, median_abs(rows, "unfitted_error"), median_abs(rows, "loo_error"), values)
-    from calibration.run_fit import _apply
-    from specs.figure import Figure
-    hw2, _ = _apply(base, values)
-    consts = {k: Figure(v, "derived", f"calibration/run_fit.py on {len(runs)} runs of {a.model}")
-              for k, v in values.items() if k != "cpu_rate_efficiency"}
-    hw2 = hw2.model_copy(update={"constants": {**base.constants, **consts}})
-    write_atomic(a.out, dump_hardware(hw2))
     print(f"fitted profile written to {a.out}")
     return 0
 
@@ -262,7 +250,7 @@ class _Parser(argparse.ArgumentParser):
 def _cmd_simulate(a) -> int:
     from planner.search import base_plan
     from simulator.run import simulate
-    from specs.loaders import load_hardware, load_model, load_plan
+    from specs.loaders import load_model, load_plan
     from specs.memory import memory_map
 
     hw, model = _hw(a.hw), load_model(a.model)

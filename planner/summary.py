@@ -52,3 +52,11 @@ def plan_summary(model: ModelSpec, hw: HardwareSpec, plan: Plan, pred: Predictio
         "plan": plan.model_dump(mode="json"),
         "predicted": pred.to_dict(),
     }
+
+
+def pareto_rows(front) -> list[dict]:
+    """The (plan, prediction) pairs of a Pareto front as report rows."""
+    return [{"engine": p.engine, "miss_policy": p.miss_policy.kind, "cache_slots": p.expert_cache.slots,
+             "gpu_expert_layers": len(p.placement.gpu_expert_layers), "prefill": p.prefill.strategy,
+             "chunk_tokens": p.prefill.chunk_tokens, **r.to_dict(), "plan": p.model_dump(mode="json")}
+            for p, r in front]

@@ -3,7 +3,6 @@ import json
 import subprocess
 import sys
 
-import pytest
 
 from moe_offload.cli import main
 
@@ -47,7 +46,7 @@ def test_malformed_plan_json(capsys, tmp_path):
 
 
 def _profile(tmp_path, edit):
-    from specs.loaders import dump_hardware, load_hardware
+    from specs.loaders import load_hardware
     d = load_hardware("epyc8ch-3090").to_yaml_dict()
     edit(d)
     p = tmp_path / "hw.yaml"
