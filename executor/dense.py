@@ -85,13 +85,19 @@ class Linear:
         """Bytes read per token."""
         return sum(p[0].nbytes for p in self.parts) if self.parts else self.w.numel() * self.w.element_size()
 
+    def np(self, x2: np.ndarray) -> np.ndarray:
+        """CPU: x2 [T, cols] float32 -> [T, rows] float32 numpy (stacked parts in one kernel call)."""
+        if self.w is not None:
+            return Fn.linear(torch.from_numpy(x2), self.w).numpy()
+        if len(self.parts) <= 3:
+            return kern.linear_parts(self.parts, x2)
+        return np.concatenate([kern.linear(flat, code, rows, x2) for flat, code, rows, _ in self.parts], axis=1)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., cols] -> [..., rows]."""
         if self.w is not None:
             return Fn.linear(x, self.w)
-        x2 = x.reshape(-1, x.shape[-1]).float().contiguous().numpy()
-        ys = [kern.linear(flat, code, rows, x2) for flat, code, rows, _ in self.parts]
-        y = ys[0] if len(ys) == 1 else np.concatenate(ys, axis=1)
+        y = self.np(x.reshape(-1, x.shape[-1]).float().contiguous().numpy())
         return torch.from_numpy(y).to(x.dtype).view(*x.shape[:-1], self.rows)
 
 
@@ -119,9 +125,13 @@ class Dense:
                 if model.has(b + "ffn_gate_inp_shexp.weight"):
                     L["sh_inp"] = t(b + "ffn_gate_inp_shexp.weight").reshape(1, -1)
             self.layers.append(L)
+        # numpy views of the small tensors, for the CPU path
+        self.np_layers = [{k: v.numpy() for k, v in L.items() if isinstance(v, torch.Tensor)} for L in self.layers] \
+            if self.fast else None
         self.out_norm = t("output_norm.weight")
         self.out = lin("output.weight" if model.has("output.weight") else "token_embd.weight")  # [V, H]
         self._rope = None
+        self._out_norm_np = self.out_norm.numpy() if self.fast else None
 
     def nbytes_per_token(self) -> int:
         """Bytes of dense weights read per decode step (all dense tensors plus one embedding row)."""
@@ -135,10 +145,40 @@ class Dense:
         rows = self.m.rows("token_embd.weight", ids.reshape(-1))
         return torch.from_numpy(rows).to(device=self.device, dtype=self.dtype).reshape(S, n, -1)
 
+    def _rope_np(self, need: int, ctx: int) -> tuple[np.ndarray, np.ndarray]:
+        """numpy views of the rotary cos / sin table covering `need` positions (at least ctx)."""
+        if self._rope is None or self._rope[0].shape[0] < need:
+            self._rope = rope_table(max(need, ctx), self.c.head_dim, self.c.rope_base, self.device, self.dtype)
+        return self._rope[0].numpy(), self._rope[1].numpy()
+
+    def _attention_cpu(self, i: int, x: torch.Tensor, kv: KVCache) -> torch.Tensor:
+        """attention() on the CPU in numpy / numba: one kernel call per step (norm, fused QKV, Q/K norm and
+        RoPE, cached attention, output projection), no torch ops."""
+        c, L = self.c, self.layers[i]
+        Ln = self.np_layers[i]
+        S, n, H = x.shape
+        T, p0 = S * n, kv.len
+        kc, vc = kv.k[i].numpy(), kv.v[i].numpy()
+        if p0 + n > kc.shape[2]:
+            raise ValueError(f"KV cache of {kc.shape[2]} tokens cannot take {p0 + n}")
+        xs = x.reshape(T, H).numpy()
+        h = np.empty_like(xs)
+        kern.rms_rows(xs, Ln["attn_norm"], c.eps, h)
+        qkv = L["wqkv"].np(h).reshape(T, c.n_heads + 2 * c.n_kv, c.head_dim)
+        cos, sin = self._rope_np(p0 + n, kc.shape[2])
+        qn, kn = (Ln["q_norm"], Ln["k_norm"]) if c.qk_norm else (self._out_norm_np, self._out_norm_np)
+        kern.qk_post(qkv, qn, kn, c.eps, cos[p0:p0 + n], sin[p0:p0 + n], c.n_heads, c.n_kv,
+                     c.rope_style == "neox", c.qk_norm)
+        o = np.empty((T, c.n_heads * c.head_dim), np.float32)
+        kern.attn_cached(qkv, kc, vc, p0, n, c.n_heads, c.n_kv, o)
+        return torch.from_numpy(L["wo"].np(o)).view(S, n, H)
+
     def attention(self, i: int, x: torch.Tensor, kv: KVCache) -> torch.Tensor:
         """Attention block of layer i on x [S, n, H] (pre-norm inside), appending to kv -> [S, n, H]."""
         c, L = self.c, self.layers[i]
         S, n, _ = x.shape
+        if self.fast and x.is_contiguous() and x.dtype == torch.float32 and kv.k[i].dtype == torch.float32:
+            return self._attention_cpu(i, x, kv)
         h = rms_norm(x, L["attn_norm"], c.eps, self.fast)
         qkv = L["wqkv"](h).view(S, n, c.n_heads + 2 * c.n_kv, c.head_dim)  # [S, n, nh + 2 nkv, hd]
         nq = c.n_heads + c.n_kv
@@ -179,6 +219,21 @@ class Dense:
         top, idx = torch.topk(logits, k, dim=-1)
         w = torch.softmax(top, dim=-1)
         return idx.cpu().numpy(), w.cpu().numpy().astype(np.float32)
+
+    def ffn_route(self, i: int, x: torch.Tensor, k: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """ffn_in then route of x [S, n, H] -> (h [T, H], expert ids [T, k] int64, weights [T, k] f32);
+        on the CPU fast path one numba call."""
+        if self.fast and x.is_contiguous() and x.dtype == torch.float32:
+            Ln = self.np_layers[i]
+            xs = x.reshape(-1, x.shape[-1]).numpy()
+            h = np.empty_like(xs)
+            ids = np.empty((xs.shape[0], k), np.int64)
+            w = np.empty((xs.shape[0], k), np.float32)
+            kern.norm_route(xs, Ln["ffn_norm"], self.c.eps, Ln["router"], k, h, ids, w)
+            return torch.from_numpy(h), ids, w
+        h = self.ffn_in(i, x).reshape(-1, x.shape[-1])
+        ids, w = self.route(i, h, k)
+        return h, ids, w
 
     def shared(self, i: int, h: torch.Tensor) -> torch.Tensor | None:
         """Shared expert output for h [T, H], or None when the layer has none."""

@@ -73,6 +73,7 @@ class Experts:
         self.slot_d = torch.empty(n, c.hidden, c.expert_ff, device=device, dtype=dtype)
         self.slot: dict[tuple[int, int], int] = {}
         self.free = list(range(n - 1, -1, -1))
+        self._all = None  # all-True expert mask (CPU-only layers)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cpu-experts")
         self.apply(self.cache.end_step() if n and self.cache.n_resident else [])
         self.cache.step = 0
@@ -112,8 +113,10 @@ class Experts:
 
     def forward(self, layer: int, h: torch.Tensor, ids: np.ndarray, w: np.ndarray) -> tuple[torch.Tensor, dict]:
         """Routed experts of `layer` for h [T, H], routing ids/w [T, k] -> (y [T, H], trace record)."""
-        union = np.unique(ids)
         static = self.static.get(layer)
+        if static is None and not self.slot and self.plan.miss_policy.kind == "cpu" and not THREAD_ALWAYS:
+            return self._forward_cpu(layer, h, ids, w)
+        union = np.unique(ids)
         if static is not None:
             dev, miss = union, union[:0]
         elif not self.slot:
@@ -132,7 +135,7 @@ class Experts:
             cpu, pcie = miss[:0], miss
         fut = cpu_args = None
         if len(cpu):
-            xs = h.detach().float().cpu().numpy()
+            xs = h.numpy() if h.device.type == "cpu" and h.dtype == torch.float32 else h.detach().float().cpu().numpy()
             keep = None
             if len(cpu) < len(union):
                 keep = np.zeros(self.m.cfg.n_experts, dtype=bool)
@@ -177,6 +180,24 @@ class Experts:
                    pcie=[int(e) for e in pcie], k_cpu=k_cpu, t_dev_ms=t_dev, t_cpu_ms=t_cpu, t_wait_ms=t_wait,
                    bytes_cpu=len(cpu) * self.ebytes[layer], bytes_pcie=len(pcie) * self.ebytes[layer],
                    bytes_dev=(len(dev) + len(pcie)) * self.dev_ebytes)
+        return y, rec
+
+    def _forward_cpu(self, layer: int, h: torch.Tensor, ids: np.ndarray, w: np.ndarray) -> tuple[torch.Tensor, dict]:
+        """forward() when every routed expert is a CPU miss (no device slots, CPU miss policy): inline,
+        numpy in and out, no device bookkeeping."""
+        xs = h.numpy() if h.device.type == "cpu" and h.dtype == torch.float32 else h.detach().float().cpu().numpy()
+        if self._all is None:
+            self._all = np.ones(self.m.cfg.n_experts, dtype=bool)
+        experts, offs, tok, wts = K._csr(np.ascontiguousarray(ids, dtype=np.int64),
+                                         np.ascontiguousarray(w, dtype=np.float32), self._all)
+        t = time.perf_counter()
+        y = K.moe_cpu(*self.W[layer], xs, experts, offs, tok, wts)
+        t_cpu = (time.perf_counter() - t) * 1e3
+        y = torch.from_numpy(y).to(h.device, h.dtype)
+        self.cache.observe(layer, ids.reshape(-1))
+        miss = experts.tolist()
+        rec = dict(hits=[], misses=miss, cpu=list(miss), pcie=[], k_cpu=None, t_dev_ms=0.0, t_cpu_ms=t_cpu,
+                   t_wait_ms=0.0, bytes_cpu=len(miss) * self.ebytes[layer], bytes_pcie=0, bytes_dev=0)
         return y, rec
 
     def close(self) -> None:

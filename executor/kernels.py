@@ -288,6 +288,151 @@ def linear(flat_w: np.ndarray, code: int, rows: int, x: np.ndarray) -> np.ndarra
 
 
 @njit(fastmath=True, cache=True)
+def _chunk_off(wd, code, R, x, x16, dx, it, out, off):
+    """Rows [it * _ROWS, (it + 1) * _ROWS) of W (R rows) into columns off + r of out [T, *] = x W^T."""
+    T = x.shape[0]
+    r0 = it * _ROWS
+    r1 = min(R, r0 + _ROWS)
+    res = np.empty((T, _ROWS), np.float32)
+    _rows_matmul(code, wd, r0, r1, wd.shape[0] // R, x, x16, dx, res)
+    for t in range(T):
+        for r in range(r1 - r0):
+            out[t, off + r0 + r] = res[t, r]
+
+
+@njit(fastmath=True, cache=True)
+def _parts_item(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, x16, dx, it, out):
+    """Work item `it` over the row chunks of up to three stacked matrices (R = 0: absent)."""
+    n0 = (R0 + _ROWS - 1) // _ROWS
+    n1 = (R1 + _ROWS - 1) // _ROWS
+    if it < n0:
+        _chunk_off(w0, c0, R0, x, x16, dx, it, out, 0)
+    elif it < n0 + n1:
+        _chunk_off(w1, c1, R1, x, x16, dx, it - n0, out, R0)
+    else:
+        _chunk_off(w2, c2, R2, x, x16, dx, it - n0 - n1, out, R0 + R1)
+
+
+@njit(parallel=True, nogil=True, fastmath=True, cache=True)
+def _parts(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, out):
+    """out [T, R0 + R1 + R2] = x [W0; W1; W2]^T: one activation quantisation, rows across threads."""
+    x16, dx = _quant_rows(x)
+    n = (R0 + _ROWS - 1) // _ROWS + (R1 + _ROWS - 1) // _ROWS + (R2 + _ROWS - 1) // _ROWS
+    for it in prange(n):
+        _parts_item(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, x16, dx, it, out)
+
+
+@njit(nogil=True, fastmath=True, cache=True)
+def _parts_serial(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, out):
+    """_parts on the calling thread."""
+    x16, dx = _quant_rows(x)
+    n = (R0 + _ROWS - 1) // _ROWS + (R1 + _ROWS - 1) // _ROWS + (R2 + _ROWS - 1) // _ROWS
+    for it in range(n):
+        _parts_item(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, x16, dx, it, out)
+
+
+def linear_parts(parts, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """x [T, cols] f32 times 1..3 stacked weights read in place, parts [(flat, code, rows, _)] -> [T, sum rows]
+    in one kernel call (the activations are quantised once)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    rows = sum(p[2] for p in parts)
+    if out is None:
+        out = np.empty((x.shape[0], rows), np.float32)
+    ps = list(parts) + [(parts[0][0][:0], parts[0][1], 0, None)] * (3 - len(parts))
+    nbytes = sum(p[0].nbytes for p in parts)
+    fn = _parts_serial if nbytes * x.shape[0] < _SERIAL_BYTES else _parts
+    fn(ps[0][0], ps[0][1], ps[0][2], ps[1][0], ps[1][1], ps[1][2], ps[2][0], ps[2][1], ps[2][2], x, out)
+    return out
+
+
+@njit(fastmath=True, cache=True)
+def attn_cached(qkv, kc, vc, p0, n, nh, nkv, out):
+    """Causal GQA attention of new tokens on the CPU: qkv [S * n, nh + 2 nkv, hd] (Q and K already normed
+    and rotated); stores K / V of the n new tokens at p0.. of the caches kc / vc [S, nkv, ctx, hd], then
+    out[s * n + j, h * hd:(h + 1) * hd] = softmax(q . K[: p0 + j + 1] / sqrt(hd)) V."""
+    hd = qkv.shape[2]
+    S = qkv.shape[0] // n
+    g = nh // nkv
+    scale = np.float32(1.0) / np.sqrt(np.float32(hd))
+    for s in range(S):
+        for j in range(n):
+            for h in range(nkv):
+                for d in range(hd):
+                    kc[s, h, p0 + j, d] = qkv[s * n + j, nh + h, d]
+                    vc[s, h, p0 + j, d] = qkv[s * n + j, nh + nkv + h, d]
+    sc = np.empty(p0 + n, np.float32)
+    acc = np.empty(hd, np.float32)
+    for s in range(S):
+        for j in range(n):
+            T = p0 + j + 1
+            for h in range(nh):
+                kv = h // g
+                q = qkv[s * n + j, h]
+                m = np.float32(-np.inf)
+                for t in range(T):
+                    kt = kc[s, kv, t]
+                    a = np.float32(0.0)
+                    for d in range(hd):
+                        a += q[d] * kt[d]
+                    a *= scale
+                    sc[t] = a
+                    m = max(m, a)
+                z = np.float32(0.0)
+                for t in range(T):
+                    e = np.exp(sc[t] - m)
+                    sc[t] = e
+                    z += e
+                for d in range(hd):
+                    acc[d] = 0.0
+                for t in range(T):
+                    vt = vc[s, kv, t]
+                    p = sc[t]
+                    for d in range(hd):
+                        acc[d] += p * vt[d]
+                inv = np.float32(1.0) / z
+                for d in range(hd):
+                    out[s * n + j, h * hd + d] = acc[d] * inv
+
+
+@njit(fastmath=True, cache=True)
+def norm_route(x, nw, eps, rw, k, h, ids, wts):
+    """RMSNorm of x [T, H] (weight nw) into h, router logits h rw^T (rw [E, H] f32), top-k by logit
+    (descending) into ids [T, k] int64 and softmax over the top-k into wts [T, k] f32."""
+    T, H = x.shape
+    E = rw.shape[0]
+    lg = np.empty(E, np.float32)
+    for t in range(T):
+        s = np.float32(0.0)
+        for j in range(H):
+            s += x[t, j] * x[t, j]
+        r = np.float32(1.0) / np.sqrt(s / np.float32(H) + np.float32(eps))
+        for j in range(H):
+            h[t, j] = x[t, j] * r * nw[j]
+        for e in range(E):
+            a = np.float32(0.0)
+            for j in range(H):
+                a += h[t, j] * rw[e, j]
+            lg[e] = a
+        for i in range(k):
+            b = 0
+            bv = np.float32(-np.inf)
+            for e in range(E):
+                if lg[e] > bv:
+                    bv = lg[e]
+                    b = e
+            ids[t, i] = b
+            wts[t, i] = bv
+            lg[b] = -np.inf
+        m = wts[t, 0]
+        z = np.float32(0.0)
+        for i in range(k):
+            wts[t, i] = np.exp(wts[t, i] - m)
+            z += wts[t, i]
+        for i in range(k):
+            wts[t, i] /= z
+
+
+@njit(fastmath=True, cache=True)
 def rms_rows(x, w, eps, out):
     """out[i] = x[i] / rms(x[i]) * w for rows of x [N, d] (float32, CPU fast path of the dense norms)."""
     d = x.shape[1]
@@ -397,6 +542,25 @@ def moe_cpu(gate, up, down, x: np.ndarray, experts, offs, tok, wts, out: np.ndar
         fn(flat(gate), gate.code, flat(up), up.code, flat(down), down.code, gate.rows, down.rows,
            x, experts, offs, tok, wts, act, out)
     return out
+
+
+def warm_up(gate, up, down, parts=None) -> None:
+    """Load (or compile) the serial and the parallel expert kernels, and the stacked-matrix ones for
+    `parts` when given, for these weights' array types: one expert of real weights, one zero token, so
+    a step's first call does not pay for it (numba loads a specialisation at its first call)."""
+    x = np.zeros((1, down.rows), np.float32)
+    experts, offs, tok, wts = csr(np.zeros((1, 1), np.int64), np.ones((1, 1), np.float32))
+    act = np.empty((1, gate.rows), np.float32)
+    out = np.zeros_like(x)
+    for fn in (_moe_serial, _moe):
+        fn(flat(gate), gate.code, flat(up), up.code, flat(down), down.code, gate.rows, down.rows,
+           x, experts, offs, tok, wts, act, out)
+    if parts:
+        xp = np.zeros((1, parts[0][3]), np.float32)
+        ps = list(parts) + [(parts[0][0][:0], parts[0][1], 0, None)] * (3 - len(parts))
+        o = np.empty((1, sum(q[2] for q in parts)), np.float32)
+        for fn in (_parts_serial, _parts):
+            fn(ps[0][0], ps[0][1], ps[0][2], ps[1][0], ps[1][1], ps[1][2], ps[2][0], ps[2][1], ps[2][2], xp, o)
 
 
 @njit(parallel=True, nogil=True, fastmath=True, cache=True)

@@ -63,6 +63,8 @@ class Runner:
         self.dense = Dense(self.m, self.device, inplace=dense_inplace)
         self.experts = Experts(self.m, plan, self.device)
         self.k = min(plan.experts_per_token or c.top_k, c.top_k)
+        wqkv = self.dense.layers[0]["wqkv"]  # load the kernels' specialisations now, not in the first steps
+        K.warm_up(*self.experts.W[0], wqkv.parts if self.dense.fast and wqkv.parts and len(wqkv.parts) <= 3 else None)
         self.kv = KVCache(c.n_layers, plan.streams, c.n_kv, context, c.head_dim, self.device, torch.float32)
         ep = engram_path(model_path)
         self.engram = Engram(ep, c.hidden) if plan.placement.engram != "none" and ep.exists() else None
@@ -86,8 +88,7 @@ class Runner:
                 add, pages = self.engram.lookup(i, hists)
                 x = x + torch.from_numpy(add).to(x.device, x.dtype).view(S, n, -1)
             x = x + self.dense.attention(i, x, self.kv)
-            h = self.dense.ffn_in(i, x).reshape(S * n, -1)  # [T, H]
-            eids, w = self.dense.route(i, h, self.k)
+            h, eids, w = self.dense.ffn_route(i, x, self.k)  # [T, H], [T, k] x 2
             t1 = time.perf_counter()
             y, rec = self.experts.forward(i, h, eids, w)
             t2 = time.perf_counter()
