@@ -266,13 +266,18 @@ def _cmd_simulate(a) -> int:
     return 0
 
 
+def _hw_and_model(p: argparse.ArgumentParser) -> None:
+    """--hw and --model, as every command that predicts takes them."""
+    p.add_argument("--hw", required=True, help="hardware profile: YAML path, built-in name or `auto`")
+    p.add_argument("--model", default="deepseek-v4.1-flash", help="preset name, config.json or .gguf")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="moe-offload", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plan", help="choose a placement and print the ceiling report")
-    p.add_argument("--hw", required=True, help="hardware profile: YAML path or built-in name")
-    p.add_argument("--model", default="deepseek-v4.1-flash", help="preset name, config.json or .gguf")
+    _hw_and_model(p)
     p.add_argument("--objective", choices=["decode", "ttft", "pareto"], default="decode",
                    help="pareto: also list the plans no other beats on both decode and TTFT")
     p.add_argument("--context", type=int, default=None, help="KV context to reserve (tokens)")
@@ -286,8 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("simulate", help="simulate prefill and decode of a plan (discrete events)")
-    p.add_argument("--hw", required=True)
-    p.add_argument("--model", default="deepseek-v4.1-flash")
+    _hw_and_model(p)
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--plan", help="plan JSON file")
     g.add_argument("--engine", choices=["llamacpp", "tiered-cache", "strata", "custom"],
@@ -301,15 +305,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_simulate)
 
-    p = sub.add_parser("fit", help="check that a plan fits in VRAM and RAM (memory map)")
-    p.add_argument("--hw", required=True)
-    p.add_argument("--model", default="deepseek-v4.1-flash")
+    p = sub.add_parser("fit", help="check that a plan fits in VRAM, RAM and on the drive (memory map)")
+    _hw_and_model(p)
     p.add_argument("--plan", required=True, help="plan JSON file")
     p.set_defaults(func=_cmd_fit)
 
     p = sub.add_parser("report", help="write a Markdown and HTML report with figures")
-    p.add_argument("--hw", required=True)
-    p.add_argument("--model", default="deepseek-v4.1-flash")
+    _hw_and_model(p)
     p.add_argument("--plan", help="plan JSON (default: the planner's choice)")
     p.add_argument("--context", type=int, default=None)
     p.add_argument("--prompt-tokens", type=int, default=512)
@@ -317,8 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("optimize", help="the cheapest change that meets a target speed")
-    p.add_argument("--hw", required=True)
-    p.add_argument("--model", default="deepseek-v4.1-flash")
+    _hw_and_model(p)
     p.add_argument("--models", help="comma-separated models: which meets the target on this machine")
     p.add_argument("--target-tok-s", type=float, required=True, help="decode target (tok/s)")
     p.add_argument("--ttft", type=float, default=None, help="TTFT target (s)")
