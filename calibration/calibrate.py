@@ -34,7 +34,14 @@ from specs.figure import Figure
 from specs.hardware import HardwareSpec
 from specs.loaders import dump_hardware, write_atomic
 
-from . import bench, store
+from . import store
+from .bench_device import DenseResult, H2DResult, HitResult, bench_dense, bench_h2d, bench_hit, torch_device
+from .bench_disk import DiskResult, bench_disk
+from .bench_handover import HandoverResult, bench_handover
+from .bench_kernel import (KernelFit, bench_expert_kernel, executor_expert_job, executor_kernel_available,
+                           kernel_version, toy_expert_job)
+from .bench_memory import MemBandwidth, MemoryBench, default_thread_counts
+from .sampling import Noise, today
 
 DEFAULT_FORMAT = "Q4_0"
 
@@ -70,7 +77,7 @@ class Settings:
     kernel_pool_bytes: int = 128 << 20
     kernel_ks: tuple[int, ...] = (1, 2, 4, 6, 8)
     kernel_repeats: int = 15
-    toy_kernel: bool = False  # benchmark bench.toy_expert_job instead of the executor's kernel
+    toy_kernel: bool = False  # benchmark bench_kernel.toy_expert_job instead of the executor's kernel
     # time budgets (s) for waiting out other processes' load, per benchmark
     total_budget_s: float = 32.0  # all the waiting together (quick stays within 60 s)
     mem_budget_s: float = 15.0
@@ -104,14 +111,14 @@ class Results:
     """Raw benchmark results of one run, and the store rows they make."""
 
     settings: Settings
-    mem: bench.MemBandwidth | None = None
-    kernels: dict[str, bench.KernelFit] = field(default_factory=dict)
-    hit: bench.HitResult | None = None
-    dense: bench.DenseResult | None = None
-    h2d: bench.H2DResult | None = None
-    disk: bench.DiskResult | None = None
-    handover: bench.HandoverResult | None = None
-    handover_cross: bench.HandoverResult | None = None
+    mem: MemBandwidth | None = None
+    kernels: dict[str, KernelFit] = field(default_factory=dict)
+    hit: HitResult | None = None
+    dense: DenseResult | None = None
+    h2d: H2DResult | None = None
+    disk: DiskResult | None = None
+    handover: HandoverResult | None = None
+    handover_cross: HandoverResult | None = None
     wall_s: dict[str, float] = field(default_factory=dict)
     loadavg: tuple[float, float] = (0.0, 0.0)
 
@@ -181,16 +188,16 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
     import torch
     r = Results(settings=s)
     l0 = _loadavg()
-    threads = list(s.threads or bench.default_thread_counts())
+    threads = list(s.threads or default_thread_counts())
     maxt = max(threads)
-    use_exec = not s.toy_kernel and bench.executor_kernel_available()
+    use_exec = not s.toy_kernel and executor_kernel_available()
     formats = s.kernel_formats if use_exec else ("toy-f32",)
     bud = _Budget(s, len(formats), torch.cuda.is_available())
     with _Progress(progress, console) as pg:
         t0 = time.perf_counter()
         first = (s.mem_repeats + 1) // 2
         tick = pg.stage("memory bandwidth", s.mem_repeats)
-        membench = bench.MemoryBench(s.mem_bytes, threads)
+        membench = MemoryBench(s.mem_bytes, threads)
         mem_budget = bud.take("mem", s.mem_budget_s)
         membench.sample(first, mem_budget * first / s.mem_repeats, tick=tick)
         r.wall_s["memory"] = time.perf_counter() - t0
@@ -202,16 +209,16 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                 t0 = time.perf_counter()
                 tick = pg.stage(f"CPU expert kernel {fmt}", s.kernel_repeats)
                 if use_exec:
-                    job, eb = bench.executor_expert_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes,
-                                                        max_k=max(s.kernel_ks))
-                    label = (f"executor.kernels.moe_cpu@{bench.kernel_version()} {fmt} SwiGLU "
+                    job, eb = executor_expert_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes,
+                                                  max_k=max(s.kernel_ks))
+                    label = (f"executor.kernels.moe_cpu@{kernel_version()} {fmt} SwiGLU "
                              f"{s.kernel_hidden}x{s.kernel_ffn}, 1 token")
                 else:
-                    job, eb = bench.toy_expert_job(rows=s.kernel_ffn, cols=s.kernel_hidden, pool=2 * max(s.kernel_ks))
+                    job, eb = toy_expert_job(rows=s.kernel_ffn, cols=s.kernel_hidden, pool=2 * max(s.kernel_ks))
                     label = f"toy numba f32 kernel {s.kernel_ffn}x{s.kernel_hidden}"
-                r.kernels[fmt] = bench.bench_expert_kernel(job, s.kernel_ks, eb, s.kernel_repeats, label=label,
-                                                           threads=numba.get_num_threads(), tick=tick,
-                                                           budget_s=bud.take(f"kernel{i}", s.kernel_budget_s))
+                r.kernels[fmt] = bench_expert_kernel(job, s.kernel_ks, eb, s.kernel_repeats, label=label,
+                                                     threads=numba.get_num_threads(), tick=tick,
+                                                     budget_s=bud.take(f"kernel{i}", s.kernel_budget_s))
                 del job
                 r.wall_s[f"kernel {fmt}"] = time.perf_counter() - t0
         finally:
@@ -221,39 +228,39 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
         torch.set_num_threads(maxt)
         try:
             t0 = time.perf_counter()
-            tick = pg.stage(f"per-hit time ({bench.torch_device().type})", s.hit_repeats)
-            r.hit = bench.bench_hit(s.hit_hidden, s.hit_ffn, s.hit_pool_bytes, s.hit_calls, s.hit_repeats, tick=tick,
-                                    budget_s=bud.take("hit", s.hit_budget_s))
+            tick = pg.stage(f"per-hit time ({torch_device().type})", s.hit_repeats)
+            r.hit = bench_hit(s.hit_hidden, s.hit_ffn, s.hit_pool_bytes, s.hit_calls, s.hit_repeats, tick=tick,
+                              budget_s=bud.take("hit", s.hit_budget_s))
             r.wall_s["hit"] = time.perf_counter() - t0
 
             t0 = time.perf_counter()
             tick = pg.stage("dense path", s.dense_repeats)
-            r.dense = bench.bench_dense(s.dense_bytes, repeats=s.dense_repeats, tick=tick,
-                                        budget_s=bud.take("dense", s.dense_budget_s))
+            r.dense = bench_dense(s.dense_bytes, repeats=s.dense_repeats, tick=tick,
+                                  budget_s=bud.take("dense", s.dense_budget_s))
             r.wall_s["dense"] = time.perf_counter() - t0
 
             if torch.cuda.is_available():
                 t0 = time.perf_counter()
                 tick = pg.stage("H2D pinned/pageable", 2 * s.h2d_repeats + 1)
-                r.h2d = bench.bench_h2d(s.h2d_bytes, s.h2d_repeats, s.hit_hidden, s.hit_ffn, tick=tick)
+                r.h2d = bench_h2d(s.h2d_bytes, s.h2d_repeats, s.hit_hidden, s.hit_ffn, tick=tick)
                 r.wall_s["h2d"] = time.perf_counter() - t0
 
             t0 = time.perf_counter()
             tick = pg.stage("device/CPU handover", max(1, s.handover_iters // 50))
             hb = bud.take("handover", 1.5 * s.handover_budget_s)
-            r.handover = bench.bench_handover(s.handover_iters, tick=tick, budget_s=hb * 2 / 3)
-            r.handover_cross = bench.bench_handover(s.handover_iters, budget_s=hb / 3,
-                                                    same_core=False)  # results store only: it swings
+            r.handover = bench_handover(s.handover_iters, tick=tick, budget_s=hb * 2 / 3)
+            r.handover_cross = bench_handover(s.handover_iters, budget_s=hb / 3,
+                                              same_core=False)  # results store only: it swings
             r.wall_s["handover"] = time.perf_counter() - t0
         finally:
             torch.set_num_threads(torch_threads)
 
         t0 = time.perf_counter()
         tick = pg.stage("disk 4 KiB random reads", 5)
-        r.disk = bench.bench_disk(s.disk_bytes, s.disk_qd1_reads, s.disk_qd_reads, s.disk_qd,
-                                  s.disk_cached_reads, directory=disk_dir, seq_passes=s.disk_seq_passes,
-                                  qd_passes=s.disk_qd_passes, tick=tick,
-                                  budget_s=bud.take("disk", 3 * s.disk_budget_s) / 3)
+        r.disk = bench_disk(s.disk_bytes, s.disk_qd1_reads, s.disk_qd_reads, s.disk_qd,
+                            s.disk_cached_reads, directory=disk_dir, seq_passes=s.disk_seq_passes,
+                            qd_passes=s.disk_qd_passes, tick=tick,
+                            budget_s=bud.take("disk", 3 * s.disk_budget_s) / 3)
         r.wall_s["disk"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()  # the rest of the memory rounds, a run's length after the first
@@ -270,7 +277,7 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
 # results -> profile and store rows
 # ---------------------------------------------------------------------------------------------
 
-def noise_of(r: Results) -> list[tuple[str, bench.Noise]]:
+def noise_of(r: Results) -> list[tuple[str, Noise]]:
     """(benchmark, what its sampler saw) for every benchmark that sampled around outside load."""
     out = ([("memory", r.mem.noise)] if r.mem else []) + [(f"kernel {k}", f.noise) for k, f in r.kernels.items()]
     out += [(n, x.noise) for n, x in (("hit", r.hit), ("dense", r.dense), ("handover", r.handover)) if x]
@@ -283,7 +290,7 @@ def _m(value: float, method: str, date: str) -> Figure:
 
 def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> HardwareSpec:
     """`base` with every figure the benchmarks measured replaced by its measurement."""
-    date = date or bench.today()
+    date = date or today()
     s = r.settings
     data: dict[str, Any] = base.model_dump()  # figures as {value, source, ref}
     mem = data["memory"]
@@ -360,7 +367,7 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
     return HardwareSpec.model_validate(data)
 
 
-def _noise(add, case: str, n: bench.Noise) -> None:
+def _noise(add, case: str, n: Noise) -> None:
     add(case, "outside_cpu_share", n.others, windows=n.windows, clean_windows=n.clean,
         method="(busy CPU from /proc/stat - this process) / (wall x CPUs), mean over timing windows")
 
@@ -379,7 +386,7 @@ def store_rows(r: Results) -> list[dict]:
                 add(f"mem_{k}", "gbs", v, threads=t, size_bytes=r.mem.array_bytes, median=r.mem.median[k][t],
                     method=r.mem.method(k, t))
         _noise(add, "mem", r.mem.noise)
-    kv = bench.kernel_version() if r.kernels and "toy-f32" not in r.kernels else "toy"
+    kv = kernel_version() if r.kernels and "toy-f32" not in r.kernels else "toy"
     for fmt, f in r.kernels.items():
         case = f"cpu_kernel_{fmt}"
         add(case, "c_a_ms", f.c_a_ms, threads=f.threads, kernel=kv, method=f.method())

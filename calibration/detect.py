@@ -23,7 +23,7 @@ from pathlib import Path
 from specs.figure import Figure
 from specs.hardware import CPU, GPU, HardwareSpec, Memory, NVMe, PCIe
 
-from .bench import today
+from .sampling import today
 
 _PROV = "@ "
 ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",

@@ -95,7 +95,7 @@ def measure(model_path: str | Path, cases: list[LocalCase], store_path: str | Pa
     """Run every case `rounds` times round-robin, each run timed with the CPU share other processes
     took meanwhile; a case with no clean run gets up to `extra` more tries. The store gets the
     median over the least-contended runs (value: tok/s or s); returns the rows appended."""
-    from .bench import Window
+    from .sampling import Window
     model_path = Path(model_path)
     trace_dir = Path(trace_dir or Path("runs") / "local-traces" / time.strftime("%Y%m%dT%H%M%S"))
     extra = rounds if extra is None else extra

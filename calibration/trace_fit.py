@@ -293,7 +293,7 @@ def calibrate_from_traces(paths: list[str], model_path: str, hw_base, out: str |
                           log=print) -> tuple[object, HostFit, list[dict]]:
     """Fit on the traces, report errors, write the profile (atomically) to `out` when given."""
     from specs.loaders import dump_hardware, load_model, write_atomic
-    from .bench import today
+    from .sampling import today
     model = load_model(model_path)
     traces = {}
     for p in paths:

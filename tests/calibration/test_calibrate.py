@@ -13,7 +13,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from calibration import bench, calibrate as cal, store
+from calibration import calibrate as cal, store
+from calibration.bench_device import torch_device
+from calibration.bench_kernel import executor_kernel_available
+from calibration.bench_memory import MemBandwidth
+from calibration.sampling import today
 from specs.hardware import HardwareSpec
 from specs.loaders import load_hardware
 
@@ -42,12 +46,12 @@ def test_profile_written_and_loadable(run):
 
 def test_measured_figures_carry_date_and_method(run):
     hw, _, _, _ = run
-    date = bench.today()
+    date = today()
     for name in NEEDED:
         f = hw.constants[name]
         assert f.source == "measured" and f.ref.startswith(date) and f >= 0, name
         assert f > 0 or name in ("c_a_ms", "c_b_ms"), name  # a fit may put a cost at its bound 0
-    fmt = TINY.kernel_formats[0] if bench.executor_kernel_available() else "toy-f32"
+    fmt = TINY.kernel_formats[0] if executor_kernel_available() else "toy-f32"
     assert f"c_b_ms.{fmt}" in hw.constants and f"c_a_ms.{fmt}" in hw.constants
     for f in (hw.memory.efficiency, hw.nvme.seq_read_gbs, hw.nvme.rand_4k_iops, hw.nvme.latency_us,
               hw.cpu.expert_gbs["default"], hw.cpu.expert_gbs[fmt]):
@@ -115,7 +119,7 @@ def test_merge_over_datasheet_base(tmp_path):
     assert hw.name == base.name and hw.memory.channels == 8
     assert hw.memory.mts == base.memory.mts and hw.memory.mts.source == base.memory.mts.source
     assert hw.memory.efficiency.source == "measured"
-    if hw.gpu is not None and bench.torch_device().type != "cuda":
+    if hw.gpu is not None and torch_device().type != "cuda":
         assert hw.gpu.bw_gbs.source == "datasheet"  # nothing here measured it
     assert hw.cpu.expert_gbs["EXL3"] == base.cpu.expert_gbs["EXL3"]  # kept from the base
     assert hw.cpu.expert_gbs["default"].source == "measured"
@@ -129,7 +133,7 @@ def test_measured_read_above_base_peak_raises_mts():
     data["memory"]["mts"] = {"value": 100, "source": "datasheet", "ref": "x"}
     tiny_base = HardwareSpec.model_validate(data)
     r = cal.Results(settings=TINY)
-    r.mem = bench.MemBandwidth(array_bytes=1 << 20, repeats=1, best={"read": {1: 8.0}}, median={"read": {1: 7.0}})
+    r.mem = MemBandwidth(array_bytes=1 << 20, repeats=1, best={"read": {1: 8.0}}, median={"read": {1: 7.0}})
     hw = cal.build_profile(r, tiny_base)
     assert hw.memory.efficiency == 1.0 and hw.memory.mts.source == "derived"
     assert hw.memory.usable_gbs == pytest.approx(8.0)
@@ -142,7 +146,7 @@ def test_ctrl_c_leaves_previous_profile_and_store(tmp_path, monkeypatch):
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
-    monkeypatch.setattr(bench, "bench_disk", interrupted)  # the last benchmark
+    monkeypatch.setattr(cal, "bench_disk", interrupted)  # the last benchmark
     with pytest.raises(KeyboardInterrupt):
         cal.calibrate(True, out, None, False, settings=TINY, store_path=st, disk_dir=tmp_path)
     assert out.read_bytes() == prof and st.read_bytes() == rows
@@ -157,13 +161,13 @@ def test_real_sigint_mid_run(tmp_path):
     script = textwrap.dedent(f"""
         import time
         from pathlib import Path
-        from calibration import bench, calibrate as cal
-        real = bench.bench_handover
+        from calibration import calibrate as cal
+        real = cal.bench_handover
         def slow(*a, **k):
             Path({str(marker)!r}).write_text("x")
             time.sleep(60)
             return real(*a, **k)
-        bench.bench_handover = slow
+        cal.bench_handover = slow
         cal.calibrate(True, {str(out)!r}, None, False, settings=cal.TINY, store_path={str(st)!r},
                       disk_dir={str(tmp_path)!r})
     """)

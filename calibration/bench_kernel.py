@@ -1,0 +1,200 @@
+"""CPU expert kernel: time per job against experts per job for any kernel (`bench_expert_kernel`),
+fitted to t = c_a + c_b * k with scipy least squares; `executor_expert_job` adapts the executor's
+numba kernels (executor/kernels.py) to it, per weight format.
+
+`tick` arguments are progress callbacks (one call per unit of work); sizes are arguments so tests
+run the same code on tiny inputs.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from .sampling import Noise, Tick, low_quantile, sample_clean
+
+
+@dataclass
+class KernelFit:
+    """t(k) = c_a + c_b * k (ms) fitted over experts per job, with the fit's residuals."""
+
+    label: str
+    expert_bytes: int
+    ks: list[int]
+    t_ms: list[float]  # time per job at each k (lower quintile of the repeats)
+    c_a_ms: float
+    c_b_ms: float
+    residuals_ms: list[float]
+    rms_rel: float  # rms of residual / measured
+    threads: int
+    repeats: int
+    noise: Noise = field(default_factory=Noise)
+
+    @property
+    def expert_gbs(self) -> float:
+        """GB/s of expert weights the kernel sustains (bytes of one expert / c_b)."""
+        per = self.c_b_ms
+        if per <= 0:  # degenerate fit (jobs too small to see the per-expert cost): whole job / k
+            per = max(t / k for t, k in zip(self.t_ms, self.ks))
+        return self.expert_bytes / (per * 1e-3) / 1e9
+
+    def method(self) -> str:
+        return (f"{self.label}: job time (lower quintile of {self.repeats}) at k={self.ks} experts "
+                f"({self.expert_bytes / 1e6:.2f} MB each), "
+                f"{self.threads} threads, least-squares fit c_a + c_b k, rms residual {100 * self.rms_rel:.1f}%, "
+                f"{self.noise.describe()}")
+
+
+def fit_job_costs(ks: Sequence[float], t_ms: Sequence[float]) -> tuple[float, float, np.ndarray]:
+    """Least-squares c_a, c_b >= 0 for t = c_a + c_b k; returns (c_a, c_b, residuals = fit - t)."""
+    from scipy.optimize import least_squares
+    k = np.asarray(ks, float)
+    t = np.asarray(t_ms, float)
+    slope = np.polyfit(k, t, 1)[0] if len(k) > 1 else t[0] / max(k[0], 1)
+    x0 = [max(t.min() - max(slope, 0) * k.min(), 1e-6), max(slope, 1e-6)]
+    sol = least_squares(lambda p: (p[0] + p[1] * k - t) / np.maximum(t, 1e-9), x0,
+                        bounds=([0.0, 0.0], [np.inf, np.inf]))
+    c_a, c_b = (float(v) for v in sol.x)
+    return c_a, c_b, c_a + c_b * k - t
+
+
+def bench_expert_kernel(run_job: Callable[[int, int], object], ks: Sequence[int], expert_bytes: int,
+                        repeats: int = 15, label: str = "kernel", threads: int | None = None,
+                        tick: Tick = None, budget_s: float = 10.0) -> KernelFit:
+    """Time `run_job(k, i)` (one job of k experts; i varies so jobs rotate over their experts).
+
+    The fit is relative least squares (each point weighted by 1/t) so small jobs count as much as
+    big ones. A round times every k once; rounds run while other processes used the CPUs are set
+    aside (`sample_clean`, within `budget_s`); each k's time is the lower quintile of its clean
+    samples. `repeats` ticks in all."""
+    ks = [int(k) for k in ks]
+    threads = int(threads or numba.get_num_threads())
+    for k in ks:  # warm-up (and JIT)
+        run_job(k, 0)
+
+    def one_round(i):  # interleaved: a burst of outside load hits every k alike
+        out = []
+        for k in ks:
+            t0 = time.perf_counter()
+            run_job(k, i + 1)
+            out.append((k, time.perf_counter() - t0))
+        return out
+
+    times, noise = sample_clean(one_round, repeats, budget_s, tick=tick, keys=len(ks))
+    meds = [low_quantile(times[k]) * 1e3 for k in ks]
+    c_a, c_b, res = fit_job_costs(ks, meds)
+    rel = res / np.asarray(meds)
+    return KernelFit(label=label, expert_bytes=int(expert_bytes), ks=ks, t_ms=meds, c_a_ms=c_a, c_b_ms=c_b,
+                     residuals_ms=[float(r) for r in res], rms_rel=float(np.sqrt(np.mean(rel ** 2))),
+                     threads=threads, repeats=repeats, noise=noise)
+
+
+@njit(parallel=True, nogil=True, fastmath=True, cache=True)
+def _toy_kernel(w, experts, x, out):
+    """A tiny expert kernel: out += W_e x for each expert e (f32 rows split across threads)."""
+    R = w.shape[1]
+    for r in prange(R):
+        acc = np.float32(0.0)
+        for i in range(experts.shape[0]):
+            e = experts[i]
+            s = np.float32(0.0)
+            for j in range(x.shape[0]):
+                s += w[e, r, j] * x[j]
+            acc += s
+        out[r] += acc
+
+
+def toy_expert_job(rows: int = 256, cols: int = 256, pool: int = 16):
+    """(run_job, expert_bytes) over a small numba f32 kernel: the hook's self-test kernel."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((pool, rows, cols)).astype(np.float32)
+    x = rng.standard_normal(cols).astype(np.float32)
+    out = np.zeros(rows, np.float32)
+
+    def run_job(k: int, i: int):
+        ex = (np.arange(k, dtype=np.int32) + i * k) % pool
+        _toy_kernel(w, ex, x, out)
+    return run_job, w[0].nbytes
+
+
+# executor kernel formats this module can synthesise: name -> (row bytes for `cols` weights)
+_ROW_BYTES = {"F16": lambda c: 2 * c, "Q8_0": lambda c: c // 32 * 34, "Q4_0": lambda c: c // 32 * 18}
+
+
+def kernel_version() -> str:
+    """Short hash of the executor's kernel sources (kernels.py and the modules beside it that it
+    imports), so a calibration names the kernel build it belongs to; '' when absent."""
+    import hashlib
+    try:
+        from executor import kernels
+    except Exception:
+        return ""
+    here = Path(kernels.__file__).resolve().parent
+    h = hashlib.sha256()
+    for name in ("kernels.py", "simd.py"):
+        f = here / name
+        if f.is_file():
+            h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def executor_kernel_available() -> bool:
+    """Whether executor/kernels.py exposes the CPU expert kernel (`moe_cpu`) and its tensor type."""
+    try:
+        from executor import gguf_model, kernels
+    except Exception:
+        return False
+    return (callable(getattr(kernels, "moe_cpu", None)) and callable(getattr(kernels, "csr", None))
+            and hasattr(gguf_model, "EXPERT_TYPES") and hasattr(gguf_model, "ExpertTensor"))
+
+
+def _synth_tensor(fmt: str, n: int, rows: int, cols: int, rng):
+    """A synthetic ExpertTensor [n, rows, row_bytes] in `fmt` with sane fp16 scales."""
+    from gguf import GGMLQuantizationType as QT
+    from executor.gguf_model import EXPERT_TYPES, ExpertTensor
+    qt = QT[fmt]
+    rb = _ROW_BYTES[fmt](cols)
+    if fmt == "F16":
+        data = (rng.standard_normal((n, rows, cols), dtype=np.float32) * 0.02).astype(np.float16).view(np.uint8)
+    else:
+        data = rng.integers(0, 256, (n, rows, rb), dtype=np.uint8)
+        blk = 34 if fmt == "Q8_0" else 18
+        scale = np.frombuffer(np.float16(0.004).tobytes(), np.uint8)
+        v = data.reshape(n, rows, rb // blk, blk)
+        v[..., 0], v[..., 1] = scale[0], scale[1]
+    return ExpertTensor(data=np.ascontiguousarray(data), qtype=qt, code=EXPERT_TYPES[qt], rows=rows, cols=cols)
+
+
+def executor_expert_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, pool_bytes: int = 256 << 20,
+                        max_k: int = 8, seed: int = 0):
+    """(run_job, expert_bytes): one token's job of k SwiGLU experts through executor.kernels.moe_cpu.
+
+    The experts are synthetic `fmt` tensors (gate/up [E, ffn, hidden], down [E, hidden, ffn]) in a
+    pool larger than the last-level cache; job i uses experts i*k .. i*k+k-1 (mod pool)."""
+    from executor import kernels
+    if fmt not in _ROW_BYTES:
+        raise ValueError(f"no synthetic layout for {fmt} (have {', '.join(_ROW_BYTES)})")
+    rng = np.random.default_rng(seed)
+    ebytes = 2 * ffn * _ROW_BYTES[fmt](hidden) + hidden * _ROW_BYTES[fmt](ffn)
+    pool = max(max_k, int(pool_bytes // ebytes))
+    gate = _synth_tensor(fmt, pool, ffn, hidden, rng)
+    up = _synth_tensor(fmt, pool, ffn, hidden, rng)
+    down = _synth_tensor(fmt, pool, hidden, ffn, rng)
+    x = rng.standard_normal((1, hidden)).astype(np.float32)
+    out = np.zeros((1, hidden), np.float32)
+    routes: dict[tuple[int, int], tuple] = {}
+
+    def run_job(k: int, i: int):
+        key = (k, i % pool)
+        r = routes.get(key)
+        if r is None:
+            ex = ((np.arange(k) + i * k) % pool).astype(np.int32).reshape(1, k)
+            r = routes[key] = kernels.csr(ex, np.full((1, k), 1.0 / k, np.float32))
+        out[:] = 0.0
+        kernels.moe_cpu(gate, up, down, x, *r, out=out)
+    return run_job, ebytes

@@ -1,0 +1,68 @@
+"""CPU expert kernel benchmark on tiny jobs: the fit, the hook, the executor adapter (never timing bars)."""
+import time
+
+import numpy as np
+import pytest
+
+from calibration.bench_kernel import (_ROW_BYTES, KernelFit, _synth_tensor, bench_expert_kernel,
+                                      executor_expert_job, executor_kernel_available, fit_job_costs,
+                                      toy_expert_job)
+
+
+def test_fit_recovers_line_exactly():
+    ks = [1, 2, 4, 6, 8]
+    c_a, c_b, res = fit_job_costs(ks, [0.11 + 0.2 * k for k in ks])
+    assert c_a == pytest.approx(0.11, rel=1e-4) and c_b == pytest.approx(0.2, rel=1e-4)
+    assert np.abs(res).max() < 1e-6
+
+
+def test_fit_is_bounded_non_negative():
+    c_a, c_b, res = fit_job_costs([1, 2, 4], [3.0, 2.0, 1.0])  # falling times: no negative cost
+    assert c_a >= 0 and c_b >= 0 and len(res) == 3
+
+
+def test_degenerate_fit_still_gives_a_finite_rate():
+    f = KernelFit(label="x", expert_bytes=1000, ks=[1, 2], t_ms=[1.0, 1.0], c_a_ms=1.0, c_b_ms=0.0,
+                  residuals_ms=[0, 0], rms_rel=0.0, threads=1, repeats=1)
+    assert f.expert_gbs == pytest.approx(1000 / 1e-3 / 1e9)  # the costliest job per expert
+
+
+def test_expert_kernel_hook_fits_a_known_job():
+    # a job whose cost is 1 ms + 2 ms per expert: the fit must find the per-expert cost dominant
+    def job(k, i):
+        time.sleep(0.001 + 0.002 * k)
+    f = bench_expert_kernel(job, [1, 2, 4], expert_bytes=1_000_000, repeats=3, label="sleep", threads=1,
+                          budget_s=0.3)
+    assert f.ks == [1, 2, 4] and len(f.t_ms) == 3 and len(f.residuals_ms) == 3
+    assert f.t_ms[0] < f.t_ms[1] < f.t_ms[2]
+    assert 1.0 < f.c_b_ms < 8 and f.c_b_ms > f.c_a_ms >= 0
+    assert f.expert_gbs == pytest.approx(1e6 / (f.c_b_ms * 1e-3) / 1e9)
+    assert "least-squares" in f.method()
+
+
+def test_expert_kernel_hook_with_own_numba_kernel():
+    job, eb = toy_expert_job(rows=32, cols=64, pool=8)
+    assert eb == 32 * 64 * 4
+    f = bench_expert_kernel(job, [1, 2, 4], eb, repeats=3, label="toy", budget_s=0.3)
+    assert all(t > 0 for t in f.t_ms) and f.c_a_ms >= 0 and f.c_b_ms >= 0 and f.rms_rel >= 0
+    assert f.threads >= 1
+
+
+@pytest.mark.skipif(not executor_kernel_available(), reason="executor kernel not there yet")
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q8_0", "F16"])
+def test_executor_kernel_job(fmt):
+    job, eb = executor_expert_job(fmt, hidden=64, ffn=32, pool_bytes=1 << 16, max_k=4)
+    rb = _ROW_BYTES[fmt]
+    assert eb == 2 * 32 * rb(64) + 64 * rb(32)
+    f = bench_expert_kernel(job, [1, 2, 4], eb, repeats=2, label=fmt, budget_s=0.3)
+    assert all(t > 0 for t in f.t_ms) and f.c_b_ms >= 0
+
+
+@pytest.mark.skipif(not executor_kernel_available(), reason="executor kernel not there yet")
+def test_synthetic_experts_have_finite_outputs():
+    from executor import kernels
+    rng = np.random.default_rng(1)
+    for fmt in ("Q4_0", "Q8_0", "F16"):
+        w = _synth_tensor(fmt, 2, 32, 64, rng)
+        y = kernels.expert_matmul(w, 1, rng.standard_normal((1, 64)).astype(np.float32))
+        assert y.shape == (1, 32) and np.isfinite(y).all() and np.abs(y).max() > 0
