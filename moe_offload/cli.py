@@ -300,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-tokens", type=int, default=256)
     p.add_argument("--streams", type=int, default=None)
     p.add_argument("--context", type=int, default=None)
-    p.add_argument("--routing", default=None, help="uniform, fitted, skewed:EXP or a trace .jsonl")
+    p.add_argument("--routing", default=None, help="uniform, fitted, drifting, skewed:EXP or a trace .jsonl")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_simulate)

@@ -16,10 +16,10 @@ class DecodeRun:
     """Simulates `n_steps` decode steps on a Machine; `step_s` holds each step's duration (s)."""
 
     def __init__(self, m, model, plan, routing, cache, page_cache, rng, tokens_per_step: int,
-                 committed_per_step: float, context: int):
+                 committed_per_step: float, context: int, streams: int = 1):
         self.m, self.model, self.plan, self.cache, self.page = m, model, plan, cache, page_cache
         self.routing, self.rng = routing, rng
-        self.ntok, self.committed = tokens_per_step, committed_per_step
+        self.ntok, self.committed, self.streams = tokens_per_step, committed_per_step, streams
         self.context = float(context)
         self.eb = model.expert_bytes
         self.L = model.n_moe_layers
@@ -47,8 +47,7 @@ class DecodeRun:
     def start(self, n_steps: int, done) -> None:
         """Run n_steps steps, then done()."""
         self.left, self.done = n_steps, done
-        self.routes = self.routing.sample(n_steps * self.ntok, self.rng).reshape(
-            n_steps, self.ntok, self.routing.n_layers, self.routing.k)
+        self.routes = self.routing.sample_steps(n_steps, self.streams, self.ntok // self.streams, self.rng)
         self.step_idx = 0
         self._step()
 

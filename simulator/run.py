@@ -40,7 +40,7 @@ class SimResult:
 
 
 def resolve_routing(routing, model, k: int, seed: int) -> Routing:
-    """A Routing from None (default), a name ('uniform', 'fitted', 'skewed:1.1'), a JSONL trace
+    """A Routing from None (default), a name ('uniform', 'fitted', 'drifting', 'skewed:1.1'), a JSONL trace
     path, a list of [L, k] arrays, or a Routing object."""
     L, E = model.n_moe_layers, model.n_experts
     if isinstance(routing, Routing):
@@ -89,7 +89,8 @@ def simulate(model, hw, plan, prompt_tokens: int = 0, gen_tokens: int = 256, str
     m = Machine(sim, model, hw, plan, consts)
     pre = PrefillRun(m, model, plan, prompt_tokens, streams)
     n_steps = max(1, int(np.ceil(gen_tokens / committed)))
-    dec = DecodeRun(m, model, plan, rt, cache, page, rng, streams * verify, committed, prompt_tokens)
+    rt.new_context(rng)  # this request's prompt (or, without one, a new conversation)
+    dec = DecodeRun(m, model, plan, rt, cache, page, rng, streams * verify, committed, prompt_tokens, streams)
     state = {}
 
     def after_prefill():
