@@ -1,0 +1,81 @@
+"""The executor against llama.cpp's CPU decode on the same GGUF with the same threads, side by side.
+
+    python benchmarks/bench_vs_llamacpp.py --llama-bench PATH/llama-bench [--model FILE.gguf]
+        [--threads 2] [--rounds 5] [--store runs/results-llamacpp.csv]
+
+Rounds alternate: llama-bench (pp64 and tg32, one repetition after its own warm-up), then
+`execute` on an all-CPU plan (64-token prompt, 32 generated). Prints each engine's median tok/s
+and the ratio; with --store the llama-bench records are appended to a results store, so that
+`moe-offload regress --store STORE --hw PROFILE --local-only` predicts llama.cpp's runs on this
+machine with the simulator. llama.cpp is not a dependency: build `llama-bench` yourself (e.g.
+from the llama-cpp-python sdist's vendor/llama.cpp with cmake, CPU only).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def llama_bench(exe: str, model: Path, threads: int, out: Path) -> dict[str, float]:
+    """One llama-bench run (pp64 + tg32, -r 1) as {test: tok/s}; its JSON is kept at `out`."""
+    res = subprocess.run([exe, "-m", str(model), "-t", str(threads), "-p", "64", "-n", "32", "-r", "1",
+                          "-o", "json"], capture_output=True, text=True, check=True)
+    out.write_text(res.stdout)
+    return {("pp" if r["n_prompt"] else "tg"): float(r["avg_ts"]) for r in json.loads(res.stdout)}
+
+
+def ours(model: Path, threads: int, trace: Path) -> dict[str, float]:
+    """One `execute` of an all-CPU plan: {'pp': 64 / TTFT, 'tg': decode tok/s}."""
+    from executor.runner import execute
+    from specs.plan import Placement, Plan, Prefill
+
+    plan = Plan(placement=Placement(dense="cpu", kv="cpu", engram="none"), cpu_threads=threads,
+                prefill=Prefill(strategy="cpu", chunk_tokens=64, ubatch_tokens=64))
+    r = execute(plan, model, prompt_tokens=64, gen_tokens=32, trace_path=trace)
+    return {"pp": 64 / r["ttft_s"], "tg": r["decode_tok_s"]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--llama-bench", required=True)
+    ap.add_argument("--model", help="GGUF (default: the `small` preset, written once under --dir)")
+    ap.add_argument("--dir", default="/tmp/moe-offload-bench")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--store", help="append llama-bench's records to this results store")
+    a = ap.parse_args(argv)
+    import executor  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads OpenMP)
+    from executor.make_model import make_model
+
+    model = Path(a.model) if a.model else Path(a.dir) / "small.gguf"
+    if not model.exists():
+        make_model("small", model)
+    work = Path(tempfile.mkdtemp(prefix="vs-llamacpp-"))
+    ours(model, a.threads, work / "warm.jsonl")  # kernel compile and page cache, not counted
+    ll, me, files = [], [], []
+    for i in range(a.rounds):
+        files.append(work / f"llama-bench-{i}.json")
+        ll.append(llama_bench(a.llama_bench, model, a.threads, files[-1]))
+        me.append(ours(model, a.threads, work / f"trace-{i}.jsonl"))
+        print(f"round {i + 1}: llama.cpp pp64 {ll[-1]['pp']:.1f} tg32 {ll[-1]['tg']:.1f} | "
+              f"executor pp64 {me[-1]['pp']:.1f} tg32 {me[-1]['tg']:.1f} tok/s", flush=True)
+    for t, name in (("tg", "decode tg32"), ("pp", "prefill pp64")):
+        lm, em = statistics.median(r[t] for r in ll), statistics.median(r[t] for r in me)
+        print(f"{name}: llama.cpp {lm:.1f} tok/s, executor {em:.1f} tok/s, executor / llama.cpp {em / lm:.2f} "
+              f"(medians of {a.rounds}, {a.threads} threads, {model.name})")
+    if a.store:
+        from calibration.ingest import ingest_runs
+        rows = ingest_runs([str(f) for f in files], str(model), "", a.store)
+        print(f"{len(rows)} llama.cpp runs appended to {a.store}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
