@@ -198,3 +198,70 @@ def executor_expert_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, p
         out[:] = 0.0
         kernels.moe_cpu(gate, up, down, x, *r, out=out)
     return run_job, ebytes
+
+
+# ---------------------------------------------------------------------------------------------
+# prefill: the same kernel on a batch of tokens (the simulator's cpu_prefill_gflops_per_core)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class PrefillResult:
+    """The CPU expert kernel on a prefill-sized batch: routed GFLOP/s per thread."""
+
+    label: str
+    tokens: int
+    experts: int
+    top_k: int
+    t_ms: float  # one batch (lower quintile of the repeats)
+    flops: float  # routed expert FLOPs of one batch (2 per weight per token)
+    threads: int
+    repeats: int
+    noise: Noise = field(default_factory=Noise)
+
+    @property
+    def gflops_per_core(self) -> float:
+        """Routed expert GFLOP/s per thread."""
+        return self.flops / (self.t_ms * 1e-3) / 1e9 / self.threads
+
+    def method(self) -> str:
+        return (f"{self.label}: {self.tokens} tokens x top-{self.top_k} of {self.experts} experts, "
+                f"{self.flops / 1e9:.2f} GFLOP per batch in {self.t_ms:.2f} ms (lower quintile of {self.repeats}), "
+                f"{self.threads} threads, {self.noise.describe()}")
+
+
+def executor_prefill_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, n_experts: int = 32,
+                         top_k: int = 8, tokens: int = 64, seed: int = 0):
+    """(run, flops): one prefill batch of `tokens` tokens, each routed to `top_k` distinct experts of
+    `n_experts` synthetic `fmt` experts, through executor.kernels.moe_cpu."""
+    from executor import kernels
+    rng = np.random.default_rng(seed)
+    gate = _synth_tensor(fmt, n_experts, ffn, hidden, rng)
+    up = _synth_tensor(fmt, n_experts, ffn, hidden, rng)
+    down = _synth_tensor(fmt, n_experts, hidden, ffn, rng)
+    x = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    ids = np.argsort(rng.random((tokens, n_experts)), axis=1)[:, :top_k]
+    route = kernels.csr(ids, np.full((tokens, top_k), 1.0 / top_k, np.float32))
+    out = np.zeros((tokens, hidden), np.float32)
+
+    def run():
+        out[:] = 0.0
+        kernels.moe_cpu(gate, up, down, x, *route, out=out)
+    return run, 6.0 * hidden * ffn * tokens * top_k
+
+
+def bench_prefill(run: Callable[[], object], flops: float, repeats: int = 7, label: str = "kernel",
+                  tokens: int = 64, experts: int = 32, top_k: int = 8, threads: int | None = None,
+                  tick: Tick = None, budget_s: float = 5.0) -> PrefillResult:
+    """Time `run()` (one prefill batch) around outside load (`sample_clean`); lower quintile."""
+    threads = int(threads or numba.get_num_threads())
+    run()  # warm-up (and JIT)
+
+    def one(i):
+        t0 = time.perf_counter()
+        run()
+        return [("batch", time.perf_counter() - t0)]
+
+    times, noise = sample_clean(one, repeats, budget_s, tick=tick)
+    return PrefillResult(label=label, tokens=tokens, experts=experts, top_k=top_k,
+                         t_ms=low_quantile(times["batch"]) * 1e3, flops=float(flops), threads=threads,
+                         repeats=repeats, noise=noise)

@@ -8,6 +8,7 @@ one, over what `detect_hardware` reads off this machine. Constants for the simul
     sync_ms         device sync + hand-off to a CPU worker thread and back (per handover)
     c_a_ms, c_b_ms  CPU expert job: fixed cost per job and cost per expert (default format),
                     and `c_a_ms.<FMT>` / `c_b_ms.<FMT>` for every benchmarked format
+    cpu_prefill_gflops_per_core  the same kernel on a prefill batch (64 tokens, default format)
     dense_gbs       the dense path's matrix-vector bandwidth on the torch device
     pagecache_4k_us a 4 KiB read served from the page cache
     t_miss_ms       (CUDA) copy one expert from pinned RAM and compute it
@@ -38,8 +39,8 @@ from . import store
 from .bench_device import DenseResult, H2DResult, HitResult, bench_dense, bench_h2d, bench_hit, torch_device
 from .bench_disk import DiskResult, bench_disk
 from .bench_handover import HandoverResult, bench_handover
-from .bench_kernel import (KernelFit, bench_expert_kernel, executor_expert_job, executor_kernel_available,
-                           kernel_version, toy_expert_job)
+from .bench_kernel import (KernelFit, PrefillResult, bench_expert_kernel, bench_prefill, executor_expert_job,
+                           executor_kernel_available, executor_prefill_job, kernel_version, toy_expert_job)
 from .bench_memory import MemBandwidth, MemoryBench, default_thread_counts
 from .sampling import Noise, today
 
@@ -77,11 +78,16 @@ class Settings:
     kernel_pool_bytes: int = 128 << 20
     kernel_ks: tuple[int, ...] = (1, 2, 4, 6, 8)
     kernel_repeats: int = 15
+    prefill_tokens: int = 64
+    prefill_experts: int = 32
+    prefill_top_k: int = 8
+    prefill_repeats: int = 7
     toy_kernel: bool = False  # benchmark bench_kernel.toy_expert_job instead of the executor's kernel
     # time budgets (s) for waiting out other processes' load, per benchmark
     total_budget_s: float = 32.0  # all the waiting together (quick stays within 60 s)
     mem_budget_s: float = 15.0
     kernel_budget_s: float = 5.0
+    prefill_budget_s: float = 3.0
     hit_budget_s: float = 3.0
     dense_budget_s: float = 2.0
     handover_budget_s: float = 2.0
@@ -94,7 +100,7 @@ FULL = Settings(label="full", mem_bytes=1 << 30, mem_repeats=10, hit_pool_bytes=
                 disk_bytes=2 << 30, disk_qd1_reads=10000, disk_qd_reads=50000, disk_cached_reads=100000,
                 disk_seq_passes=7, disk_qd_passes=7,
                 handover_iters=10000, kernel_pool_bytes=512 << 20, kernel_ks=(1, 2, 3, 4, 6, 8, 12, 16),
-                kernel_repeats=41, total_budget_s=400, mem_budget_s=90, kernel_budget_s=45, hit_budget_s=30,
+                kernel_repeats=41, prefill_repeats=15, prefill_budget_s=20, total_budget_s=400, mem_budget_s=90, kernel_budget_s=45, hit_budget_s=30,
                 dense_budget_s=20, handover_budget_s=20, disk_budget_s=30)
 TINY = Settings(label="tiny", mem_bytes=1 << 20, mem_repeats=2, hit_hidden=64, hit_ffn=32,
                 hit_pool_bytes=1 << 20, hit_calls=5, hit_repeats=2, dense_bytes=1 << 20, dense_repeats=2,
@@ -102,7 +108,8 @@ TINY = Settings(label="tiny", mem_bytes=1 << 20, mem_repeats=2, hit_hidden=64, h
                 disk_qd=4, disk_cached_reads=50, disk_seq_passes=1, disk_qd_passes=2, handover_iters=20,
                 kernel_formats=("Q4_0",),
                 kernel_hidden=64, kernel_ffn=32, kernel_pool_bytes=1 << 20, kernel_ks=(1, 2, 4),
-                kernel_repeats=3, total_budget_s=3, mem_budget_s=0.2, kernel_budget_s=0.2, hit_budget_s=0.2,
+                kernel_repeats=3, prefill_tokens=8, prefill_experts=4, prefill_top_k=2, prefill_repeats=2,
+                prefill_budget_s=0.2, total_budget_s=3, mem_budget_s=0.2, kernel_budget_s=0.2, hit_budget_s=0.2,
                 dense_budget_s=0.2, handover_budget_s=0.2, disk_budget_s=0.2)
 
 
@@ -113,6 +120,7 @@ class Results:
     settings: Settings
     mem: MemBandwidth | None = None
     kernels: dict[str, KernelFit] = field(default_factory=dict)
+    prefill: PrefillResult | None = None
     hit: HitResult | None = None
     dense: DenseResult | None = None
     h2d: H2DResult | None = None
@@ -169,7 +177,7 @@ class _Budget:
     def __init__(self, s: Settings, n_kernels: int, cuda: bool):
         self.t0 = time.perf_counter()
         self.total = s.total_budget_s
-        self.left = {"mem": s.mem_budget_s, "hit": s.hit_budget_s, "dense": s.dense_budget_s,
+        self.left = {"mem": s.mem_budget_s, "prefill": s.prefill_budget_s, "hit": s.hit_budget_s, "dense": s.dense_budget_s,
                      "handover": 1.5 * s.handover_budget_s, "disk": 3 * s.disk_budget_s}
         for i in range(n_kernels):
             self.left[f"kernel{i}"] = s.kernel_budget_s
@@ -221,6 +229,20 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                                                      budget_s=bud.take(f"kernel{i}", s.kernel_budget_s))
                 del job
                 r.wall_s[f"kernel {fmt}"] = time.perf_counter() - t0
+            if use_exec:
+                t0 = time.perf_counter()
+                fmt = DEFAULT_FORMAT if DEFAULT_FORMAT in formats else formats[0]
+                tick = pg.stage(f"CPU prefill batch {fmt}", s.prefill_repeats)
+                run, flops = executor_prefill_job(fmt, s.kernel_hidden, s.kernel_ffn, s.prefill_experts,
+                                                  s.prefill_top_k, s.prefill_tokens)
+                r.prefill = bench_prefill(run, flops, s.prefill_repeats,
+                                          label=f"executor.kernels.moe_cpu@{kernel_version()} {fmt} SwiGLU "
+                                                f"{s.kernel_hidden}x{s.kernel_ffn}",
+                                          tokens=s.prefill_tokens, experts=s.prefill_experts,
+                                          top_k=s.prefill_top_k, threads=numba.get_num_threads(), tick=tick,
+                                          budget_s=bud.take("prefill", s.prefill_budget_s))
+                del run
+                r.wall_s["prefill"] = time.perf_counter() - t0
         finally:
             numba.set_num_threads(prev)
 
@@ -280,6 +302,7 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
 def noise_of(r: Results) -> list[tuple[str, Noise]]:
     """(benchmark, what its sampler saw) for every benchmark that sampled around outside load."""
     out = ([("memory", r.mem.noise)] if r.mem else []) + [(f"kernel {k}", f.noise) for k, f in r.kernels.items()]
+    out += [("prefill", r.prefill.noise)] if r.prefill else []
     out += [(n, x.noise) for n, x in (("hit", r.hit), ("dense", r.dense), ("handover", r.handover)) if x]
     return out + [(f"disk {k}", n) for k, n in (r.disk.noise.items() if r.disk else ())]
 
@@ -333,6 +356,8 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
         data["cpu"]["expert_gbs"] = eg
         data["cpu"]["threads_used"] = d.threads
         notes.append(f"@ cpu.threads_used: measured: {date}, the threads the CPU expert kernel benchmark ran on")
+    if r.prefill:
+        consts["cpu_prefill_gflops_per_core"] = _m(r.prefill.gflops_per_core, r.prefill.method(), date)
     if r.hit:
         consts["t_hit_ms"] = _m(r.hit.t_hit_ms, r.hit.method(), date)
     if r.dense:
@@ -397,6 +422,11 @@ def store_rows(r: Results) -> list[dict]:
         _noise(add, case, f.noise)
         for k, t, res in zip(f.ks, f.t_ms, f.residuals_ms):
             add(case, "job_ms", t, experts=k, residual_ms=res, threads=f.threads, kernel=kv, method=f.method())
+    if r.prefill:
+        pf = r.prefill
+        add("cpu_prefill", "gflops_per_core", pf.gflops_per_core, threads=pf.threads, kernel=kv,
+            tokens=pf.tokens, method=pf.method())
+        _noise(add, "cpu_prefill", pf.noise)
     for name, x in (("t_hit", r.hit), ("dense", r.dense), ("handover", r.handover)):
         if x:
             _noise(add, name, x.noise)

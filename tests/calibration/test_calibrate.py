@@ -23,7 +23,7 @@ from specs.loaders import load_hardware
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = cal.TINY
-NEEDED = ("t_hit_ms", "sync_ms", "c_a_ms", "c_b_ms", "dense_gbs", "pagecache_4k_us")
+NEEDED = ("t_hit_ms", "sync_ms", "c_a_ms", "c_b_ms", "dense_gbs", "pagecache_4k_us", "cpu_prefill_gflops_per_core")
 
 
 @pytest.fixture(scope="module")
