@@ -66,3 +66,14 @@ def test_synthetic_experts_have_finite_outputs():
         w = _synth_tensor(fmt, 2, 32, 64, rng)
         y = kernels.expert_matmul(w, 1, rng.standard_normal((1, 64)).astype(np.float32))
         assert y.shape == (1, 32) and np.isfinite(y).all() and np.abs(y).max() > 0
+
+
+def test_prefill_batch_reports_routed_flops_per_thread():
+    """A prefill batch of T tokens x top-k experts does 6 H F T k FLOPs (three H x F matrices, 2 per
+    weight); the rate is those FLOPs over the batch time per thread."""
+    from calibration.bench_kernel import bench_prefill, executor_prefill_job
+    run, flops = executor_prefill_job("Q8_0", hidden=64, ffn=32, n_experts=4, top_k=2, tokens=8)
+    assert flops == 6 * 64 * 32 * 8 * 2
+    r = bench_prefill(run, flops, repeats=2, tokens=8, experts=4, top_k=2, threads=2, budget_s=0.2)
+    assert r.gflops_per_core == pytest.approx(flops / (r.t_ms * 1e-3) / 1e9 / 2)
+    assert "8 tokens x top-2 of 4 experts" in r.method()
