@@ -78,6 +78,12 @@ class PrefillRun:
             flops += n * self.k * md.expert_flops
         return m.gpu_flops_s(flops)
 
+    def _host_dense_s(self, pos: int, n: int) -> float:
+        """Host-core seconds for one layer's dense path and attention of an n-token batch (no device)."""
+        md, m = self.model, self.m
+        flops = (md.dense_flops_per_token * n + attention_flops(md, pos, n)) / md.n_layers
+        return flops / (m.c.cpu_prefill_gflops_per_core * 1e9 * m.threads)
+
     # ---- stream-all: copy every touched expert once per chunk, double-buffered -------------
     def _stream_all(self, pos: int, n: int) -> None:
         md, m = self.model, self.m
@@ -122,6 +128,10 @@ class PrefillRun:
         nxt = lambda: self._per_layer(pos, n, layer + 1)
         is_moe = layer in set(md.layers_moe)
         in_ram = is_moe and layer not in self.gpu_layers
+        host_s = 0.0 if m.has_gpu else self._host_dense_s(pos, n)  # no device: the host cores run it
+        if not in_ram and not m.has_gpu:
+            m.cpu.acquire(m.threads, lambda: m.sim.after(host_s, lambda: (m.cpu.release(m.threads), nxt())))
+            return
         dense_s = self._compute_s(pos, n, layer, experts_on_gpu=not in_ram)
         if not in_ram:
             m.gpu.submit(dense_s, nxt)
@@ -137,7 +147,7 @@ class PrefillRun:
         nbytes = touched * self.eb
         cpu_s = n * self.k * md.expert_flops / (m.c.cpu_prefill_gflops_per_core * 1e9 * m.threads)
         rate = min(m.cpu_expert_rate, nbytes / cpu_s) if cpu_s > 0 else m.cpu_expert_rate
-        after_dense = lambda: m.cpu_read(nbytes, nxt, rate=rate)
+        after_dense = lambda: m.cpu_read(nbytes, nxt, rate=rate, extra_s=host_s)
         if m.has_gpu:
             m.gpu.submit(dense_s, after_dense)
         else:

@@ -133,9 +133,19 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
 def prefill_s(model, hw, plan, prompt_tokens: int, c: Constants) -> float:
     """Seconds to prefill one prompt: per chunk, copy and compute overlapped (stream-all) or
     serial (op offload), or experts on the CPU."""
-    if hw.gpu is None or prompt_tokens <= 0:
+    if prompt_tokens <= 0:
         return 0.0
     k = plan.experts_per_token or model.top_k
+    if hw.gpu is None:  # no device: dense path, attention and experts all on the host cores
+        rate = c.cpu_prefill_gflops_per_core * 1e9 * (plan.cpu_threads or hw.cpu.threads_used)
+        total, pos = 0.0, 0
+        for ch in chunks(prompt_tokens, plan.prefill.chunk_tokens):
+            for n in ubatches(ch, plan.prefill.ubatch_tokens):
+                flops = (model.dense_flops_per_token * n + attention_flops(model, pos, n)
+                         + n * k * model.expert_flops * model.n_moe_layers)
+                total += flops / rate + model.n_moe_layers * c.cpu_job_ms * 1e-3
+                pos += n
+        return total
     flops_s = hw.gpu.fp16_tflops * 1e12 * c.gemm_efficiency
     h2d = hw.pcie.h2d_gbs * GB if hw.pcie else 1.0
     pf, eb, L = plan.prefill, model.expert_bytes, model.n_layers
