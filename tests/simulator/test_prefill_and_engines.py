@@ -98,3 +98,22 @@ def test_cpu_only_machine():
                                    "prefill": Prefill(strategy="cpu")})
     r = simulate(model, hw, plan, prompt_tokens=64, gen_tokens=8)
     assert r.decode_tok_s > 0 and r.cache_hit_rate == 0.0 and r.bottleneck == "cpu"
+
+
+def test_prefill_without_a_device_runs_every_flop_on_the_host_cores():
+    """No GPU: dense path, attention and routed experts of the prompt all take host-core time, so
+    TTFT is at least their FLOPs over the cores' prefill rate, and the closed-form screen agrees."""
+    from simulator.resources import Constants
+    from simulator.screen import screen
+    from simulator.prefill import attention_flops
+    model = tiny_model()
+    hw = machine().model_copy(update={"gpu": None, "pcie": None})
+    plan = _with_prefill(tiered(0, "cpu"), strategy="cpu", chunk_tokens=64, ubatch_tokens=64)
+    plan = plan.model_copy(update={"placement": plan.placement.model_copy(update={"dense": "cpu", "kv": "cpu"})})
+    c = Constants.from_hw(hw)
+    n = 64
+    flops = model.dense_flops_per_token * n + attention_flops(model, 0, n) + n * model.top_k * model.expert_flops * 4
+    floor_s = flops / (c.cpu_prefill_gflops_per_core * 1e9 * hw.cpu.threads_used)
+    r = simulate(model, hw, plan, prompt_tokens=n, gen_tokens=1, warm_steps=0)
+    assert r.ttft_s >= floor_s
+    assert screen(model, hw, plan, prompt_tokens=n).ttft_s == pytest.approx(r.ttft_s, rel=0.05)
