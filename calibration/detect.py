@@ -143,6 +143,42 @@ def parse_smbios(raw: bytes) -> list[dict]:
     return out
 
 
+# Weights one core decodes and multiplies per second (G weights/s), by instruction set and format
+# class; bytes per second follow from the format's bits (the DDR cap is the simulator's).
+# AVX2 (no VNNI): plain block formats 11.9 = this project's Q8_0 kernel at 23.7-26.7 GB/s on two Zen 3
+#   cores (benchmarks/bench_executor.py, 2026-11-29); codebook formats 7.5 = dsv41-flash-offload's
+#   66 GB/s of EXL3 at 3.02 bpw on 22 Zen 3 cores (c_b = 0.20 ms per 13.27 MB expert).
+# VNNI (int8 dot products in one instruction): plain block 22 = Strata's ~42 GB/s for a plain 2-bit
+#   format at ~2.5 bpw on six i5-13600K cores; codebook 9.3 = its i-quants at 23-26 GB/s, 3.5 bpw.
+# Without AVX2, half the AVX2 rates (assumed).
+GWEIGHTS_PER_CORE = {"vnni": {"block": 22.0, "codebook": 9.3}, "avx2": {"block": 11.9, "codebook": 7.5},
+                     "other": {"block": 6.0, "codebook": 3.7}}
+_BLOCK_FORMATS = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "F16", "BF16")
+
+
+def isa_class(isa: list[str]) -> str:
+    """'vnni', 'avx2' or 'other': which row of GWEIGHTS_PER_CORE a CPU with these flags takes."""
+    if "avx_vnni" in isa or "avx512_vnni" in isa:
+        return "vnni"
+    return "avx2" if "avx2" in isa else "other"
+
+
+def assumed_expert_gbs(cores: int, isa: list[str]) -> dict[str, Figure]:
+    """cpu.expert_gbs for `cores` cores of instruction set `isa` from GWEIGHTS_PER_CORE: per common
+    format, per class and a default (block formats at 4.5 bits), each `assumed` with its derivation."""
+    from specs.formats import parse_format
+    cls = isa_class(isa)
+    rates = GWEIGHTS_PER_CORE[cls]
+
+    def fig(gw: float, bits: float, what: str) -> Figure:
+        return _assumed(cores * gw * bits / 8.0, f"{gw:g} G weights/s per {cls} core ({what}) x {cores} cores "
+                                                 f"x {bits:.3g} bits / 8; see detect.GWEIGHTS_PER_CORE")
+    out = {name: fig(rates["block"], parse_format(name).bits, "plain block formats") for name in _BLOCK_FORMATS}
+    out["codebook"] = fig(rates["codebook"], 3.5, "codebook formats, at 3.5 bits")
+    out["block"] = out["default"] = fig(rates["block"], 4.5, "plain block formats, at 4.5 bits")
+    return out
+
+
 def dimm_info() -> tuple[list[dict] | None, str]:
     """Populated DIMMs and where they were read, or (None, why nothing was readable)."""
     tried = []
@@ -304,11 +340,8 @@ def detect_hardware(measure: bool = False, path: str | os.PathLike = ".", progre
                     efficiency=_assumed(0.7, "typical streaming-read fraction of DDR peak"),
                     os_reserve_bytes=reserve)
 
-    per_core = 5.0
-    exp = min(per_core * c["usable"], 0.7 * memory.peak_gbs)
     cpu = CPU(model=c["model"], cores=c["usable"], threads_used=c["usable"], isa=c["isa"],
-              expert_gbs={"default": _assumed(exp, f"{per_core:g} GB/s per core of block-quant expert weights "
-                                                   f"x {c['usable']} cores, capped at 70% of the DDR peak")})
+              expert_gbs=assumed_expert_gbs(c["usable"], c["isa"]))
 
     g = gpu_info()
     gpu = pcie = None

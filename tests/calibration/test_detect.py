@@ -167,3 +167,17 @@ def test_measure_fills_from_quick_calibration(monkeypatch, tmp_path):
         assert f.source == "measured" and f > 0
     assert hw.memory.capacity_bytes.source == "measured"
     assert os.listdir(tmp_path) == []
+
+
+def test_assumed_cpu_expert_rates_follow_isa_and_bits():
+    """Unmeasured CPU expert rates are weights/s per core by ISA class times the format's bits:
+    six VNNI cores on 3.5-bit codebooks land in Strata's reported 23-26 GB/s; Q8_0 moves 8.5/4.5 the
+    bytes of the 4.5-bit default; AVX2 without VNNI is slower than VNNI."""
+    from calibration.detect import assumed_expert_gbs, isa_class
+    assert isa_class(["avx2", "avx_vnni"]) == "vnni" and isa_class(["avx2", "fma"]) == "avx2"
+    assert isa_class(["sse4_2"]) == "other"
+    vnni = assumed_expert_gbs(6, ["avx2", "avx_vnni"])
+    assert 23.0 <= float(vnni["codebook"]) <= 26.0
+    assert float(vnni["Q8_0"]) / float(vnni["default"]) == pytest.approx(8.5 / 4.5)
+    assert float(assumed_expert_gbs(6, ["avx2"])["default"]) < float(vnni["default"])
+    assert all(f.source == "assumed" and "G weights/s" in f.ref for f in vnni.values())
