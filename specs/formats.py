@@ -52,16 +52,17 @@ def gguf_format_from_type(type_id: int) -> WeightFormat:
                         gguf_type=int(qt), codebook=qt.name.startswith("IQ"))
 
 
-_BPW = re.compile(r"^(?P<kind>EXL3|BPW|MIX)[:@-]?(?P<bits>\d+(\.\d+)?)$", re.IGNORECASE)
+_BPW = re.compile(r"^(?P<kind>EXL3|BPW|IQMIX|MIX)[:@-]?(?P<bits>\d+(\.\d+)?)$", re.IGNORECASE)
 
 
 def parse_format(name: str) -> WeightFormat:
-    """'Q8_0' / 'IQ3_S' (GGUF), 'EXL3:3.02' (codebook at 3.02 bpw), 'BPW:4.25' or 'MIX:3.5' (average)."""
+    """'Q8_0' / 'IQ3_S' (GGUF), 'EXL3:3.02' (codebook at 3.02 bpw), 'BPW:4.25' or 'MIX:3.5' (average);
+    'IQMIX:1.94' is an average over GGUF i-quants (lattice codebooks, decoded like EXL3: arithmetic-bound)."""
     m = _BPW.match(name.strip())
     if m:
         kind, bits = m["kind"].upper(), float(m["bits"])
         if not 0 < bits <= 32:
             raise ValueError(f"bits per weight {bits} out of range (0, 32]")
         return WeightFormat(name=f"{kind}:{m['bits']}", block_weights=0, block_bytes=0, bits=bits,
-                            codebook=kind == "EXL3")
+                            codebook=kind in ("EXL3", "IQMIX"))
     return gguf_format(name)
