@@ -13,6 +13,10 @@ from specs.plan import ExpertCache, MissPolicy, Plan, Prefill, plan_template
 
 SRC_FT = "0xSero/dsv41-flash-offload README and results/ (seed article big-moe-one-3090)"
 SRC_STRATA = "Strata README and DeepSeek notes (seed article 004, R. Ghumare 2026-11-02)"
+SRC_QWEN = ("needmorevram's Strata dashboard recording (seed article big-moe-one-3090): i5-13600K, "
+            "2ch DDR5-5200, RTX 3090, MTP 87% / 3.29 tokens per step")
+QWEN = "qwen3.8-flash-next-iq3_s"
+I5 = "i5-13600k-ddr5-3090"
 DSV = "deepseek-v4.1-flash-3.02"
 EPYC = "epyc8ch-3090"
 
@@ -66,6 +70,16 @@ def _strata_5070() -> Plan:
         "placement": p.placement.model_copy(update={"expert_ram_bytes": int(56e9)})})
 
 
+def _strata_qwen_mtp() -> Plan:
+    """Strata on the i5-13600K + RTX 3090 box serving the Qwen3.8 GSQ-RCO IQ3_S file with its MTP
+    drafter (87% accepted, 3.29 tokens per step) at the dashboard's 262,144-token context; the hot
+    profile fills the VRAM left (cache sized by specs.memory)."""
+    p = plan_template("strata")
+    return p.model_copy(update={
+        "mtp": p.mtp.model_copy(update={"enabled": True, "tokens_per_step": 3.29, "acceptance": 0.87}),
+        "kv": p.kv.model_copy(update={"context": 262144})})
+
+
 def all_cases() -> list[Case]:
     """Every declared case, fit cases first."""
     d030 = _tiered(expert_cache=ExpertCache(), miss_policy=MissPolicy(kind="zero-copy"))
@@ -103,6 +117,10 @@ def all_cases() -> list[Case]:
         Case("prefill-stream-all-261k", DSV, EPYC, default, "ttft_s", 341.6,
              SRC_FT + " README (261k prompt = 341.6 s TTFT)", 0.20, prompt_tokens=261000,
              gen_tokens=1, sized=True),
+        Case("strata-qwen3.8-mtp-2k", QWEN, I5, _strata_qwen_mtp(), "decode_tok_s", 97.0, SRC_QWEN, 0.15,
+             prompt_tokens=2421, sized=True, note="request 7 of the dashboard; 256 generated tokens assumed"),
+        Case("strata-qwen3.8-mtp-142k", QWEN, I5, _strata_qwen_mtp(), "decode_tok_s", 54.1, SRC_QWEN, 0.15,
+             prompt_tokens=142550, sized=True, note="request 4 of the dashboard; 256 generated tokens assumed"),
         Case("rtx5070-even-spread-3.8", "deepseek-v4.1-flash-1017-gsq-2.00", "rtx5070-64g",
              _strata_5070(), "decode_tok_s", 3.8, SRC_STRATA + " (even-spread SSD ceiling)", 0.15,
              routing="uniform", note="Faster mode (5 of 6); uniform picks: 55.3% of bytes from SSD"),

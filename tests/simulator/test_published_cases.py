@@ -8,6 +8,8 @@ from calibration.fit import FITTED, evaluate, fit, table
 # Out-of-sample cases the current mechanisms miss (kept visible, not hidden): see README.
 KNOWN_MISSES = {
     "D119-8k": "even with no cache at all the simulated decode is 17.9 tok/s: 16.38 needs a cost not modelled",
+    "strata-qwen3.8-mtp-2k": "CPU-bound at the DeepSeek-fitted skew (hot-profile hit ~0.65 over a 4-token "
+                             "MTP union); 97 tok/s needs >= 0.78 at Strata's 24.5 GB/s i-quant CPU rate",
 }
 
 
@@ -44,6 +46,6 @@ def test_out_of_sample_case(name, rows, request):
 
 def test_case_names_start_with_run_id():
     """Every case is a named regress case whose name starts with its run id."""
-    ids = ("D030", "D107", "D119", "D141", "prefill", "rtx5070")
+    ids = ("D030", "D107", "D119", "D141", "prefill", "rtx5070", "strata-qwen3.8")
     for c in all_cases():
         assert c.name.startswith(ids) and c.source and 0 < c.tolerance <= 0.2
