@@ -136,7 +136,7 @@ def kernel_version() -> str:
         return ""
     here = Path(kernels.__file__).resolve().parent
     h = hashlib.sha256()
-    for name in ("kernels.py", "simd.py"):
+    for name in ("kernels.py", "simd.py", "gemm.py"):
         f = here / name
         if f.is_file():
             h.update(f.read_bytes())

@@ -1,11 +1,13 @@
 """AVX2 dot products of Q8_0 / Q4_0 rows with int16-quantised activations, as numba intrinsics.
 
 Activations are quantised per 32-block to int16 (x ~= x16 * dx, relative error <= 1.5e-5 of the
-block's largest value; llama.cpp uses int8 here). Weights stay in place: each block is loaded from
-the mmap, widened to int16 and multiplied with `vpmaddwd`; block sums are scaled in float vectors
-(8 lanes), so there is no horizontal reduction per block; the next row group is prefetched while
-this one is computed. Without AVX2 the same signatures fall
-back to plain numba loops.
+block's largest value; llama.cpp uses int8 here), stored even elements first (see _rows). Weights
+stay in place: each block is loaded from the mmap, turned into int16 words with in-lane ops and
+multiplied with `vpmaddwd`; block sums are scaled in float vectors (8 lanes), so there is no
+horizontal reduction per block; the next row group is prefetched while this one is computed.
+On Zen 3 the loop is bound by instruction throughput (~4 cycles per row and block, ~10
+instructions of it the block's own: load, decode, 2 vpmaddwd, add, convert, broadcast, fma).
+Without AVX2 the same signatures fall back to plain numba loops.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-PREFETCH = True  # the same block of the next row group (+43% from DRAM on one Zen 3 core)
+PREFETCH = True  # the next row group, linearly (+40% from DRAM on one Zen 3 core)
 HAVE_AVX2 = "+avx2" in llb.get_host_cpu_features().flatten().split(",")
 
 I8, I16, I32, I64, F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
@@ -35,8 +37,28 @@ def _pmadd(builder, a, b):
     return builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", V(I32, 8), [V(I16, 16), V(I16, 16)]), [a, b])
 
 
+def _splat(builder, v, n):
+    """Scalar v -> <n x v>."""
+    t = builder.insert_element(ir.Constant(V(v.type, n), ir.Undefined), v, ir.Constant(I32, 0))
+    return builder.shuffle_vector(t, t, ir.Constant(V(I32, n), [0] * n))
+
+
 def _rows(q4: bool, NR: int):
-    """Codegen: res[ro + k] = row_k . x for NR rows at byte woff + k * rb (nb blocks each)."""
+    """Codegen: res[ro + k] = row_k . x for NR rows at byte woff + k * rb (nb blocks each).
+
+    x16 holds each 32-block as [x0, x2, .., x30, x1, x3, .., x31] (quant16), so the weights need
+    only in-lane ops to become the matching int16 words (no vpmovsxbw / vpmovzxbw widening):
+    - Q8_0: words w = q[2j] | q[2j+1] << 8 give the odd values as w >> 8 and the even ones as
+      (w << 8) >> 8 (arithmetic shifts);
+    - Q4_0: its 16 bytes go to both 128-bit lanes (vbroadcasti128); with the masks [0x000F | 0x00F0]
+      w & mask holds value 2j in lane 0 and 16 x value 16 + 2j in lane 1, (w >> 8) & mask value
+      2j + 1 and 16 x value 17 + 2j (one shift, two ands); lane 1's factor 16 is the same in every
+      block and is undone once in the final sum.
+      The -8 offset is subtracted per row in float: scale x 8 sum(x16) (quant16 stores the sums).
+    The NR row scales of a block are converted together (one vcvtph2ps, one block ahead: the insert
+    chain stays off the critical path), times dx, and stored to a stack slot from which each row
+    broadcast-loads its own (vbroadcastss m32: a load, where a register broadcast costs a shuffle).
+    """
     bs = 18 if q4 else 34
 
     def gen(context, builder, sig, args):
@@ -45,49 +67,85 @@ def _rows(q4: bool, NR: int):
         wd, xd, dd, rd = data(0, wa), data(3, xa), data(4, da), data(6, ra)
         zero = ir.Constant(V(F32, 8), [0.0] * 8)
         accs = [cgutils.alloca_once_value(builder, zero) for _ in range(NR)]
+        # two stack slots of NR scales (blocks b and b + 1 alternate); the slot index is not a constant,
+        # so LLVM keeps the stores and the scalar loads instead of turning them into vector shuffles
+        sbuf = builder.bitcast(cgutils.alloca_once(builder, V(F32, 2 * NR)), F32.as_pointer())
+        one, nr = ir.Constant(I64, 1), ir.Constant(I64, NR)
+        slot = lambda b: builder.gep(sbuf, [builder.mul(builder.and_(b, one), nr)])  # noqa: E731
+        sput = lambda b, v: builder.store(v, builder.bitcast(slot(b), V(F32, NR).as_pointer()), align=4)  # noqa: E731
+        fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
+        pref = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
+        c16 = lambda v: ir.Constant(V(I16, 16), [v] * 16)  # noqa: E731
+        i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+        rbk = [builder.mul(rb, i64(k)) for k in range(NR)]
+        pfo = builder.add(woff, builder.mul(rb, i64(NR)))  # the next row group
+
+        def rowptrs(b):
+            p0 = builder.gep(wd, [builder.add(woff, builder.mul(b, i64(bs)))])
+            return [builder.gep(p0, [rbk[k]]) if k else p0 for k in range(NR)]
+
+        def scales(b):  # <NR x f32>: fp16 scales of block b of the NR rows, times dx[b]
+            ps = rowptrs(b)
+            hv = ir.Constant(V(I16, NR), [0] * NR)  # not undef: vpinsrw would merge into a live register
+            for k, p in enumerate(ps):
+                hv = builder.insert_element(hv, builder.load(builder.bitcast(p, I16.as_pointer()), align=1),
+                                            ir.Constant(I32, k))
+            sv = builder.fpext(builder.bitcast(hv, V(ir.HalfType(), NR)), V(F32, NR))
+            return builder.fmul(sv, _splat(builder, builder.load(builder.gep(dd, [b])), NR))
+
+        corr = cgutils.alloca_once_value(builder, ir.Constant(V(F32, NR), [0.0] * NR))
+        with builder.if_then(builder.icmp_signed(">", nb, i64(0))):
+            sput(i64(0), scales(i64(0)))
         with cgutils.for_range(builder, nb) as loop:
             b = loop.index
-            dxb = builder.load(builder.gep(dd, [b]))
-            px = builder.gep(xd, [builder.mul(b, ir.Constant(I64, 32))])
-            xv = builder.load(builder.bitcast(px, V(I16, 32).as_pointer()), align=1)
-            xl, xh = _slice(builder, xv, 0, 16), _slice(builder, xv, 16, 16)
-            if q4:  # 8 * (partial sums of x), shared by the NR rows
-                ones = ir.Constant(V(I16, 16), [1] * 16)
-                x8 = builder.shl(builder.add(_pmadd(builder, xl, ones), _pmadd(builder, xh, ones)),
-                                 ir.Constant(V(I32, 8), [3] * 8))
+            # block b + 1's scales are gathered now (clamped: never past the rows' last block), so that the
+            # insert / convert chain is off the critical path of this block's products
+            bn = builder.add(b, i64(1))
+            sput(bn, scales(builder.select(builder.icmp_signed("<", bn, nb), bn, b)))
+            if q4:  # sum (q - 8) x = sum q x - 8 sum x: the second term per row in float, 8 sum x16 from quant16
+                sb = builder.load(builder.bitcast(slot(b), V(F32, NR).as_pointer()), align=4)
+                cb = _splat(builder, builder.load(builder.gep(dd, [builder.add(nb, b)])), NR)
+                builder.store(builder.fadd(builder.load(corr), builder.fmul(sb, cb)), corr)
+            sread = slot(b)
+            px = builder.bitcast(builder.gep(xd, [builder.mul(b, i64(32))]), V(I16, 16).as_pointer())
+            xe = builder.load(px, align=2)
+            xo = builder.load(builder.gep(px, [i64(1)]), align=2)
+            ps = rowptrs(b)
+            if PREFETCH:  # the next row group (contiguous), linearly: NR * bs bytes per block, one
+                # prefetch per cache line instead of one per row and block
+                pf = builder.gep(wd, [builder.add(pfo, builder.mul(b, i64(NR * bs)))])
+                for i in range((NR * bs + 63) // 64):
+                    builder.call(pref, [builder.gep(pf, [i64(64 * i)]), ir.Constant(I32, 0),
+                                        ir.Constant(I32, 3), ir.Constant(I32, 1)])
             for k in range(NR):
-                off = builder.add(builder.add(woff, builder.mul(rb, ir.Constant(I64, k))),
-                                  builder.mul(b, ir.Constant(I64, bs)))
-                p = builder.gep(wd, [off])
-                if PREFETCH:  # software prefetch: the same block NR rows ahead (the next row group)
-                    pf = builder.gep(p, [builder.mul(rb, ir.Constant(I64, NR))])
-                    builder.call(_fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [I8.as_pointer(), I32, I32, I32]),
-                                 [pf, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
-                h = builder.load(builder.bitcast(p, ir.HalfType().as_pointer()), align=1)
-                d = builder.fmul(builder.fpext(h, F32), dxb)
-                pq = builder.gep(p, [ir.Constant(I64, 2)])
-                if q4:  # low nibbles are values 0..15 of the block, high nibbles 16..31; sum (q - 8) x
-                    qv = builder.load(builder.bitcast(pq, V(I8, 16).as_pointer()), align=1)  # = sum q x - 8 sum x
-                    q16 = builder.zext(qv, V(I16, 16))
-                    wl = builder.and_(q16, ir.Constant(V(I16, 16), [15] * 16))
-                    wh = builder.lshr(q16, ir.Constant(V(I16, 16), [4] * 16))
+                p = ps[k]
+                pq = builder.gep(p, [i64(2)])
+                if q4:  # lane masks: lane 1 holds 16 x its nibble values (undone in the final sum)
+                    qv = builder.load(builder.bitcast(pq, V(I8, 16).as_pointer()), align=1)
+                    q16 = builder.bitcast(builder.shuffle_vector(qv, qv, ir.Constant(V(I32, 32), list(range(16)) * 2)),
+                                          V(I16, 16))
+                    msk = ir.Constant(V(I16, 16), [0x000F] * 8 + [0x00F0] * 8)
+                    we = builder.and_(q16, msk)
+                    wo = builder.and_(builder.lshr(q16, c16(8)), msk)
                 else:
-                    qv = builder.load(builder.bitcast(pq, V(I8, 32).as_pointer()), align=1)
-                    w16 = builder.sext(qv, V(I16, 32))
-                    wl, wh = _slice(builder, w16, 0, 16), _slice(builder, w16, 16, 16)
-                m = builder.add(_pmadd(builder, wl, xl), _pmadd(builder, wh, xh))  # [8] int32
-                if q4:
-                    m = builder.sub(m, x8)
-                ds = builder.insert_element(ir.Constant(V(F32, 8), ir.Undefined), d, ir.Constant(I32, 0))
-                ds = builder.shuffle_vector(ds, ds, ir.Constant(V(I32, 8), [0] * 8))
-                acc = builder.fadd(builder.load(accs[k]), builder.fmul(builder.sitofp(m, V(F32, 8)), ds))
+                    qw = builder.load(builder.bitcast(pq, V(I16, 16).as_pointer()), align=1)
+                    wo = builder.ashr(qw, c16(8))
+                    we = builder.ashr(builder.shl(qw, c16(8)), c16(8))
+                m = builder.add(_pmadd(builder, we, xe), _pmadd(builder, wo, xo))  # [8] int32
+                skv = _splat(builder, builder.load(builder.gep(sread, [ir.Constant(I32, k)]), align=4), 8)
+                acc = builder.call(fma, [builder.sitofp(m, V(F32, 8)), skv, builder.load(accs[k])])
                 builder.store(acc, accs[k])
         for k in range(NR):
             a = builder.load(accs[k])
-            s = builder.fadd(_slice(builder, a, 0, 4), _slice(builder, a, 4, 4))
+            hi = _slice(builder, a, 4, 4)
+            if q4:
+                hi = builder.fmul(hi, ir.Constant(V(F32, 4), [1 / 16] * 4))
+            s = builder.fadd(_slice(builder, a, 0, 4), hi)
             s = builder.fadd(_slice(builder, s, 0, 2), _slice(builder, s, 2, 2))
             v = builder.fadd(builder.extract_element(s, ir.Constant(I32, 0)),
                              builder.extract_element(s, ir.Constant(I32, 1)))
+            if q4:
+                v = builder.fsub(v, builder.extract_element(builder.load(corr), ir.Constant(I32, k)))
             builder.store(v, builder.gep(rd, [builder.add(roff, ir.Constant(I64, k))]))
         return context.get_dummy_value()
 
@@ -152,6 +210,11 @@ if HAVE_AVX2:
         return _sig(w, wo, rb, x16, dx, nb, res, ro), _rows(False, 8)
 
     @intrinsic
+    def rows8_q4(typingctx, w, wo, rb, x16, dx, nb, res, ro):
+        """res[ro:ro+8] = 8 Q4_0 rows (bytes at wo, stride rb) . (x16 * dx)."""
+        return _sig(w, wo, rb, x16, dx, nb, res, ro), _rows(True, 8)
+
+    @intrinsic
     def rows4_q4(typingctx, w, wo, rb, x16, dx, nb, res, ro):
         """res[ro:ro+4] = 4 Q4_0 rows (bytes at wo, stride rb) . (x16 * dx)."""
         return _sig(w, wo, rb, x16, dx, nb, res, ro), _rows(True, 4)
@@ -194,7 +257,7 @@ else:  # portable fallbacks with the same signatures
                         v = ((q & 15) if j < 16 else (q >> 4)) - 8
                     else:
                         v = np.int32(np.int8(w[o + 2 + j]))
-                    s += v * np.int32(x16[b * 32 + j])
+                    s += v * np.int32(x16[b * 32 + (j % 2) * 16 + j // 2])
                 acc += np.float32(s) * _h2f(w[o], w[o + 1]) * dx[b]
             res[ro + k] = acc
 
@@ -228,6 +291,10 @@ else:  # portable fallbacks with the same signatures
         _slow(False, 1, w, wo, rb, x16, dx, nb, res, ro)
 
     @njit
+    def rows8_q4(w, wo, rb, x16, dx, nb, res, ro):
+        _slow(True, 8, w, wo, rb, x16, dx, nb, res, ro)
+
+    @njit
     def rows4_q4(w, wo, rb, x16, dx, nb, res, ro):
         _slow(True, 4, w, wo, rb, x16, dx, nb, res, ro)
 
@@ -238,13 +305,20 @@ else:  # portable fallbacks with the same signatures
 
 @njit(fastmath=True)
 def quant16(x, x16, dx):
-    """x [n] f32 -> x16 [n] int16 and dx [n/32] f32 per 32-block (x ~= x16 * dx)."""
-    for b in range(x.shape[0] // 32):
+    """x [n] f32 -> x16 [n] int16 and dx [2 n/32] f32: per 32-block x ~= x16 * dx[:n/32]; within a block
+    x16 holds x0, x2, .., x30 then x1, x3, .., x31; dx[n/32:] = 8 * (sum of the block's x16)."""
+    nb = x.shape[0] // 32
+    assert dx.shape[0] == 2 * nb  # the Q4_0 kernels read the block sums behind the scales
+    for b in range(nb):
         m = np.float32(0.0)
         for j in range(32):
             m = max(m, abs(x[b * 32 + j]))
         d = m / np.float32(32767.0) if m > 0 else np.float32(1.0)
         inv = np.float32(1.0) / d
-        for j in range(32):
-            x16[b * 32 + j] = np.int16(np.round(x[b * 32 + j] * inv))
+        s = 0
+        for j in range(32):  # even positions first, then odd ones (the layout _rows expects)
+            q = np.int16(np.round(x[b * 32 + j] * inv))
+            x16[b * 32 + (j % 2) * 16 + j // 2] = q
+            s += np.int32(q)
         dx[b] = d
+        dx[nb + b] = np.float32(8 * s)  # exact (|8 s| < 2**24): the Q4_0 offset term
