@@ -39,6 +39,8 @@ class Constants:
     def from_hw(cls, hw, **override) -> "Constants":
         """Defaults, then the profile's fitted `constants`, then explicit overrides."""
         vals = {f.name: hw.constant(f.name, getattr(cls(), f.name)) for f in fields(cls)}
+        if "cpu_job_ms" not in hw.constants and "c_a_ms" in hw.constants:
+            vals["cpu_job_ms"] = float(hw.constants["c_a_ms"])  # calibrate's measured fixed cost per CPU job
         vals.update(override)
         return cls(**vals)
 

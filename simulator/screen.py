@@ -43,7 +43,7 @@ def expected_hit_rate(model, plan, routing=None, seed: int = 0) -> float:
     return float(top.sum() / pi.sum())
 
 
-def _layer_ms(n, h, t_hit, t_zc, t_copy, t_cpu, t_ssd, ssd_frac, handover, plan, has_gpu, memo):
+def _layer_ms(n, h, t_hit, t_zc, t_copy, t_cpu, t_ssd, ssd_frac, handover, plan, has_gpu, memo, job=0.0):
     """Expected ms of one MoE layer with n distinct experts, hit probability h (binomial)."""
     j = np.arange(n + 1)
     p = binom_pmf(n, h)
@@ -67,7 +67,7 @@ def _layer_ms(n, h, t_hit, t_zc, t_copy, t_cpu, t_ssd, ssd_frac, handover, plan,
         cpu = 0.0
         if kc:
             tail = min(ssd_c, 1.0)  # pages stream in while the CPU computes; one expert trails
-            cpu = (handover if has_gpu else 0.0) + max((kc - tail) * t_cpu, ssd_c * t_ssd) + tail * t_cpu
+            cpu = job + (handover if has_gpu else 0.0) + max((kc - tail) * t_cpu, ssd_c * t_ssd) + tail * t_cpu
         out[nh] = (gpu, cpu, ng * t_zc)
     per_j = out[:, :2].max(axis=1)
     return float(p @ per_j), p @ out
@@ -102,7 +102,8 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
     ntok = streams * verify
     n = int(round(distinct_per_layer(ntok, model.n_experts, k)))
     memo: dict = {}
-    lay, parts = _layer_ms(n, h, t_hit, t_zc, t_copy, t_cpu, t_ssd, ssd_frac, c.handover_ms, plan, has_gpu, memo)
+    lay, parts = _layer_ms(n, h, t_hit, t_zc, t_copy, t_cpu, t_ssd, ssd_frac, c.handover_ms, plan, has_gpu, memo,
+                           c.cpu_job_ms)
     gpu_layers = set(plan.placement.gpu_expert_layers)
     n_static = sum(1 for x in model.layers_moe if x in gpu_layers)
     n_dyn = model.n_moe_layers - n_static
@@ -112,7 +113,8 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
         dense_ms = dense_b / gpu_bw * 1e3
     else:
         from specs.formats import parse_format
-        dense_ms = dense_b / (hw.cpu.expert_gbs_for(parse_format(model.dense_format)) * GB * scale) * 1e3
+        dense_ms = (dense_b / (hw.cpu.expert_gbs_for(parse_format(model.dense_format)) * GB * scale) * 1e3
+                    + model.n_layers * c.cpu_job_ms)  # one CPU job per layer, as the event simulation
     eng_ms = 0.0
     if model.engram is not None and plan.placement.engram == "nvme":
         pages = ntok * model.engram_bytes_per_token(hw.page_bytes)

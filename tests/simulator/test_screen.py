@@ -44,3 +44,21 @@ def test_screen_tracks_simulation_with_cache_and_auction():
     scr = screen(model, hw, plan, constants=c)
     print(f"sim {sim.decode_tok_s:.2f} tok/s, screen {scr.decode_tok_s:.2f} tok/s")
     assert scr.decode_tok_s == pytest.approx(sim.decode_tok_s, rel=0.06)
+
+
+def test_cpu_only_step_with_job_costs_equals_closed_form():
+    """No device: each layer's dense path and expert job pay a fixed CPU job cost (calibrate's
+    measured c_a_ms when no fitted cpu_job_ms); the event simulation still equals the closed form."""
+    from specs.figure import Figure
+    model = tiny_model()
+    hw = machine().model_copy(update={"gpu": None, "pcie": None,
+                                      "constants": {"c_a_ms": Figure(0.15, "measured", "test")}})
+    c = Constants.from_hw(hw)
+    assert c.cpu_job_ms == 0.15
+    plan = tiered(slots=0, kind="cpu")
+    plan = plan.model_copy(update={"placement": plan.placement.model_copy(update={"dense": "cpu", "kv": "cpu"})})
+    sim = simulate(model, hw, plan, gen_tokens=1, routing="uniform", warm_steps=0, constants=c)
+    scr = screen(model, hw, plan, constants=c)
+    assert sim.decode_tok_s == pytest.approx(scr.decode_tok_s, rel=1e-9)
+    fitted = hw.model_copy(update={"constants": {**hw.constants, "cpu_job_ms": Figure(0.05, "derived", "fit")}})
+    assert Constants.from_hw(fitted).cpu_job_ms == 0.05
