@@ -142,10 +142,15 @@ class Machine:
         self.moved["gpu"] += nbytes
         extra_s = self.gpu_flops_s(extra_pairs * self.model.expert_flops)
 
-        def flow():
-            self.net.start(nbytes, (self.ddr,), lambda: (self.gpu.release(), done()),
-                           cap=self.dev_expert_rate, name="host-experts")
-        self.gpu.acquire(lambda: self.sim.after(extra_s, flow) if extra_s else flow())
+        def end():
+            self.cpu.release(self.threads)
+            self.gpu.release()
+            done()
+
+        def flow():  # the host device's threads are the CPU tier's cores: it waits for them
+            self.net.start(nbytes, (self.ddr,), end, cap=self.dev_expert_rate, name="host-experts")
+        self.gpu.acquire(lambda: self.cpu.acquire(self.threads, lambda: self.sim.after(extra_s, flow)
+                                                  if extra_s else flow()))
 
     def cpu_pairs_s(self, extra_pairs: int) -> float:
         """Seconds of CPU arithmetic for (token, expert) products beyond one token per expert

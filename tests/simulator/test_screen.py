@@ -62,3 +62,26 @@ def test_cpu_only_step_with_job_costs_equals_closed_form():
     assert sim.decode_tok_s == pytest.approx(scr.decode_tok_s, rel=1e-9)
     fitted = hw.model_copy(update={"constants": {**hw.constants, "cpu_job_ms": Figure(0.05, "derived", "fit")}})
     assert Constants.from_hw(fitted).cpu_job_ms == 0.05
+
+
+def test_host_device_and_cpu_tier_take_turns_on_the_cores():
+    """A device that is the host's own cores (gpu.shares_host) cannot compute resident experts while
+    the CPU tier computes misses on those cores: started together, the second finishes after the
+    two times added up, not after the longer one."""
+    from simulator.engine import Sim
+    from simulator.resources import Machine
+    from specs.figure import Figure
+    model = tiny_model()
+    base = machine()
+    hw = base.model_copy(update={"gpu": base.gpu.model_copy(update={"shares_host": True}),
+                                 "constants": {"dev_expert_gbs": Figure(66.0, "derived", "test")}})
+    plan = tiered(slots=0, kind="cpu")
+    sim = Sim()
+    m = Machine(sim, model, hw, plan, Constants.from_hw(hw))
+    eb = model.expert_bytes
+    t_dev, t_cpu = 4 * eb / m.dev_expert_rate, 4 * eb / m.cpu_expert_rate
+    ends = {}
+    m.host_experts(4, lambda: ends.setdefault("dev", sim.now))
+    m.cpu_read(4 * eb, lambda: ends.setdefault("cpu", sim.now))
+    sim.run()
+    assert max(ends.values()) == pytest.approx(t_dev + t_cpu, rel=1e-6)
