@@ -1,7 +1,11 @@
 """The executor against llama.cpp's CPU decode on the same GGUF with the same threads, side by side.
 
-    python benchmarks/bench_vs_llamacpp.py --llama-bench PATH/llama-bench [--model FILE.gguf]
+    python benchmarks/bench_vs_llamacpp.py --llama-bench PATH/llama-bench [--model FILE.gguf | --shape fixture]
         [--threads 2] [--rounds 5] [--store runs/results-llamacpp.csv]
+
+--shape fixture writes the shape of the llama-bench fixture (tests/fixtures/llama-bench: qwen3moe,
+hidden 512, 4 layers, 32 experts of width 256, top-4, Q8_0), where per-token overheads, not bytes,
+decide the speed; the default is the `small` preset (1.37 GB, memory-bound decode).
 
 Rounds alternate: llama-bench (pp64 and tg32, one repetition after its own warm-up), then
 `execute` on an all-CPU plan (64-token prompt, 32 generated). Prints each engine's median tok/s
@@ -46,6 +50,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-bench", required=True)
     ap.add_argument("--model", help="GGUF (default: the `small` preset, written once under --dir)")
+    ap.add_argument("--shape", choices=("small", "fixture"), default="small")
     ap.add_argument("--dir", default="/tmp/moe-offload-bench")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
@@ -54,8 +59,14 @@ def main(argv=None) -> int:
     import executor  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads OpenMP)
     from executor.make_model import make_model
 
-    model = Path(a.model) if a.model else Path(a.dir) / "small.gguf"
-    if not model.exists():
+    model = Path(a.model) if a.model else Path(a.dir) / f"{'moe-fixture' if a.shape == 'fixture' else 'small'}.gguf"
+    if not model.exists() and a.shape == "fixture":
+        from executor.make_model import Preset, write_model
+        shape = Preset(n_layers=4, hidden=512, n_heads=8, n_kv=4, head_dim=64, n_experts=32, top_k=4, expert_ff=256,
+                       vocab=32000, dense_type="Q8_0", embd_type="Q8_0", expert_types=("Q8_0",))
+        model.parent.mkdir(parents=True, exist_ok=True)
+        write_model(shape, model, 0, False, name="moe-fixture")
+    elif not model.exists():
         make_model("small", model)
     work = Path(tempfile.mkdtemp(prefix="vs-llamacpp-"))
     ours(model, a.threads, work / "warm.jsonl")  # kernel compile and page cache, not counted
