@@ -7,6 +7,7 @@ import numpy as np
 import torch
 import torch.nn.functional as Fn
 
+from . import dense_kernels as dk
 from . import kernels as kern
 from .gguf_model import GGUFModel
 
@@ -20,7 +21,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, fast: bool = False) -
     """RMSNorm over the last dim, times weight w (fast: numba on CPU float32, no per-op overhead)."""
     if fast and x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous():
         out = torch.empty_like(x)
-        kern.rms_rows(x.view(-1, x.shape[-1]).numpy(), w.numpy(), eps, out.view(-1, x.shape[-1]).numpy())
+        dk.rms_rows(x.view(-1, x.shape[-1]).numpy(), w.numpy(), eps, out.view(-1, x.shape[-1]).numpy())
         return out
     if hasattr(Fn, "rms_norm"):  # torch >= 2.4: one op
         return Fn.rms_norm(x, w.shape, w, eps)
@@ -162,15 +163,23 @@ class Dense:
         if p0 + n > kc.shape[2]:
             raise ValueError(f"KV cache of {kc.shape[2]} tokens cannot take {p0 + n}")
         xs = x.reshape(T, H).numpy()
-        h = np.empty_like(xs)
-        kern.rms_rows(xs, Ln["attn_norm"], c.eps, h)
-        qkv = L["wqkv"].np(h).reshape(T, c.n_heads + 2 * c.n_kv, c.head_dim)
         cos, sin = self._rope_np(p0 + n, kc.shape[2])
         qn, kn = (Ln["q_norm"], Ln["k_norm"]) if c.qk_norm else (self._out_norm_np, self._out_norm_np)
-        kern.qk_post(qkv, qn, kn, c.eps, cos[p0:p0 + n], sin[p0:p0 + n], c.n_heads, c.n_kv,
+        pq, po = L["wqkv"].parts, L["wo"].parts
+        if pq is not None and len(pq) == 3 and po is not None and len(po) == 1:  # one kernel call
+            out = np.empty((T, H), np.float32)
+            dk.attention_step(xs, Ln["attn_norm"], c.eps, pq[0][0], pq[0][1], pq[0][2], pq[1][0], pq[1][1],
+                              pq[1][2], pq[2][0], pq[2][1], pq[2][2], qn, kn, cos[p0:p0 + n], sin[p0:p0 + n],
+                              c.n_heads, c.n_kv, c.rope_style == "neox", c.qk_norm, kc, vc, p0, n,
+                              po[0][0], po[0][1], po[0][2], out)
+            return torch.from_numpy(out).view(S, n, H)
+        h = np.empty_like(xs)
+        dk.rms_rows(xs, Ln["attn_norm"], c.eps, h)
+        qkv = L["wqkv"].np(h).reshape(T, c.n_heads + 2 * c.n_kv, c.head_dim)
+        dk.qk_post(qkv, qn, kn, c.eps, cos[p0:p0 + n], sin[p0:p0 + n], c.n_heads, c.n_kv,
                      c.rope_style == "neox", c.qk_norm)
         o = np.empty((T, c.n_heads * c.head_dim), np.float32)
-        kern.attn_cached(qkv, kc, vc, p0, n, c.n_heads, c.n_kv, o)
+        dk.attn_cached(qkv, kc, vc, p0, n, c.n_heads, c.n_kv, o)
         return torch.from_numpy(L["wo"].np(o)).view(S, n, H)
 
     def attention(self, i: int, x: torch.Tensor, kv: KVCache) -> torch.Tensor:
@@ -188,7 +197,7 @@ class Dense:
         cos, sin = self._rope[0][p0:p0 + n], self._rope[1][p0:p0 + n]  # [n, hd/2]
         if self.fast and qkv.is_contiguous():  # numba, in place
             qn, kn = (L["q_norm"], L["k_norm"]) if c.qk_norm else (self.out_norm, self.out_norm)
-            kern.qk_post(qkv.view(S * n, -1, c.head_dim).numpy(), qn.numpy(), kn.numpy(), c.eps, cos.numpy(),
+            dk.qk_post(qkv.view(S * n, -1, c.head_dim).numpy(), qn.numpy(), kn.numpy(), c.eps, cos.numpy(),
                       sin.numpy(), c.n_heads, c.n_kv, c.rope_style == "neox", c.qk_norm)
             qk = qkv[:, :, :nq].transpose(1, 2)
         else:
@@ -229,7 +238,7 @@ class Dense:
             h = np.empty_like(xs)
             ids = np.empty((xs.shape[0], k), np.int64)
             w = np.empty((xs.shape[0], k), np.float32)
-            kern.norm_route(xs, Ln["ffn_norm"], self.c.eps, Ln["router"], k, h, ids, w)
+            dk.norm_route(xs, Ln["ffn_norm"], self.c.eps, Ln["router"], k, h, ids, w)
             return torch.from_numpy(h), ids, w
         h = self.ffn_in(i, x).reshape(-1, x.shape[-1])
         ids, w = self.route(i, h, k)

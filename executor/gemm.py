@@ -118,3 +118,11 @@ def deq_matmul(code, w, r0, r1, rb, X, res):
             for i in range(nr):
                 res[kk, r - r0 + i] = out[kk, i]
         r += nr
+
+
+@njit(fastmath=True, cache=True)
+def deq_rows(code, rows_bytes, out):
+    """out [n, cols] float32 = the n quantised rows rows_bytes [n, row bytes] (an embedding lookup)."""
+    qk = _U(out.shape[1] // (out.shape[1] // 32))
+    for i in range(out.shape[0]):
+        deq_row(code, rows_bytes[i], _U(0), out[i], qk)

@@ -177,6 +177,11 @@ class GGUFModel:
         sel = np.asarray(t.data)[np.asarray(idx)]
         if t.tensor_type == QT.F32:
             return sel.astype(np.float32)
+        if t.tensor_type in EXPERT_TYPES:  # numba: gguf.dequantize's numpy path costs ~0.1 ms a row
+            from .gemm import deq_rows
+            out = np.empty((len(idx), int(t.shape[0])), np.float32)
+            deq_rows(EXPERT_TYPES[t.tensor_type], np.ascontiguousarray(sel.view(np.uint8).reshape(len(idx), -1)), out)
+            return out
         return gguf.dequantize(sel, t.tensor_type).astype(np.float32).reshape(len(idx), -1)
 
     def experts(self, layer: int, proj: str) -> ExpertTensor:

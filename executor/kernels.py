@@ -18,16 +18,17 @@ from .gemm import deq_matmul
 from .simd import quant16, rows1_f16, rows1_q4, rows1_q8, rows4_f16, rows4_q4, rows4_q8, rows8_q4, rows8_q8
 
 
-def _drop_stale_cache() -> None:
-    """numba's cache=True watches only this file; drop its cached kernels when simd.py or gemm.py changed."""
+def drop_stale_cache(stem: str, deps: tuple[str, ...]) -> None:
+    """numba's cache=True watches only the cached function's own file: drop module `stem`'s cached
+    kernels when one of the modules `deps` (beside it) changed, since their code is compiled in."""
     here = Path(__file__).resolve().parent
-    srcs = [here / "simd.py", here / "gemm.py"]
-    stamp = here / "__pycache__" / "kernels.simd-stamp"
+    srcs = [here / d for d in deps]
+    stamp = here / "__pycache__" / f"{stem}.deps-stamp"
     now = " ".join(f"{f.stat().st_mtime_ns} {f.stat().st_size}" for f in srcs)
     try:
         if stamp.exists() and stamp.read_text() == now:
             return
-        for f in (here / "__pycache__").glob("kernels.*.nb[ic]"):
+        for f in (here / "__pycache__").glob(f"{stem}.*.nb[ic]"):
             f.unlink()
         stamp.parent.mkdir(exist_ok=True)
         stamp.write_text(now)
@@ -35,7 +36,7 @@ def _drop_stale_cache() -> None:
         pass
 
 
-_drop_stale_cache()
+drop_stale_cache("kernels", ("simd.py", "gemm.py"))
 
 F16, Q8_0, Q4_0 = 1, 2, 3
 
@@ -293,140 +294,6 @@ def linear_parts(parts, x: np.ndarray, out: np.ndarray | None = None) -> np.ndar
     fn = _parts_serial if nbytes * x.shape[0] < _SERIAL_BYTES else _parts
     fn(ps[0][0], ps[0][1], ps[0][2], ps[1][0], ps[1][1], ps[1][2], ps[2][0], ps[2][1], ps[2][2], x, out)
     return out
-
-
-@njit(fastmath=True, cache=True)
-def attn_cached(qkv, kc, vc, p0, n, nh, nkv, out):
-    """Causal GQA attention of new tokens on the CPU: qkv [S * n, nh + 2 nkv, hd] (Q and K already normed
-    and rotated); stores K / V of the n new tokens at p0.. of the caches kc / vc [S, nkv, ctx, hd], then
-    out[s * n + j, h * hd:(h + 1) * hd] = softmax(q . K[: p0 + j + 1] / sqrt(hd)) V."""
-    hd = qkv.shape[2]
-    S = qkv.shape[0] // n
-    g = nh // nkv
-    scale = np.float32(1.0) / np.sqrt(np.float32(hd))
-    for s in range(S):
-        for j in range(n):
-            for h in range(nkv):
-                for d in range(hd):
-                    kc[s, h, p0 + j, d] = qkv[s * n + j, nh + h, d]
-                    vc[s, h, p0 + j, d] = qkv[s * n + j, nh + nkv + h, d]
-    sc = np.empty(p0 + n, np.float32)
-    acc = np.empty(hd, np.float32)
-    for s in range(S):
-        for j in range(n):
-            T = p0 + j + 1
-            for h in range(nh):
-                kv = h // g
-                q = qkv[s * n + j, h]
-                m = np.float32(-np.inf)
-                for t in range(T):
-                    kt = kc[s, kv, t]
-                    a = np.float32(0.0)
-                    for d in range(hd):
-                        a += q[d] * kt[d]
-                    a *= scale
-                    sc[t] = a
-                    m = max(m, a)
-                z = np.float32(0.0)
-                for t in range(T):
-                    e = np.exp(sc[t] - m)
-                    sc[t] = e
-                    z += e
-                for d in range(hd):
-                    acc[d] = 0.0
-                for t in range(T):
-                    vt = vc[s, kv, t]
-                    p = sc[t]
-                    for d in range(hd):
-                        acc[d] += p * vt[d]
-                inv = np.float32(1.0) / z
-                for d in range(hd):
-                    out[s * n + j, h * hd + d] = acc[d] * inv
-
-
-@njit(fastmath=True, cache=True)
-def norm_route(x, nw, eps, rw, k, h, ids, wts):
-    """RMSNorm of x [T, H] (weight nw) into h, router logits h rw^T (rw [E, H] f32), top-k by logit
-    (descending) into ids [T, k] int64 and softmax over the top-k into wts [T, k] f32."""
-    T, H = x.shape
-    E = rw.shape[0]
-    lg = np.empty(E, np.float32)
-    for t in range(T):
-        s = np.float32(0.0)
-        for j in range(H):
-            s += x[t, j] * x[t, j]
-        r = np.float32(1.0) / np.sqrt(s / np.float32(H) + np.float32(eps))
-        for j in range(H):
-            h[t, j] = x[t, j] * r * nw[j]
-        for e in range(E):
-            a = np.float32(0.0)
-            for j in range(H):
-                a += h[t, j] * rw[e, j]
-            lg[e] = a
-        for i in range(k):
-            b = 0
-            bv = np.float32(-np.inf)
-            for e in range(E):
-                if lg[e] > bv:
-                    bv = lg[e]
-                    b = e
-            ids[t, i] = b
-            wts[t, i] = bv
-            lg[b] = -np.inf
-        m = wts[t, 0]
-        z = np.float32(0.0)
-        for i in range(k):
-            wts[t, i] = np.exp(wts[t, i] - m)
-            z += wts[t, i]
-        for i in range(k):
-            wts[t, i] /= z
-
-
-@njit(fastmath=True, cache=True)
-def rms_rows(x, w, eps, out):
-    """out[i] = x[i] / rms(x[i]) * w for rows of x [N, d] (float32, CPU fast path of the dense norms)."""
-    d = x.shape[1]
-    for i in range(x.shape[0]):
-        s = np.float32(0.0)
-        for j in range(d):
-            s += x[i, j] * x[i, j]
-        r = np.float32(1.0) / np.sqrt(s / np.float32(d) + np.float32(eps))
-        for j in range(d):
-            out[i, j] = x[i, j] * r * w[j]
-
-
-@njit(fastmath=True, cache=True)
-def qk_post(qkv, qn, kn, eps, cos, sin, nh, nkv, neox, norm):
-    """In place on qkv [T, nh + 2 nkv, hd]: RMSNorm (qn / kn) then RoPE (cos/sin [n, hd/2], token t at
-    row t % n) on the nh query and nkv key heads; the value heads are left alone."""
-    T, _, hd = qkv.shape
-    half = hd // 2
-    n = cos.shape[0]
-    tmp = np.empty(hd, np.float32)
-    for t in range(T):
-        c = cos[t % n]
-        s = sin[t % n]
-        for h in range(nh + nkv):
-            v = qkv[t, h]
-            if norm:
-                w = qn if h < nh else kn
-                ss = np.float32(0.0)
-                for j in range(hd):
-                    ss += v[j] * v[j]
-                r = np.float32(1.0) / np.sqrt(ss / np.float32(hd) + np.float32(eps))
-                for j in range(hd):
-                    v[j] = v[j] * r * w[j]
-            for j in range(hd):
-                tmp[j] = v[j]
-            for j in range(half):
-                if neox:
-                    a, b = tmp[j], tmp[j + half]
-                    v[j] = a * c[j] - b * s[j]
-                    v[j + half] = b * c[j] + a * s[j]
-                else:
-                    a, b = tmp[2 * j], tmp[2 * j + 1]
-                    v[2 * j] = a * c[j] - b * s[j]
-                    v[2 * j + 1] = b * c[j] + a * s[j]
 
 
 @njit(cache=True)
