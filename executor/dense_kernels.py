@@ -68,13 +68,8 @@ def norm_route(x, nw, eps, rw, k, h, ids, wts):
     T, H = x.shape
     E = rw.shape[0]
     lg = np.empty(E, np.float32)
+    rms_rows(x, nw, eps, h)
     for t in range(T):
-        s = np.float32(0.0)
-        for j in range(H):
-            s += x[t, j] * x[t, j]
-        r = np.float32(1.0) / np.sqrt(s / np.float32(H) + np.float32(eps))
-        for j in range(H):
-            h[t, j] = x[t, j] * r * nw[j]
         for e in range(E):
             a = np.float32(0.0)
             for j in range(H):
