@@ -65,7 +65,7 @@ class PrefillRun:
             return
         pos, n, chunk = self.jobs[self.j]
         self.j += 1
-        if self.pf.strategy == "stream-all":
+        if self.pf.strategy == "stream-all" and self.m.has_gpu:  # nothing to stream to without a device
             self._stream_all(pos, n)
         else:
             self._per_layer(pos, n, 0)

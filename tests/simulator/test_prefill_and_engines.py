@@ -117,3 +117,17 @@ def test_prefill_without_a_device_runs_every_flop_on_the_host_cores():
     r = simulate(model, hw, plan, prompt_tokens=n, gen_tokens=1, warm_steps=0)
     assert r.ttft_s >= floor_s
     assert screen(model, hw, plan, prompt_tokens=n).ttft_s == pytest.approx(r.ttft_s, rel=0.05)
+
+
+def test_stream_all_without_a_device_prefills_on_the_cores():
+    """A stream-all plan on a machine with no device has nothing to stream to: the prompt runs on the
+    host cores, as long as a CPU prefill of it (and as the closed-form screen says)."""
+    from simulator.screen import screen
+    model = tiny_model()
+    hw = machine().model_copy(update={"gpu": None, "pcie": None})
+    stream = _with_prefill(tiered(0, "cpu"), strategy="stream-all", chunk_tokens=256, ubatch_tokens=256)
+    cpu = _with_prefill(tiered(0, "cpu"), strategy="cpu", chunk_tokens=256, ubatch_tokens=256)
+    r1 = simulate(model, hw, stream, prompt_tokens=256, gen_tokens=1, warm_steps=0)
+    r2 = simulate(model, hw, cpu, prompt_tokens=256, gen_tokens=1, warm_steps=0)
+    assert r1.ttft_s == pytest.approx(r2.ttft_s, rel=1e-9)
+    assert screen(model, hw, stream, prompt_tokens=256).ttft_s == pytest.approx(r1.ttft_s, rel=0.05)
