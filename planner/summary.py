@@ -35,6 +35,7 @@ def plan_summary(model: ModelSpec, hw: HardwareSpec, plan: Plan, pred: Predictio
             "engram_page_crossing": eng.page_crossing_fraction(hw.page_bytes) if eng else 0.0,
         },
         "hardware": hw.name,
+        "has_gpu": hw.gpu is not None,
         "ceilings": expert_ceilings(model, profile_buses(hw, model), plan.experts_per_token),
         "standard_ceilings": expert_ceilings(model, STANDARD_BUSES, plan.experts_per_token),
         "memory": {

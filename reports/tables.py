@@ -40,7 +40,8 @@ def render_plan_report(s: dict, console: Console | None = None) -> None:
     t.add_column("component"); t.add_column("bytes/token", justify="right"); t.add_column("note")
     t.add_row("routed experts", f"{m['routed_bytes_per_token'] / GB:.3f} GB", "MoE layers x top-k x expert bytes")
     t.add_row("dense path", f"{m['dense_bytes_per_token'] / GB:.3f} GB",
-              f"{m['dense_ms_per_token']:.1f} ms at VRAM bandwidth (upper estimate)")
+              f"{m['dense_ms_per_token']:.1f} ms at {'VRAM' if s.get('has_gpu', True) else 'DDR'} bandwidth "
+              "(upper estimate)")
     if m["engram_rows_per_token"]:
         t.add_row("Engram (pages)", f"{m['engram_bytes_per_token'] / 1e3:.1f} KB",
                   f"{m['engram_rows_per_token']} rows, {m['engram_used_bytes_per_token']:,.0f} B used, "
