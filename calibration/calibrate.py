@@ -120,6 +120,7 @@ class Results:
     settings: Settings
     mem: MemBandwidth | None = None
     kernels: dict[str, KernelFit] = field(default_factory=dict)
+    kernels_1t: dict[str, KernelFit] = field(default_factory=dict)  # the same on one thread
     prefill: PrefillResult | None = None
     hit: HitResult | None = None
     dense: DenseResult | None = None
@@ -181,6 +182,7 @@ class _Budget:
                      "handover": 1.5 * s.handover_budget_s, "disk": 3 * s.disk_budget_s}
         for i in range(n_kernels):
             self.left[f"kernel{i}"] = s.kernel_budget_s
+            self.left[f"kernel1t{i}"] = s.kernel_budget_s / 3
 
     def take(self, key: str, own: float) -> float:
         share = self.left.pop(key, own)
@@ -229,6 +231,25 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                                                      budget_s=bud.take(f"kernel{i}", s.kernel_budget_s))
                 del job
                 r.wall_s[f"kernel {fmt}"] = time.perf_counter() - t0
+            if maxt > 1:  # one core: a bus-bound kernel gets more than 1/threads of the all-core rate
+                numba.set_num_threads(1)
+                for i, fmt in enumerate(formats):
+                    t0 = time.perf_counter()
+                    tick = pg.stage(f"CPU expert kernel {fmt}, 1 thread", max(3, s.kernel_repeats // 3))
+                    if use_exec:
+                        job, eb = executor_expert_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes,
+                                                      max_k=max(s.kernel_ks))
+                        label = (f"executor.kernels.moe_cpu@{kernel_version()} {fmt} SwiGLU "
+                                 f"{s.kernel_hidden}x{s.kernel_ffn}, 1 token")
+                    else:
+                        job, eb = toy_expert_job(rows=s.kernel_ffn, cols=s.kernel_hidden, pool=2 * max(s.kernel_ks))
+                        label = f"toy numba f32 kernel {s.kernel_ffn}x{s.kernel_hidden}"
+                    r.kernels_1t[fmt] = bench_expert_kernel(job, s.kernel_ks, eb, max(3, s.kernel_repeats // 3),
+                                                            label=label, threads=1, tick=tick,
+                                                            budget_s=bud.take(f"kernel1t{i}", s.kernel_budget_s / 3))
+                    del job
+                    r.wall_s[f"kernel {fmt} 1 thread"] = time.perf_counter() - t0
+                numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
             if use_exec:
                 t0 = time.perf_counter()
                 fmt = DEFAULT_FORMAT if DEFAULT_FORMAT in formats else formats[0]
@@ -302,6 +323,7 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
 def noise_of(r: Results) -> list[tuple[str, Noise]]:
     """(benchmark, what its sampler saw) for every benchmark that sampled around outside load."""
     out = ([("memory", r.mem.noise)] if r.mem else []) + [(f"kernel {k}", f.noise) for k, f in r.kernels.items()]
+    out += [(f"kernel {k} 1 thread", f.noise) for k, f in r.kernels_1t.items()]
     out += [("prefill", r.prefill.noise)] if r.prefill else []
     out += [(n, x.noise) for n, x in (("hit", r.hit), ("dense", r.dense), ("handover", r.handover)) if x]
     return out + [(f"disk {k}", n) for k, n in (r.disk.noise.items() if r.disk else ())]
@@ -351,6 +373,10 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
             consts[f"c_b_ms.{fmt}"] = _m(f.c_b_ms, f.method(), date)
         d = fits[default]
         eg["default"] = _m(d.expert_gbs, f"as {default}: " + d.method(), date)
+        for fmt, f in r.kernels_1t.items():  # read by expert_gbs_for(fmt, threads=1)
+            eg[f"{fmt}@1t"] = _m(f.expert_gbs, f.method(), date)
+        if default in r.kernels_1t:
+            eg["default@1t"] = _m(r.kernels_1t[default].expert_gbs, f"as {default}: " + r.kernels_1t[default].method(), date)
         consts["c_a_ms"] = _m(d.c_a_ms, f"as {default}: " + d.method(), date)
         consts["c_b_ms"] = _m(d.c_b_ms, f"as {default}: " + d.method(), date)
         data["cpu"]["expert_gbs"] = eg
@@ -422,6 +448,9 @@ def store_rows(r: Results) -> list[dict]:
         _noise(add, case, f.noise)
         for k, t, res in zip(f.ks, f.t_ms, f.residuals_ms):
             add(case, "job_ms", t, experts=k, residual_ms=res, threads=f.threads, kernel=kv, method=f.method())
+    for fmt, f in r.kernels_1t.items():
+        add(f"cpu_kernel_{fmt}_1t", "expert_gbs", f.expert_gbs, threads=1, size_bytes=f.expert_bytes, kernel=kv,
+            method=f.method())
     if r.prefill:
         pf = r.prefill
         add("cpu_prefill", "gflops_per_core", pf.gflops_per_core, threads=pf.threads, kernel=kv,

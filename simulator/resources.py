@@ -63,10 +63,9 @@ class Machine:
         self.nvme = self.net.link("nvme", hw.nvme.seq_read_gbs * GB)
         self.zc_rate = (pcie.zero_copy_gbs if pcie else 1.0) * GB * consts.zc_efficiency
         self.h2d_rate = (pcie.h2d_gbs if pcie else 1.0) * GB
-        scale = self.threads / hw.cpu.threads_used
-        self.cpu_expert_rate = hw.cpu.expert_gbs_for(model.fmt_experts) * GB * scale
+        self.cpu_expert_rate = hw.cpu.expert_gbs_for(model.fmt_experts, self.threads) * GB
         from specs.formats import parse_format
-        self.cpu_dense_rate = hw.cpu.expert_gbs_for(parse_format(model.dense_format)) * GB * scale
+        self.cpu_dense_rate = hw.cpu.expert_gbs_for(parse_format(model.dense_format), self.threads) * GB
         self.gpu_bw = (hw.gpu.bw_gbs * GB * consts.gpu_bw_efficiency) if self.has_gpu else 0.0
         self.gpu_flops = (hw.gpu.fp16_tflops * 1e12 * consts.gemm_efficiency) if self.has_gpu else 0.0
         self.rand_rate = hw.nvme.rand_4k_iops * hw.page_bytes

@@ -82,9 +82,8 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
     eb = model.expert_bytes
     has_gpu = hw.gpu is not None
     threads = plan.cpu_threads or hw.cpu.threads_used
-    scale = threads / hw.cpu.threads_used
     gpu_bw = hw.gpu.bw_gbs * GB * c.gpu_bw_efficiency if has_gpu else 0.0
-    cpu_rate = hw.cpu.expert_gbs_for(model.fmt_experts) * GB * scale
+    cpu_rate = hw.cpu.expert_gbs_for(model.fmt_experts, threads) * GB
     zc = hw.pcie.zero_copy_gbs * GB * c.zc_efficiency if hw.pcie else 1.0
     t_hit = eb / (gpu_bw * c.gpu_expert_efficiency) * 1e3 if has_gpu else 0.0
     t_zc = eb / zc * 1e3
@@ -113,7 +112,7 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
         dense_ms = dense_b / gpu_bw * 1e3
     else:
         from specs.formats import parse_format
-        dense_ms = (dense_b / (hw.cpu.expert_gbs_for(parse_format(model.dense_format)) * GB * scale) * 1e3
+        dense_ms = (dense_b / (hw.cpu.expert_gbs_for(parse_format(model.dense_format), threads) * GB) * 1e3
                     + model.n_layers * c.cpu_job_ms)  # one CPU job per layer, as the event simulation
     eng_ms = 0.0
     if model.engram is not None and plan.placement.engram == "nvme":

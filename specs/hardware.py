@@ -81,12 +81,19 @@ class CPU(_Strict):
     # keys are format names ('Q4_0', 'EXL3') or families ('codebook', 'block', 'default').
     expert_gbs: dict[str, Pos]
 
-    def expert_gbs_for(self, fmt: WeightFormat) -> float:
-        """GB/s at which the CPU tier computes experts stored in `fmt` (arithmetic or bus bound)."""
+    def expert_gbs_for(self, fmt: WeightFormat, threads: int | None = None) -> float:
+        """GB/s at which `threads` cores (default threads_used) compute experts stored in `fmt`:
+        a rate measured at that thread count ('Q8_0@1t') when the profile has one, else the
+        threads_used rate scaled linearly (arithmetic or bus bound)."""
         family = fmt.name.split(":")[0]
-        for key in (fmt.name, family, "codebook" if fmt.codebook else "block", "default"):
+        keys = (fmt.name, family, "codebook" if fmt.codebook else "block", "default")
+        if threads is not None and threads != self.threads_used:
+            for key in keys:
+                if f"{key}@{threads}t" in self.expert_gbs:
+                    return float(self.expert_gbs[f"{key}@{threads}t"])
+        for key in keys:
             if key in self.expert_gbs:
-                return float(self.expert_gbs[key])
+                return float(self.expert_gbs[key]) * (threads or self.threads_used) / self.threads_used
         raise KeyError(f"cpu.expert_gbs has no entry for {fmt.name} (nor 'default')")
 
 

@@ -53,6 +53,8 @@ def test_measured_figures_carry_date_and_method(run):
         assert f > 0 or name in ("c_a_ms", "c_b_ms"), name  # a fit may put a cost at its bound 0
     fmt = TINY.kernel_formats[0] if executor_kernel_available() else "toy-f32"
     assert f"c_b_ms.{fmt}" in hw.constants and f"c_a_ms.{fmt}" in hw.constants
+    if hw.cpu.threads_used > 1:  # the kernel again on one core (expert_gbs_for(fmt, threads=1) reads it)
+        assert hw.cpu.expert_gbs[f"{fmt}@1t"].source == "measured"
     for f in (hw.memory.efficiency, hw.nvme.seq_read_gbs, hw.nvme.rand_4k_iops, hw.nvme.latency_us,
               hw.cpu.expert_gbs["default"], hw.cpu.expert_gbs[fmt]):
         assert f.source == "measured" and f.ref.startswith(date) and f > 0
