@@ -4,12 +4,16 @@ per-call cost of five separate kernels and their numpy glue was ~0.1 ms a layer,
 bytes of a small model's attention weights take to read)."""
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit
 
 from .kernels import _SERIAL_BYTES, _parts, _parts_serial, drop_stale_cache
 
 drop_stale_cache("dense_kernels", ("kernels.py", "simd.py", "gemm.py"))
+# attention_step calls a parallel kernel from compiled code, which finds numba's thread pool
+# running only if a call from Python started it: without this, a first call segfaults.
+numba.get_num_threads()
 
 
 @njit(fastmath=True, cache=True)
