@@ -265,3 +265,88 @@ def bench_prefill(run: Callable[[], object], flops: float, repeats: int = 7, lab
     return PrefillResult(label=label, tokens=tokens, experts=experts, top_k=top_k,
                          t_ms=low_quantile(times["batch"]) * 1e3, flops=float(flops), threads=threads,
                          repeats=repeats, noise=noise)
+
+
+# ---------------------------------------------------------------------------------------------
+# a decode layer loop: what a layer costs beyond its bytes when attention and experts alternate
+# ---------------------------------------------------------------------------------------------
+
+def executor_layer_loop(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, n_experts: int = 32, top_k: int = 8,
+                        layers: int = 8, head_dim: int = 64, seed: int = 0):
+    """(run, dense_bytes, expert_bytes): one decode token through `layers` synthetic layers, each an
+    F16 attention block (executor.dense_kernels.attention_step) then top_k of n_experts `fmt`
+    experts (executor.kernels.moe_cpu), as a CPU-only engine runs them; bytes per layer."""
+    from executor import kernels
+    from executor.dense_kernels import attention_step
+    rng = np.random.default_rng(seed)
+    nh = max(1, hidden // (4 * head_dim))  # a quarter of the hidden width in query heads, half that in K/V
+    nkv = max(1, nh // 2)
+
+    def f16(rows, cols):
+        a = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16).view(np.uint8).ravel()
+        a.setflags(write=False)
+        return a
+    att = [(f16(nh * head_dim, hidden), f16(nkv * head_dim, hidden), f16(nkv * head_dim, hidden),
+            f16(hidden, nh * head_dim)) for _ in range(layers)]
+    exp = [(_synth_tensor(fmt, n_experts, ffn, hidden, rng), _synth_tensor(fmt, n_experts, ffn, hidden, rng),
+            _synth_tensor(fmt, n_experts, hidden, ffn, rng)) for _ in range(layers)]
+    ones_h, ones_d = np.ones(hidden, np.float32), np.ones(head_dim, np.float32)
+    cos, sin = np.ones((1, head_dim // 2), np.float32), np.zeros((1, head_dim // 2), np.float32)
+    kc = np.zeros((1, nkv, 64, head_dim), np.float32)
+    vc = np.zeros_like(kc)
+    routes = [kernels.csr(np.argsort(rng.random((1, n_experts)), axis=1)[:, :top_k],
+                          np.full((1, top_k), 1.0 / top_k, np.float32)) for _ in range(4 * layers)]
+    state = {"i": 0}
+
+    x = rng.standard_normal((1, hidden)).astype(np.float32)  # every layer's input (values don't matter to
+    a = np.empty_like(x)                                      # the timing; random weights would blow them up)
+    y = np.empty_like(x)
+
+    def run():
+        for layer in range(layers):
+            wq, wk, wv, wo = att[layer]
+            attention_step(x, ones_h, 1e-6, wq, 1, nh * head_dim, wk, 1, nkv * head_dim, wv, 1, nkv * head_dim,
+                           ones_d, ones_d, cos, sin, nh, nkv, True, True, kc, vc, 32, 1, wo, 1, hidden, a)
+            state["i"] += 1
+            y[:] = 0.0
+            kernels.moe_cpu(*exp[layer], a, *routes[state["i"] % len(routes)], out=y)
+    dense = sum(w.nbytes for w in att[0])
+    expert = top_k * sum(t.expert_bytes for t in exp[0])
+    return run, dense, expert
+
+
+@dataclass
+class LayerLoop:
+    """One decode layer (attention block, then top-k experts) timed in a loop over distinct layers."""
+
+    t_layer_ms: float  # lower quintile
+    dense_bytes: int
+    expert_bytes: int
+    fmt: str
+    threads: int
+    repeats: int
+    noise: Noise = field(default_factory=Noise)
+
+    def method(self) -> str:
+        return (f"executor kernels, F16 attention ({self.dense_bytes / 1e6:.1f} MB) then {self.fmt} experts "
+                f"({self.expert_bytes / 1e6:.1f} MB) per layer, a loop over distinct layers: "
+                f"{self.t_layer_ms:.3f} ms a layer (lower quintile of {self.repeats}), {self.threads} threads, "
+                f"{self.noise.describe()}")
+
+
+def bench_layer_loop(fmt: str = "Q8_0", repeats: int = 9, threads: int | None = None, tick: Tick = None,
+                     budget_s: float = 3.0, **shape) -> LayerLoop:
+    """Time `executor_layer_loop` tokens around outside load; per-layer time."""
+    threads = int(threads or numba.get_num_threads())
+    run, dense, expert = executor_layer_loop(fmt, **shape)
+    layers = int(shape.get("layers", 8))
+    run()  # JIT and page-in
+
+    def one(i):
+        t0 = time.perf_counter()
+        run()
+        return [("token", time.perf_counter() - t0)]
+
+    times, noise = sample_clean(one, repeats, budget_s, tick=tick)
+    return LayerLoop(t_layer_ms=low_quantile(times["token"]) * 1e3 / layers, dense_bytes=dense, expert_bytes=expert,
+                     fmt=fmt, threads=threads, repeats=repeats, noise=noise)

@@ -9,6 +9,8 @@ one, over what `detect_hardware` reads off this machine. Constants for the simul
     c_a_ms, c_b_ms  CPU expert job: fixed cost per job and cost per expert (default format),
                     and `c_a_ms.<FMT>` / `c_b_ms.<FMT>` for every benchmarked format
     cpu_prefill_gflops_per_core  the same kernel on a prefill batch (64 tokens, default format)
+    cpu_layer_ms    a CPU-only decode layer (attention block, then the experts) timed in a loop, less
+                    its bytes at the kernels' rates and its two job costs: what alternating costs
     dense_gbs       the dense path's matrix-vector bandwidth on the torch device
     pagecache_4k_us a 4 KiB read served from the page cache
     t_miss_ms       (CUDA) copy one expert from pinned RAM and compute it
@@ -39,8 +41,9 @@ from . import store
 from .bench_device import DenseResult, H2DResult, HitResult, bench_dense, bench_h2d, bench_hit, torch_device
 from .bench_disk import DiskResult, bench_disk
 from .bench_handover import HandoverResult, bench_handover
-from .bench_kernel import (KernelFit, PrefillResult, bench_expert_kernel, bench_prefill, executor_expert_job,
-                           executor_kernel_available, executor_prefill_job, kernel_version, toy_expert_job)
+from .bench_kernel import (KernelFit, LayerLoop, PrefillResult, bench_expert_kernel, bench_layer_loop, bench_prefill,
+                           executor_expert_job, executor_kernel_available, executor_prefill_job, kernel_version,
+                           toy_expert_job)
 from .bench_memory import MemBandwidth, MemoryBench, default_thread_counts
 from .sampling import Noise, today
 
@@ -122,6 +125,7 @@ class Results:
     kernels: dict[str, KernelFit] = field(default_factory=dict)
     kernels_1t: dict[str, KernelFit] = field(default_factory=dict)  # the same on one thread
     prefill: PrefillResult | None = None
+    layer_loop: LayerLoop | None = None
     hit: HitResult | None = None
     dense: DenseResult | None = None
     h2d: H2DResult | None = None
@@ -178,7 +182,8 @@ class _Budget:
     def __init__(self, s: Settings, n_kernels: int, cuda: bool):
         self.t0 = time.perf_counter()
         self.total = s.total_budget_s
-        self.left = {"mem": s.mem_budget_s, "prefill": s.prefill_budget_s, "hit": s.hit_budget_s, "dense": s.dense_budget_s,
+        self.left = {"mem": s.mem_budget_s, "prefill": s.prefill_budget_s, "layers": s.prefill_budget_s,
+                     "hit": s.hit_budget_s, "dense": s.dense_budget_s,
                      "handover": 1.5 * s.handover_budget_s, "disk": 3 * s.disk_budget_s}
         for i in range(n_kernels):
             self.left[f"kernel{i}"] = s.kernel_budget_s
@@ -264,6 +269,14 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                                           budget_s=bud.take("prefill", s.prefill_budget_s))
                 del run
                 r.wall_s["prefill"] = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                lf = "Q8_0" if "Q8_0" in formats else fmt
+                tick = pg.stage(f"CPU decode layer loop {lf}", s.prefill_repeats)
+                r.layer_loop = bench_layer_loop(lf, s.prefill_repeats, threads=numba.get_num_threads(), tick=tick,
+                                                budget_s=bud.take("layers", s.prefill_budget_s),
+                                                hidden=s.kernel_hidden, ffn=s.kernel_ffn,
+                                                n_experts=s.prefill_experts, top_k=s.prefill_top_k)
+                r.wall_s["layer loop"] = time.perf_counter() - t0
         finally:
             numba.set_num_threads(prev)
 
@@ -325,6 +338,7 @@ def noise_of(r: Results) -> list[tuple[str, Noise]]:
     out = ([("memory", r.mem.noise)] if r.mem else []) + [(f"kernel {k}", f.noise) for k, f in r.kernels.items()]
     out += [(f"kernel {k} 1 thread", f.noise) for k, f in r.kernels_1t.items()]
     out += [("prefill", r.prefill.noise)] if r.prefill else []
+    out += [("layer loop", r.layer_loop.noise)] if r.layer_loop else []
     out += [(n, x.noise) for n, x in (("hit", r.hit), ("dense", r.dense), ("handover", r.handover)) if x]
     return out + [(f"disk {k}", n) for k, n in (r.disk.noise.items() if r.disk else ())]
 
@@ -384,6 +398,13 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
         notes.append(f"@ cpu.threads_used: measured: {date}, the threads the CPU expert kernel benchmark ran on")
     if r.prefill:
         consts["cpu_prefill_gflops_per_core"] = _m(r.prefill.gflops_per_core, r.prefill.method(), date)
+    ll = r.layer_loop
+    if ll and ll.fmt in r.kernels and "F16" in r.kernels:
+        f, fd = r.kernels[ll.fmt], r.kernels["F16"]
+        roof = ll.dense_bytes / (fd.expert_gbs * 1e6) + ll.expert_bytes / (f.expert_gbs * 1e6) + fd.c_a_ms + f.c_a_ms
+        consts["cpu_layer_ms"] = _m(max(ll.t_layer_ms - roof, 0.0),
+                                    f"{ll.method()}; less {roof:.3f} ms = its bytes at the F16 and {ll.fmt} kernel "
+                                    f"rates of this run plus their job costs", date)
     if r.hit:
         consts["t_hit_ms"] = _m(r.hit.t_hit_ms, r.hit.method(), date)
     if r.dense:
@@ -451,6 +472,9 @@ def store_rows(r: Results) -> list[dict]:
     for fmt, f in r.kernels_1t.items():
         add(f"cpu_kernel_{fmt}_1t", "expert_gbs", f.expert_gbs, threads=1, size_bytes=f.expert_bytes, kernel=kv,
             method=f.method())
+    if r.layer_loop:
+        add("cpu_layer_loop", "t_layer_ms", r.layer_loop.t_layer_ms, threads=r.layer_loop.threads, kernel=kv,
+            method=r.layer_loop.method())
     if r.prefill:
         pf = r.prefill
         add("cpu_prefill", "gflops_per_core", pf.gflops_per_core, threads=pf.threads, kernel=kv,

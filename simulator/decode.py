@@ -92,7 +92,8 @@ class DecodeRun:
         elif self.dense_on_gpu:
             m.gpu.submit(m.gpu_read_s(w_bytes + kv), lambda: self._routed(layer))
         else:
-            m.cpu_read(w_bytes + kv, lambda: self._routed(layer), rate=m.cpu_dense_rate)
+            m.cpu_read(w_bytes + kv, lambda: self._routed(layer), rate=m.cpu_dense_rate,
+                       extra_s=m.c.cpu_layer_ms * 1e-3 if layer in self.moe_index else 0.0)
 
     def _routed(self, layer: int) -> None:
         m = self.m

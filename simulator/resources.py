@@ -27,6 +27,9 @@ class Constants:
     gemm_efficiency: float = 0.30  # fraction of fp16_tflops prefill GEMMs attain (assumed, see README)
     cpu_prefill_gflops_per_core: float = 50.0  # CPU prefill expert GEMM rate per core, GFLOP/s (assumed)
     cpu_job_ms: float = 0.0  # fixed cost of one CPU expert job (kernel launch, routing tables), ms
+    # a decode layer whose dense path runs on the host cores, beyond its bytes and job costs: what
+    # alternating attention and expert work costs (calibrate's layer loop), ms
+    cpu_layer_ms: float = 0.0
     # A host-sharing pseudo-GPU (hw.gpu.shares_host): fixed host cost of each layer (Python and torch
     # dispatch, norms, routing), the rate at which it computes a resident expert (GB/s over the
     # expert's device bytes) and the bytes per weight its resident copies take (f32 = 4).

@@ -113,7 +113,8 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
     else:
         from specs.formats import parse_format
         dense_ms = (dense_b / (hw.cpu.expert_gbs_for(parse_format(model.dense_format), threads) * GB) * 1e3
-                    + model.n_layers * c.cpu_job_ms)  # one CPU job per layer, as the event simulation
+                    + model.n_layers * c.cpu_job_ms  # one CPU job per layer, as the event simulation
+                    + model.n_moe_layers * c.cpu_layer_ms)  # attention and experts alternating on the cores
     eng_ms = 0.0
     if model.engram is not None and plan.placement.engram == "nvme":
         pages = ntok * model.engram_bytes_per_token(hw.page_bytes)

@@ -85,3 +85,17 @@ def test_host_device_and_cpu_tier_take_turns_on_the_cores():
     m.cpu_read(4 * eb, lambda: ends.setdefault("cpu", sim.now))
     sim.run()
     assert max(ends.values()) == pytest.approx(t_dev + t_cpu, rel=1e-6)
+
+
+def test_cpu_layer_cost_is_paid_once_per_moe_layer_in_both_models():
+    """calibrate's cpu_layer_ms (alternating attention and experts on the host cores) adds exactly
+    that much per MoE layer to a CPU-only step, in the event simulation and in the closed form."""
+    model = tiny_model()
+    hw = machine().model_copy(update={"gpu": None, "pcie": None})
+    plan = tiered(slots=0, kind="cpu")
+    plan = plan.model_copy(update={"placement": plan.placement.model_copy(update={"dense": "cpu", "kv": "cpu"})})
+    base, extra = Constants(), Constants(cpu_layer_ms=0.25)
+    s0, s1 = (simulate(model, hw, plan, gen_tokens=1, routing="uniform", warm_steps=0, constants=c) for c in (base, extra))
+    step_ms = lambda r: 1e3 / r.decode_tok_s  # noqa: E731
+    assert step_ms(s1) - step_ms(s0) == pytest.approx(model.n_moe_layers * 0.25, rel=1e-6)
+    assert screen(model, hw, plan, constants=extra).decode_tok_s == pytest.approx(s1.decode_tok_s, rel=1e-9)
