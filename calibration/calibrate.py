@@ -196,6 +196,15 @@ class _Budget:
         return max(0.2, min(own, remaining * share / pending if pending > 0 else own))
 
 
+def _kernel_job(s: Settings, fmt: str, use_exec: bool):
+    """(run_job, expert bytes, label) of the CPU expert kernel benchmark for `fmt`."""
+    if use_exec:
+        job, eb = executor_expert_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes, max_k=max(s.kernel_ks))
+        return job, eb, f"executor.kernels.moe_cpu@{kernel_version()} {fmt} SwiGLU {s.kernel_hidden}x{s.kernel_ffn}, 1 token"
+    job, eb = toy_expert_job(rows=s.kernel_ffn, cols=s.kernel_hidden, pool=2 * max(s.kernel_ks))
+    return job, eb, f"toy numba f32 kernel {s.kernel_ffn}x{s.kernel_hidden}"
+
+
 def run_benchmarks(s: Settings, progress: bool = True, console=None,
                    disk_dir: str | os.PathLike | None = None) -> Results:
     """Run every benchmark once (numba kernels before torch: torch's OpenMP threads spin after
@@ -223,14 +232,7 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
             for i, fmt in enumerate(formats):
                 t0 = time.perf_counter()
                 tick = pg.stage(f"CPU expert kernel {fmt}", s.kernel_repeats)
-                if use_exec:
-                    job, eb = executor_expert_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes,
-                                                  max_k=max(s.kernel_ks))
-                    label = (f"executor.kernels.moe_cpu@{kernel_version()} {fmt} SwiGLU "
-                             f"{s.kernel_hidden}x{s.kernel_ffn}, 1 token")
-                else:
-                    job, eb = toy_expert_job(rows=s.kernel_ffn, cols=s.kernel_hidden, pool=2 * max(s.kernel_ks))
-                    label = f"toy numba f32 kernel {s.kernel_ffn}x{s.kernel_hidden}"
+                job, eb, label = _kernel_job(s, fmt, use_exec)
                 r.kernels[fmt] = bench_expert_kernel(job, s.kernel_ks, eb, s.kernel_repeats, label=label,
                                                      threads=numba.get_num_threads(), tick=tick,
                                                      budget_s=bud.take(f"kernel{i}", s.kernel_budget_s))
@@ -241,14 +243,7 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                 for i, fmt in enumerate(formats):
                     t0 = time.perf_counter()
                     tick = pg.stage(f"CPU expert kernel {fmt}, 1 thread", max(3, s.kernel_repeats // 3))
-                    if use_exec:
-                        job, eb = executor_expert_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes,
-                                                      max_k=max(s.kernel_ks))
-                        label = (f"executor.kernels.moe_cpu@{kernel_version()} {fmt} SwiGLU "
-                                 f"{s.kernel_hidden}x{s.kernel_ffn}, 1 token")
-                    else:
-                        job, eb = toy_expert_job(rows=s.kernel_ffn, cols=s.kernel_hidden, pool=2 * max(s.kernel_ks))
-                        label = f"toy numba f32 kernel {s.kernel_ffn}x{s.kernel_hidden}"
+                    job, eb, label = _kernel_job(s, fmt, use_exec)
                     r.kernels_1t[fmt] = bench_expert_kernel(job, s.kernel_ks, eb, max(3, s.kernel_repeats // 3),
                                                             label=label, threads=1, tick=tick,
                                                             budget_s=bud.take(f"kernel1t{i}", s.kernel_budget_s / 3))
