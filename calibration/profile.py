@@ -1,0 +1,201 @@
+"""A calibration run's results as a hardware profile (every figure `measured`, with its date and
+method, merged over a base profile) and as rows of the append-only results store."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from specs.figure import Figure
+from specs.hardware import HardwareSpec
+
+from . import store
+from .bench_kernel import kernel_version
+from .sampling import Noise, today
+
+if TYPE_CHECKING:
+    from .calibrate import Results
+
+DEFAULT_FORMAT = "Q4_0"  # the format whose kernel figures become the profile's defaults
+
+
+
+def noise_of(r: Results) -> list[tuple[str, Noise]]:
+    """(benchmark, what its sampler saw) for every benchmark that sampled around outside load."""
+    out = ([("memory", r.mem.noise)] if r.mem else []) + [(f"kernel {k}", f.noise) for k, f in r.kernels.items()]
+    out += [(f"kernel {k} 1 thread", f.noise) for k, f in r.kernels_1t.items()]
+    out += [("prefill", r.prefill.noise)] if r.prefill else []
+    out += [("layer loop", r.layer_loop.noise)] if r.layer_loop else []
+    out += [(n, x.noise) for n, x in (("hit", r.hit), ("dense", r.dense), ("handover", r.handover)) if x]
+    return out + [(f"disk {k}", n) for k, n in (r.disk.noise.items() if r.disk else ())]
+
+
+def _m(value: float, method: str, date: str) -> Figure:
+    return Figure(float(value), "measured", f"{date}, {method}")
+
+
+def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> HardwareSpec:
+    """`base` with every figure the benchmarks measured replaced by its measurement."""
+    date = date or today()
+    s = r.settings
+    data: dict[str, Any] = base.model_dump()  # figures as {value, source, ref}
+    mem = data["memory"]
+    notes: list[str] = []
+
+    if r.mem:
+        t, read = r.mem.peak("read")
+        channels, mts = int(mem["channels"]), float(mem["mts"]["value"])
+        peak = channels * mts * 8 / 1000.0
+        ratio = read / peak
+        known = mem["mts"]["source"] in ("datasheet", "measured", "reported")
+        how = "known" if known else f"{mem['mts']['source']} ({mem['mts'].get('ref', '')})"
+        if ratio > 1.0:
+            new_mts = read * 1000.0 / (8 * channels)
+            mem["mts"] = Figure(new_mts, "derived",
+                                f"{date}: measured read {read:.1f} GB/s exceeds the base peak {peak:.1f} GB/s "
+                                f"({channels} ch x {mts:g} MT/s); MT/s raised so the peak equals the measurement")
+            ratio = 1.0
+        mts_now = float(mem["mts"]) if isinstance(mem["mts"], Figure) else mts
+        mem["efficiency"] = _m(ratio, f"{r.mem.method('read', t)}: {read:.2f} GB/s / peak "
+                                      f"{channels} ch x {mts_now:g} MT/s = {channels * mts_now * 8 / 1000:.1f} GB/s "
+                                      f"(channels/MT/s {how})", date)
+        notes.append(f"memory.efficiency = measured read {read:.2f} GB/s ({t} threads; rounds at the start and "
+                     f"the end of the run) / peak; "
+                     f"channels and MT/s {'known' if known else 'assumed, so the peak is an assumption'}")
+
+    consts: dict[str, Any] = dict(data.get("constants") or {})
+    if r.kernels:
+        fits = r.kernels
+        default = DEFAULT_FORMAT if DEFAULT_FORMAT in fits else next(iter(fits))
+        eg = dict(data["cpu"]["expert_gbs"])
+        for fmt, f in fits.items():
+            eg[fmt] = _m(f.expert_gbs, f.method(), date)
+            consts[f"c_a_ms.{fmt}"] = _m(f.c_a_ms, f.method(), date)
+            consts[f"c_b_ms.{fmt}"] = _m(f.c_b_ms, f.method(), date)
+        d = fits[default]
+        eg["default"] = _m(d.expert_gbs, f"as {default}: " + d.method(), date)
+        for fmt, f in r.kernels_1t.items():  # read by expert_gbs_for(fmt, threads=1)
+            eg[f"{fmt}@1t"] = _m(f.expert_gbs, f.method(), date)
+        if default in r.kernels_1t:
+            eg["default@1t"] = _m(r.kernels_1t[default].expert_gbs, f"as {default}: " + r.kernels_1t[default].method(), date)
+        consts["c_a_ms"] = _m(d.c_a_ms, f"as {default}: " + d.method(), date)
+        consts["c_b_ms"] = _m(d.c_b_ms, f"as {default}: " + d.method(), date)
+        data["cpu"]["expert_gbs"] = eg
+        data["cpu"]["threads_used"] = d.threads
+        notes.append(f"@ cpu.threads_used: measured: {date}, the threads the CPU expert kernel benchmark ran on")
+    if r.prefill:
+        consts["cpu_prefill_gflops_per_core"] = _m(r.prefill.gflops_per_core, r.prefill.method(), date)
+    ll = r.layer_loop
+    if ll and ll.fmt in r.kernels and "F16" in r.kernels:
+        f, fd = r.kernels[ll.fmt], r.kernels["F16"]
+        roof = ll.dense_bytes / (fd.expert_gbs * 1e6) + ll.expert_bytes / (f.expert_gbs * 1e6) + fd.c_a_ms + f.c_a_ms
+        consts["cpu_layer_ms"] = _m(max(ll.t_layer_ms - roof, 0.0),
+                                    f"{ll.method()}; less {roof:.3f} ms = its bytes at the F16 and {ll.fmt} kernel "
+                                    f"rates of this run plus their job costs", date)
+    if r.hit:
+        consts["t_hit_ms"] = _m(r.hit.t_hit_ms, r.hit.method(), date)
+    if r.dense:
+        consts["dense_gbs"] = _m(r.dense.gbs, r.dense.method(), date)
+        if r.dense.device == "cuda" and data.get("gpu"):
+            data["gpu"]["bw_gbs"] = _m(r.dense.gbs, r.dense.method(), date)
+    if r.handover:
+        consts["sync_ms"] = _m(r.handover.sync_ms, r.handover.method(), date)
+    if r.h2d and data.get("pcie"):
+        data["pcie"]["h2d_gbs"] = _m(r.h2d.pinned_gbs, r.h2d.method("pinned"), date)
+        consts["pageable_h2d_gbs"] = _m(r.h2d.pageable_gbs, r.h2d.method("pageable"), date)
+        consts["t_miss_ms"] = _m(r.h2d.t_miss_ms, f"torch.cuda H2D of one fp16 {s.hit_hidden}x{s.hit_ffn} expert "
+                                 f"({r.h2d.expert_bytes / 1e6:.2f} MB) from pinned RAM + SwiGLU, mean", date)
+    if r.disk:
+        dk = r.disk
+        nv = data["nvme"]
+        nv["seq_read_gbs"] = _m(dk.seq_gbs, dk.method("seq"), date)
+        nv["rand_4k_iops"] = _m(dk.qd_iops, dk.method("qd"), date)
+        nv["latency_us"] = _m(dk.qd1_latency_us, dk.method("qd1"), date)
+        consts["pagecache_4k_us"] = _m(dk.cached_us, dk.method("cached"), date)
+    data["constants"] = consts
+    l0, l1 = r.loadavg
+    noise = noise_of(r)
+    head = (f"calibrated ({s.label}) by moe-offload calibrate on {store.machine_id()} at {store.now_iso()}, "
+            f"commit {store.git_commit()}; 1-min load average {l0:.2f} before, {l1:.2f} after; outside load "
+            f"while timing (max mean share of the CPUs other processes used) "
+            f"{max((x.others for _, x in noise), default=0.0):.2f}")
+    notes += [f"noise {n}: {x.describe()}" for n, x in noise]
+    stale = ("calibrated (", "noise ", "memory.efficiency = measured", "@ cpu.threads_used: measured")
+    kept = [ln for ln in (data.get("notes") or "").splitlines() if not ln.startswith(stale)]
+    data["notes"] = "\n".join([head, *notes, *kept]).strip()  # a re-calibration replaces the last one's lines
+    return HardwareSpec.model_validate(data)
+
+
+def _noise(add, case: str, n: Noise) -> None:
+    add(case, "outside_cpu_share", n.others, windows=n.windows, clean_windows=n.clean,
+        method="(busy CPU from /proc/stat - this process) / (wall x CPUs), mean over timing windows")
+
+
+def store_rows(r: Results) -> list[dict]:
+    """One results-store row per measured figure (median and repeat counts as extra columns)."""
+    s = r.settings
+    rows = []
+
+    def add(case, metric, value, **extra):
+        rows.append(store.make_row(f"calibrate:{case}", metric, float(value), mode=s.label, **extra))
+
+    if r.mem:
+        for k, per in r.mem.best.items():
+            for t, v in per.items():
+                add(f"mem_{k}", "gbs", v, threads=t, size_bytes=r.mem.array_bytes, median=r.mem.median[k][t],
+                    method=r.mem.method(k, t))
+        _noise(add, "mem", r.mem.noise)
+    kv = kernel_version() if r.kernels and "toy-f32" not in r.kernels else "toy"
+    for fmt, f in r.kernels.items():
+        case = f"cpu_kernel_{fmt}"
+        add(case, "c_a_ms", f.c_a_ms, threads=f.threads, kernel=kv, method=f.method())
+        add(case, "c_b_ms", f.c_b_ms, threads=f.threads, kernel=kv, method=f.method())
+        add(case, "expert_gbs", f.expert_gbs, threads=f.threads, size_bytes=f.expert_bytes, kernel=kv,
+            method=f.method())
+        add(case, "rms_residual_rel", f.rms_rel, threads=f.threads, kernel=kv, method=f.method())
+        _noise(add, case, f.noise)
+        for k, t, res in zip(f.ks, f.t_ms, f.residuals_ms):
+            add(case, "job_ms", t, experts=k, residual_ms=res, threads=f.threads, kernel=kv, method=f.method())
+    for fmt, f in r.kernels_1t.items():
+        add(f"cpu_kernel_{fmt}_1t", "expert_gbs", f.expert_gbs, threads=1, size_bytes=f.expert_bytes, kernel=kv,
+            method=f.method())
+    if r.layer_loop:
+        add("cpu_layer_loop", "t_layer_ms", r.layer_loop.t_layer_ms, threads=r.layer_loop.threads, kernel=kv,
+            method=r.layer_loop.method())
+    if r.prefill:
+        pf = r.prefill
+        add("cpu_prefill", "gflops_per_core", pf.gflops_per_core, threads=pf.threads, kernel=kv,
+            tokens=pf.tokens, method=pf.method())
+        _noise(add, "cpu_prefill", pf.noise)
+    for name, x in (("t_hit", r.hit), ("dense", r.dense), ("handover", r.handover)):
+        if x:
+            _noise(add, name, x.noise)
+    if r.hit:
+        add("t_hit", "ms", r.hit.t_hit_ms, size_bytes=r.hit.expert_bytes, device=r.hit.device, method=r.hit.method())
+    if r.dense:
+        add("dense", "gbs", r.dense.gbs, size_bytes=r.dense.matrix_bytes, median=r.dense.median_gbs,
+            device=r.dense.device, method=r.dense.method())
+    if r.h2d:
+        add("h2d_pinned", "gbs", r.h2d.pinned_gbs, size_bytes=r.h2d.nbytes, method=r.h2d.method("pinned"))
+        add("h2d_pageable", "gbs", r.h2d.pageable_gbs, size_bytes=r.h2d.nbytes, method=r.h2d.method("pageable"))
+        add("t_miss", "ms", r.h2d.t_miss_ms, size_bytes=r.h2d.expert_bytes, method="H2D one expert + SwiGLU")
+    if r.handover:
+        add("handover", "sync_ms", r.handover.sync_ms, device=r.handover.device, method=r.handover.method())
+        add("handover", "thread_ms", r.handover.thread_ms, method="queue hand-off to a worker thread and back")
+    if r.handover_cross:
+        add("handover_cross_core", "sync_ms", r.handover_cross.sync_ms, device=r.handover_cross.device,
+            method=r.handover_cross.method())
+        add("handover_cross_core", "thread_ms", r.handover_cross.thread_ms, method=r.handover_cross.method())
+    if r.disk:
+        dk = r.disk
+        add("disk_qd1", "latency_us", dk.qd1_latency_us, size_bytes=dk.file_bytes, method=dk.method("qd1"))
+        add("disk_qd1", "iops", dk.qd1_iops, size_bytes=dk.file_bytes, method=dk.method("qd1"))
+        add(f"disk_qd{dk.qd}", "iops", dk.qd_iops, size_bytes=dk.file_bytes, method=dk.method("qd"))
+        add("disk_seq", "gbs", dk.seq_gbs, size_bytes=dk.file_bytes, method=dk.method("seq"))
+        add("pagecache_4k", "us", dk.cached_us, size_bytes=dk.file_bytes, method=dk.method("cached"))
+        add("pagecache_4k", "iops", dk.cached_iops, size_bytes=dk.file_bytes, method=dk.method("cached"))
+    for stage, w in r.wall_s.items():
+        add("wall", "s", w, stage=stage)
+    add("loadavg", "before", r.loadavg[0])
+    add("loadavg", "after", r.loadavg[1])
+    return rows
+
+
