@@ -9,6 +9,8 @@ Spread of a figure = |a - b| / mean(a, b). Held to 10%: the simulator's constant
 printed with their spread, not held to it (see GATED). A fixed cost per job (c_a_ms*) is near zero on this
 kernel, so its relative spread says nothing; it is judged as |delta c_a| / (c_a + 6 c_b), the
 share of a typical top-6 job it moves, and printed both ways.
+The layer-loop residual (cpu_layer_ms) is judged the same way, against the layer it belongs to
+(itself + c_a + 8 c_b of the Q8_0 kernel the loop runs).
 
 Run: python -m pytest benchmarks/bench_calibrate.py -s -p no:cacheprovider
  or: python benchmarks/bench_calibrate.py [--full]
@@ -78,6 +80,10 @@ def spreads(a: dict[str, float], b: dict[str, float]) -> dict[str, tuple[float, 
             cb = (a.get(f"constants.c_b_ms{suffix}", 0) + b.get(f"constants.c_b_ms{suffix}", 0)) / 2
             job = (x + y) / 2 + 6 * cb
             judged = abs(x - y) / job if job > 0 else 0.0
+        elif k == "constants.cpu_layer_ms":  # a residual per layer: judged against the layer it is part of
+            mean = lambda n: (a.get(n, 0) + b.get(n, 0)) / 2  # noqa: E731
+            layer = (x + y) / 2 + mean("constants.c_a_ms.Q8_0") + 8 * mean("constants.c_b_ms.Q8_0")
+            judged = abs(x - y) / layer if layer > 0 else 0.0
         out[k] = (x, y, rel, judged)
     return out
 
