@@ -17,7 +17,6 @@ if TYPE_CHECKING:
 DEFAULT_FORMAT = "Q4_0"  # the format whose kernel figures become the profile's defaults
 
 
-
 def noise_of(r: Results) -> list[tuple[str, Noise]]:
     """(benchmark, what its sampler saw) for every benchmark that sampled around outside load."""
     out = ([("memory", r.mem.noise)] if r.mem else []) + [(f"kernel {k}", f.noise) for k, f in r.kernels.items()]
