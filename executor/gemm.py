@@ -99,6 +99,7 @@ def deq_matmul(code, w, r0, r1, rb, X, res):
     m, cols = X.shape
     qk = _U(cols // (cols // 32))  # 32, but opaque to LLVM (a constant trip count unrolls into gathers)
     buf = np.empty((4, cols), np.float32)
+    out = np.empty((m, 4), np.float32)
     r = r0
     while r < r1:
         nr = min(4, r1 - r)
@@ -106,7 +107,6 @@ def deq_matmul(code, w, r0, r1, rb, X, res):
             deq_row(code, w, _U(r + i) * _U(rb), buf[i], qk)
         for i in range(nr, 4):  # a short last group: zero rows, results dropped below
             buf[i, :] = 0.0
-        out = np.empty((m, 4), np.float32)
         k = 0
         while k + 3 <= m:
             _block4x3(buf[0], buf[1], buf[2], buf[3], X[k], X[k + 1], X[k + 2], out, k, 0)

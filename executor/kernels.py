@@ -186,8 +186,8 @@ def _quant_rows(x):
 
 
 @njit(fastmath=True, cache=True)
-def _matmul_chunk(wd, code, R, x, x16, dx, it, out):
-    """Rows [it * _ROWS, (it + 1) * _ROWS) of out [T, R] = x W^T."""
+def _chunk_off(wd, code, R, x, x16, dx, it, out, off):
+    """Rows [it * _ROWS, (it + 1) * _ROWS) of W (R rows) into columns off + r of out [T, *] = x W^T."""
     T = x.shape[0]
     r0 = it * _ROWS
     r1 = min(R, r0 + _ROWS)
@@ -195,7 +195,7 @@ def _matmul_chunk(wd, code, R, x, x16, dx, it, out):
     _rows_matmul(code, wd, r0, r1, wd.shape[0] // R, x, x16, dx, res)
     for t in range(T):
         for r in range(r1 - r0):
-            out[t, r0 + r] = res[t, r]
+            out[t, off + r0 + r] = res[t, r]
 
 
 @njit(parallel=True, nogil=True, fastmath=True, cache=True)
@@ -203,7 +203,7 @@ def _matmul(wd, code, R, x, out):
     """out[t, r] = W[r] . x[t] for one matrix (flat bytes wd, in place), rows across threads."""
     x16, dx = _quant_rows(x)
     for it in prange((R + _ROWS - 1) // _ROWS):
-        _matmul_chunk(wd, code, R, x, x16, dx, it, out)
+        _chunk_off(wd, code, R, x, x16, dx, it, out, 0)
 
 
 @njit(nogil=True, fastmath=True, cache=True)
@@ -211,7 +211,7 @@ def _matmul_serial(wd, code, R, x, out):
     """_matmul on the calling thread (small matrices: a parallel region costs more than it saves)."""
     x16, dx = _quant_rows(x)
     for it in range((R + _ROWS - 1) // _ROWS):
-        _matmul_chunk(wd, code, R, x, x16, dx, it, out)
+        _chunk_off(wd, code, R, x, x16, dx, it, out, 0)
 
 
 _SERIAL_BYTES = 1 << 20  # weight bytes x tokens below which _matmul_serial is used
@@ -236,19 +236,6 @@ def linear(flat_w: np.ndarray, code: int, rows: int, x: np.ndarray) -> np.ndarra
     out = np.empty((x.shape[0], rows), np.float32)
     (_matmul_serial if flat_w.nbytes * x.shape[0] < _SERIAL_BYTES else _matmul)(flat_w, code, rows, x, out)
     return out
-
-
-@njit(fastmath=True, cache=True)
-def _chunk_off(wd, code, R, x, x16, dx, it, out, off):
-    """Rows [it * _ROWS, (it + 1) * _ROWS) of W (R rows) into columns off + r of out [T, *] = x W^T."""
-    T = x.shape[0]
-    r0 = it * _ROWS
-    r1 = min(R, r0 + _ROWS)
-    res = np.empty((T, _ROWS), np.float32)
-    _rows_matmul(code, wd, r0, r1, wd.shape[0] // R, x, x16, dx, res)
-    for t in range(T):
-        for r in range(r1 - r0):
-            out[t, off + r0 + r] = res[t, r]
 
 
 @njit(fastmath=True, cache=True)
