@@ -3,7 +3,8 @@
 Each case: a name starting with its run id, model preset, hardware profile, the Plan the engine
 ran, the metric and measured value with its source, a tolerance, and the role: "fit" (in-sample,
 used by calibration/fit.py) or "test" (out-of-sample). Request shapes the sources do not state
-(generated tokens, which prompt the long D119 row had) are assumptions written in `note`.
+(generated tokens elsewhere) are assumptions written in `note`; D119's come from its
+ctx_scan.json, and each of its rows replays the requests the server answered before it.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ class Case:
     gen_tokens: int = 256
     streams: int = 1
     warm_steps: int = 300
+    history: tuple = ()  # (prompt_tokens, gen_tokens) requests served before this one, in order
     routing: str | None = None  # None = the simulator's default (fitted 4.6% -> 41%)
     band: tuple[float, float] | None = None  # a published range instead of +-tolerance
     note: str = ""
@@ -55,8 +57,9 @@ def _tiered(**upd) -> Plan:
     return p.model_copy(update=upd)
 
 
-def _slots(n: int) -> ExpertCache:
-    return ExpertCache(slots=n, policy="decayed-count", swap_every=16, swap_max=48)
+def _ec(**upd) -> ExpertCache:
+    """The engine's VRAM mirror cache with a run's own settings (its run.sh environment)."""
+    return plan_template("tiered-cache").expert_cache.model_copy(update=upd)
 
 
 def _strata_5070() -> Plan:
@@ -83,9 +86,27 @@ def _strata_qwen_mtp() -> Plan:
 def all_cases() -> list[Case]:
     """Every declared case, fit cases first."""
     d030 = _tiered(expert_cache=ExpertCache(), miss_policy=MissPolicy(kind="zero-copy"))
-    d107 = _tiered(expert_cache=_slots(709))
-    default = _tiered()  # D141/D119: 262,144-token context; cache sized by specs.memory
+    # D107 run.sh: DSV41_EC=1, margin 500 MB, not elastic, copies on the compute stream
+    d107 = _tiered(expert_cache=_ec(slots=709, copies="sync", release_during_prefill=False))
+    default = _tiered()  # D141: docker/entrypoint.sh defaults; 262,144 context; cache sized by specs.memory
+    # D119 run.sh: elastic (released for each prefill), copies on the compute stream
+    d119 = _tiered(expert_cache=_ec(copies="sync"))
     baseline = _tiered(prefill=Prefill(strategy="op-offload", chunk_tokens=1024, ubatch_tokens=1024))
+    # D119 results/ctx_scan.json: one server, five requests in this order (prompt, completion
+    # tokens, decode tok/s as (n - 1) / (t_last - t_first)); the cache state carries between them
+    scan = [(8192, 151, 16.38, 13.91), (32768, 130, 19.42, 42.3), (65536, 157, 20.51, 80.59),
+            (131072, 159, 20.91, 165.63), (196608, 141, 20.48, 251.7)]
+    scan_names = ("D119-8k", "D119-32k", "D119-64k", "D119-long", "D119-192k")
+    d119_cases = []
+    for j, (name, (p, g, tok_s, ttft)) in enumerate(zip(scan_names, scan)):
+        shape = dict(prompt_tokens=p, gen_tokens=g, warm_steps=0, sized=True,
+                     history=tuple((a, b) for a, b, _, _ in scan[:j]),
+                     note=f"request {j + 1} of the context scan on a fresh server"
+                          + (" (the pool exists only after 64 steps)" if j == 0 else
+                             "; the kept set is restored 4 steps after each prefill"))
+        src = SRC_FT + " results/D119/ctx_scan.json"
+        d119_cases.append(Case(name, DSV, EPYC, d119, "decode_tok_s", tok_s, src, 0.15, **shape))
+        d119_cases.append(Case(name + "-ttft", DSV, EPYC, d119, "ttft_s", ttft, src, 0.20, **shape))
     return [
         Case("D030-zero-copy", DSV, EPYC, d030, "decode_tok_s", 4.10, SRC_FT + " results/D030/sweep.json",
              0.15, "fit", note="experts zero-copy over PCIe, no CPU tier, no cache"),
@@ -97,14 +118,7 @@ def all_cases() -> list[Case]:
              streams=2, sized=True),
         Case("D141-4streams", DSV, EPYC, default, "decode_tok_s", 26.6, SRC_FT + " README", 0.15,
              streams=4, sized=True),
-        Case("D119-8k", DSV, EPYC, default, "decode_tok_s", 16.38, SRC_FT + " results/D119/", 0.15,
-             prompt_tokens=8192, warm_steps=0, sized=True,
-             note="first request of the sweep: cold scores, cache refilled 4 steps after prefill "
-                  "(README: still re-warming after a short answer); 256 generated tokens assumed"),
-        Case("D119-long", DSV, EPYC, default, "decode_tok_s", 20.91, SRC_FT + " results/D119/", 0.15,
-             prompt_tokens=131072, sized=True,
-             note="a long-prompt row (published long rows 20.5-20.91); warm scores from earlier "
-                  "requests; 131,072-token prompt and 256 generated tokens assumed"),
+        *d119_cases,
         Case("prefill-baseline-1k", DSV, EPYC, baseline, "prefill_tok_s", 95.0,
              SRC_FT + " README (1,024-token chunks, experts streamed over PCIe per chunk)", 0.20,
              prompt_tokens=8192, gen_tokens=1, sized=True,

@@ -42,6 +42,8 @@ class DecodeRun:
         self.bytes_by_tier = {"vram": 0.0, "zero_copy": 0.0, "cpu": 0.0, "copy": 0.0, "nvme": 0.0,
                               "fills": 0.0}
         self.landing = np.zeros((self.L, model.n_experts), dtype=bool)  # fills still in flight
+        self.copies = plan.expert_cache.copies
+        self._pending: list[dict] = []  # async copies waiting for the next replan
 
     # ---- step ---------------------------------------------------------------------------------
     def start(self, n_steps: int, done) -> None:
@@ -211,14 +213,26 @@ class DecodeRun:
         m = self.m
         over = m.c.step_overhead_ms * 1e-3
         changes = self.cache.end_step()
+        if self.cache.replanned and self._pending:  # last replan's side-stream copies go live
+            self._go_live()
         ins = [(c[0], c[1]) for c in changes if c[1] >= 0]
+        mode = "sync" if self.cache.stream_ordered else self.copies
         if ins and m.shares_host:  # the host device loads its copies between steps, untimed
             self.bytes_by_tier["fills"] += len(ins) * self.eb
-        elif ins:  # fills stream in on the copy engine beside the next steps; usable when landed
+        elif ins:
             rows, cols = np.array(ins).T
-            self.landing[rows, cols] = True
-            self.bytes_by_tier["fills"] += len(ins) * self.eb
-            m.dma(len(ins) * self.eb, lambda: self._landed(rows, cols))
+            nbytes = len(ins) * self.eb
+            self.bytes_by_tier["fills"] += nbytes
+            if mode == "sync":  # on the compute stream: the next step's kernels wait for the copy
+                m.gpu.acquire(lambda: m.dma(nbytes, m.gpu.release))
+            elif mode == "async":  # a side stream; live from the next replan
+                self.landing[rows, cols] = True
+                entry = {"rows": rows, "cols": cols, "done": False}
+                self._pending.append(entry)
+                m.dma(nbytes, lambda: self._async_landed(entry))
+            else:  # the copy engine beside the next steps; usable once landed
+                self.landing[rows, cols] = True
+                m.dma(nbytes, lambda: self._landed(rows, cols))
         self.context += self.committed
         self.step_idx += 1
         if over:
@@ -226,6 +240,24 @@ class DecodeRun:
             m.sim.after(over, self._record)
         else:
             self._record()
+
+    def _go_live(self) -> None:
+        """Point the last replan's newcomers at their slots; the compute stream waits for any copy
+        still in flight (main.wait_event)."""
+        for e in self._pending:
+            e["live"] = True
+            if e["done"]:
+                self._landed(e["rows"], e["cols"])
+            else:
+                self.m.gpu.acquire(lambda e=e: self.m.gpu.release() if e["done"] else e.update(hold=True))
+        self._pending = []
+
+    def _async_landed(self, e) -> None:
+        e["done"] = True
+        if e.get("live"):
+            self._landed(e["rows"], e["cols"])
+        if e.pop("hold", False):
+            self.m.gpu.release()
 
     def _landed(self, rows, cols) -> None:
         self.landing[rows, cols] = False

@@ -47,6 +47,8 @@ class ExpertCacheBase:
         self.res = np.zeros((n_layers, n_experts), dtype=bool)
         self._changes: list[Change] = []
         self.step = 0
+        self.stream_ordered = False  # the last end_step's copies run on the compute stream
+        self.replanned = False  # the last end_step was a replan (async copies go live)
 
     def contains(self, layer: int, expert: int) -> bool:
         """True when (layer, expert) is resident in VRAM."""
@@ -84,16 +86,25 @@ class NoCache(ExpertCacheBase):
 
 
 class DecayedCountCache(ExpertCacheBase):
-    """Count routes, decay scores each step; fill free slots with the hottest; every `swap_every`
-    steps swap up to `swap_max` coldest residents for hotter non-residents (dsv41-flash-offload)."""
+    """Count routes, decay scores each step; every `swap_every` steps swap up to `swap_max` coldest
+    residents for hotter non-residents (dsv41-flash-offload's VRAM mirror cache).
+
+    fill="every-step": free slots take the hottest experts at the end of every step.
+    fill="at-replan": the engine's own schedule (ct/ct_vllm.py `ec_step`): the slot pool exists
+    only after `warmup_steps` steps; admissions, fills of free slots included, happen only at
+    replans and at most `swap_max` each; after a release the kept residents come back at once,
+    `rewarm_steps` decode steps later, in one copy on the compute stream (`stream_ordered`)."""
 
     def __init__(self, slots, n_layers, n_experts, decay=0.95, swap_every=16, swap_max=48,
-                 rewarm_steps=4):
+                 rewarm_steps=4, fill="every-step", warmup_steps=0):
         super().__init__(slots, n_layers, n_experts)
         self.decay, self.swap_every, self.swap_max = decay, swap_every, swap_max
         self.rewarm_steps = rewarm_steps
         self.score = np.zeros((n_layers, n_experts))
         self.hold = 0  # steps left before free slots may be refilled (after a release)
+        self.fill, self.warmup_steps = fill, warmup_steps
+        self.pool = fill == "every-step" or warmup_steps == 0  # the VRAM slot pool is allocated
+        self.kept: np.ndarray | None = None  # residents at the last release (at-replan)
 
     def observe(self, layer, experts):
         np.add.at(self.score[layer], np.asarray(experts, dtype=np.int64), 1.0)
@@ -111,6 +122,21 @@ class DecayedCountCache(ExpertCacheBase):
             self.res[layer, e] = True
             self._changes.append((layer, e, -1))
 
+    def _move(self, cold: int, hot: int) -> None:
+        """Evict flat index `cold` (-1: a free slot) and admit flat index `hot`."""
+        lh, eh = divmod(int(hot), self.n_experts)
+        self.res[lh, eh] = True
+        if cold < 0:
+            self._changes.append((lh, eh, -1))
+            return
+        lc, ec = divmod(int(cold), self.n_experts)
+        self.res[lc, ec] = False
+        if lc == lh:
+            self._changes.append((lh, eh, ec))
+        else:
+            self._changes.append((lc, -1, ec))
+            self._changes.append((lh, eh, -1))
+
     def _swap(self) -> None:
         n_res = int(self.res.sum())
         m = min(self.swap_max, n_res, self.res.size - n_res)
@@ -126,17 +152,58 @@ class DecayedCountCache(ExpertCacheBase):
         for c, h in zip(cold, hot):
             if flat[h] <= flat[c]:
                 break
-            lc, ec = divmod(int(c), self.n_experts)
-            lh, eh = divmod(int(h), self.n_experts)
-            self.res[lc, ec], self.res[lh, eh] = False, True
-            if lc == lh:
-                self._changes.append((lh, eh, ec))
+            self._move(int(c), int(h))
+
+    def _replan(self) -> None:
+        """The engine's replan: admit the hottest non-residents of the top-`slots` set, at most
+        `swap_max`, into free slots first, then over colder residents outside that set."""
+        flat = self.score.ravel()
+        n = min(self.slots, flat.size)
+        top = np.argpartition(-flat, n - 1)[:n]
+        want = top[flat[top] > 0]
+        resmask = self.res.ravel()
+        adm = want[~resmask[want]]
+        adm = adm[np.argsort(-flat[adm], kind="stable")][: self.swap_max]
+        if adm.size == 0:
+            return
+        inwant = np.zeros(flat.size, dtype=bool)
+        inwant[want] = True
+        victims = np.flatnonzero(resmask & ~inwant)
+        victims = list(victims[np.argsort(flat[victims], kind="stable")])
+        free = self.slots - int(resmask.sum())
+        for h in adm:
+            if free > 0:
+                free -= 1
+                self._move(-1, int(h))
+            elif victims and flat[h] > flat[victims[0]]:
+                self._move(int(victims.pop(0)), int(h))
             else:
-                self._changes.append((lc, -1, ec))
-                self._changes.append((lh, eh, -1))
+                break
+
+    def _end_step_at_replan(self) -> None:
+        s = self.step + 1  # the engine counts the step first, then plans
+        if self.kept is not None:  # released: the kept set returns at once after the calm steps
+            self.hold -= 1
+            if self.hold <= 0:
+                self.pool = True
+                for idx in self.kept[: self.slots]:
+                    self._move(-1, int(idx))
+                self.kept = None
+                self.stream_ordered = True
+            return
+        if not self.pool:
+            if s < self.warmup_steps:
+                return
+            self.pool = True
+        if s % self.swap_every == 0:
+            self._replan()
+            self.replanned = True
 
     def end_step(self):
-        if self.hold > 0:
+        self.stream_ordered = self.replanned = False
+        if self.fill == "at-replan":
+            self._end_step_at_replan()
+        elif self.hold > 0:
             self.hold -= 1
         else:
             self._fill_free()
@@ -146,6 +213,15 @@ class DecayedCountCache(ExpertCacheBase):
         return super().end_step()
 
     def release(self):
+        if self.fill == "at-replan":
+            if not self.pool:  # no pool (yet, or still released): nothing to hand back
+                if self.kept is not None:
+                    self.hold = self.rewarm_steps  # a prefill step resets the calm count
+                return
+            flat = self.score.ravel()
+            res_idx = np.flatnonzero(self.res.ravel())
+            self.kept = res_idx[np.argsort(-flat[res_idx], kind="stable")]
+            self.pool = False
         super().release()
         self.hold = self.rewarm_steps
 
@@ -251,7 +327,7 @@ def make_cache(cfg, n_layers: int, n_experts: int, seed: int = 0, hot=None) -> E
         return NoCache(n_layers, n_experts)
     if cfg.policy == "decayed-count":
         return DecayedCountCache(cfg.slots, n_layers, n_experts, cfg.decay, cfg.swap_every,
-                                 cfg.swap_max, cfg.rewarm_steps)
+                                 cfg.swap_max, cfg.rewarm_steps, cfg.fill, cfg.warmup_steps)
     if cfg.policy == "lru":
         return LRUCache(cfg.slots, n_layers, n_experts, cfg.rewarm_steps)
     if cfg.policy == "static":

@@ -59,10 +59,11 @@ def resolve_routing(routing, model, k: int, seed: int) -> Routing:
 
 def simulate(model, hw, plan, prompt_tokens: int = 0, gen_tokens: int = 256, streams: int | None = None,
              seed: int = 0, routing=None, warm_steps: int = 300, constants: Constants | None = None,
-             trace: bool = False) -> SimResult:
+             trace: bool = False, history: tuple = ()) -> SimResult:
     """Simulate one request per stream: prefill `prompt_tokens`, decode `gen_tokens` per stream.
     `warm_steps` decode steps of routing warm the cache scores first (a server that has been
-    serving); 0 = a cold start (first request)."""
+    serving); 0 = a cold start (first request). `history`: (prompt_tokens, gen_tokens) requests
+    the same server served before this one, in order (cache state carries over; not timed)."""
     streams = int(streams or plan.streams)
     consts = constants or Constants.from_hw(hw)
     k = plan.experts_per_token or model.top_k
@@ -82,27 +83,11 @@ def simulate(model, hw, plan, prompt_tokens: int = 0, gen_tokens: int = 256, str
                     page.observe(i, r[i][~cache.res[i, r[i]]])
             cache.end_step()
             page is not None and page.end_step()
-    verify = mtp_tokens(plan.mtp.tokens_per_step, plan.mtp.acceptance) if plan.mtp.enabled else 1
+    serve = lambda p, g: _serve(model, hw, plan, consts, rt, cache, page, rng, p, g, streams, trace)
+    for p_tok, g_tok in history:
+        serve(int(p_tok), int(g_tok))
+    sim, m, dec, state = serve(prompt_tokens, gen_tokens)
     committed = plan.mtp.tokens_per_step if plan.mtp.enabled else 1.0
-
-    sim = Sim(trace=trace)
-    m = Machine(sim, model, hw, plan, consts)
-    pre = PrefillRun(m, model, plan, prompt_tokens, streams)
-    n_steps = max(1, int(np.ceil(gen_tokens / committed)))
-    rt.new_context(rng)  # this request's prompt (or, without one, a new conversation)
-    dec = DecodeRun(m, model, plan, rt, cache, page, rng, streams * verify, committed, prompt_tokens, streams)
-    state = {}
-
-    def after_prefill():
-        state["t_prefill"] = sim.now
-        if prompt_tokens and plan.expert_cache.release_during_prefill:
-            cache.release()
-        dec.start(n_steps, lambda: state.setdefault("t_end", sim.now))
-
-    if prompt_tokens and plan.expert_cache.release_during_prefill:
-        cache.release()
-    pre.start(after_prefill)
-    sim.run()
 
     t_pre = state["t_prefill"]
     steps = np.asarray(dec.step_s)
@@ -124,3 +109,28 @@ def simulate(model, hw, plan, prompt_tokens: int = 0, gen_tokens: int = 256, str
         bottleneck_by_metric={"decode_tok_s": bottleneck, "ttft_s": pre_bn if prompt_tokens else bottleneck,
                               "decode_critical_s": crit},
         bytes_by_tier=dec.bytes_by_tier, steps=len(steps), reads=dec.reads, events=sim.events)
+
+
+def _serve(model, hw, plan, consts, rt, cache, page, rng, prompt_tokens, gen_tokens, streams, trace):
+    """One request on a fresh clock: prefill, then decode; the cache and routing carry state."""
+    verify = mtp_tokens(plan.mtp.tokens_per_step, plan.mtp.acceptance) if plan.mtp.enabled else 1
+    committed = plan.mtp.tokens_per_step if plan.mtp.enabled else 1.0
+    sim = Sim(trace=trace)
+    m = Machine(sim, model, hw, plan, consts)
+    pre = PrefillRun(m, model, plan, prompt_tokens, streams)
+    n_steps = max(1, int(np.ceil(gen_tokens / committed)))
+    rt.new_context(rng)  # this request's prompt (or, without one, a new conversation)
+    dec = DecodeRun(m, model, plan, rt, cache, page, rng, streams * verify, committed, prompt_tokens, streams)
+    state = {}
+
+    def after_prefill():
+        state["t_prefill"] = sim.now
+        if prompt_tokens and plan.expert_cache.release_during_prefill:
+            cache.release()
+        dec.start(n_steps, lambda: state.setdefault("t_end", sim.now))
+
+    if prompt_tokens and plan.expert_cache.release_during_prefill:
+        cache.release()
+    pre.start(after_prefill)
+    sim.run()
+    return sim, m, dec, state

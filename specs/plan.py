@@ -45,10 +45,19 @@ class ExpertCache(_Strict):
     slots: int = Field(default=0, ge=0)
     policy: Literal["none", "decayed-count", "lru", "static"] = "none"
     decay: float = Field(default=0.95, gt=0, le=1)  # per-step score decay (decayed-count)
-    swap_every: int = Field(default=16, ge=1)  # steps between swaps (decayed-count)
-    swap_max: int = Field(default=48, ge=0)  # most experts swapped per swap
+    swap_every: int = Field(default=16, ge=1)  # steps between swaps / replans (decayed-count)
+    swap_max: int = Field(default=48, ge=0)  # most experts admitted per swap / replan
     rewarm_steps: int = Field(default=4, ge=0)  # decode steps after a prefill before the refill
     release_during_prefill: bool = True
+    # decayed-count: "every-step" fills free slots at every step end; "at-replan" is
+    # dsv41-flash-offload's schedule: admissions (fills too) only at replans, the kept set
+    # restored at once after a release (ct/ct_vllm.py ec_step / ec_rewarm)
+    fill: Literal["every-step", "at-replan"] = "every-step"
+    warmup_steps: int = Field(default=0, ge=0)  # steps after start before the slot pool exists
+    # Where admitted experts are copied: "background" on the copy engine, live once landed;
+    # "sync" on the compute stream (decode waits; DSV41_EC_ASYNC=0); "async" on a side stream,
+    # live from the next replan (DSV41_EC_ASYNC=1)
+    copies: Literal["background", "sync", "async"] = "background"
 
 
 class MissPolicy(_Strict):
@@ -122,8 +131,13 @@ def plan_template(engine: str) -> Plan:
                     gpu_workspace_bytes=2**30)  # compute buffers at -ub 512 (assumed)
     if engine == "tiered-cache":
         # dsv41-flash-offload ("FreeToken"): pinned RAM home, VRAM mirror cache, CPU/PCIe auction.
+        # Cache schedule from its ct/ct_vllm.py and docker/entrypoint.sh defaults: a replan every
+        # 16 steps admits at most 48, scores decay 0.9 per replan, the pool exists after 64 steps,
+        # copies on a side stream (DSV41_EC_ASYNC=1), released for prefill, rewarmed after 4 steps.
         return Plan(engine="tiered-cache",
-                    expert_cache=ExpertCache(policy="decayed-count", swap_every=16, swap_max=48),
+                    expert_cache=ExpertCache(policy="decayed-count", swap_every=16, swap_max=48,
+                                             decay=0.9 ** (1 / 16), fill="at-replan",
+                                             warmup_steps=64, copies="async"),
                     miss_policy=MissPolicy(kind="auction"),
                     prefill=Prefill(strategy="stream-all", chunk_tokens=16384, ubatch_tokens=16384),
                     kv=KVCache(context=262144, dtype="fp8"),

@@ -133,3 +133,65 @@ def test_prefill_helpers():
     assert mtp_tokens(1.0, 0.0) == 1
     assert abs(expected_touched(1, 384, 6) - 6) < 1e-9
     assert expected_touched(1024, 384, 6) > 383
+
+
+def _engine_cache(**upd):
+    """dsv41-flash-offload's schedule (ct/ct_vllm.py ec_step) on 1 layer x 64 experts."""
+    cfg = dict(slots=10, policy="decayed-count", swap_every=4, swap_max=3, fill="at-replan", warmup_steps=8)
+    return make_cache(ExpertCache(**{**cfg, **upd}), 1, 64)
+
+
+def test_at_replan_no_pool_before_warmup_steps():
+    """The slot pool exists only from step `warmup_steps` (EC_WARMUP 64 in the engine): nothing is
+    resident before it, however hot the routing."""
+    cache = _engine_cache()
+    for step in range(1, 8):
+        cache.observe(0, np.arange(6))
+        cache.end_step()
+        assert cache.n_resident == 0, step
+    cache.observe(0, np.arange(6))
+    cache.end_step()  # step 8: pool allocated, 8 % 4 == 0 -> first replan
+    assert cache.n_resident == 3
+
+
+def test_at_replan_admits_at_most_swap_max_per_replan_fills_included():
+    """Free slots fill only at replans (every swap_every steps) and at most swap_max at a time:
+    10 slots need 4 replans; each admission names its expert, hottest first."""
+    cache = _engine_cache(warmup_steps=0)
+    counts = []
+    for step in range(1, 17):
+        cache.observe(0, np.arange(12))
+        changes = cache.end_step()
+        assert (changes != []) == (step % 4 == 0)
+        assert len(changes) <= 3
+        counts.append(cache.n_resident)
+    assert counts[3::4] == [3, 6, 9, 10]
+
+
+def test_at_replan_release_then_kept_set_restored_at_once():
+    """release() hands the pool back and keeps the residents; `rewarm_steps` decode steps later all
+    of them return in one step, flagged as copies on the compute stream (ec_rewarm)."""
+    cache = _engine_cache(warmup_steps=0, rewarm_steps=4)
+    for _ in range(16):
+        cache.observe(0, np.arange(10))
+        cache.end_step()
+    kept = cache.resident(0)
+    cache.release()
+    assert cache.n_resident == 0
+    for _ in range(3):
+        cache.observe(0, np.arange(20, 30))
+        assert cache.end_step() == [] and not cache.stream_ordered
+    cache.observe(0, np.arange(20, 30))
+    changes = cache.end_step()
+    assert len(changes) == 10 and cache.stream_ordered
+    assert (cache.resident(0) == kept).all()
+
+
+def test_at_replan_release_before_the_pool_exists_is_a_no_op():
+    """A prefill before the pool is allocated releases nothing (ec_release returns early)."""
+    cache = _engine_cache(warmup_steps=8)
+    cache.release()
+    for _ in range(8):
+        cache.observe(0, np.arange(6))
+        cache.end_step()
+    assert cache.n_resident == 3

@@ -1,6 +1,8 @@
 """Prefill strategies (exact byte accounting) and every engine template on every profile."""
 import math
 
+import numpy as np
+
 import pytest
 
 from simulator.run import simulate
@@ -131,3 +133,61 @@ def test_stream_all_without_a_device_prefills_on_the_cores():
     r2 = simulate(model, hw, cpu, prompt_tokens=256, gen_tokens=1, warm_steps=0)
     assert r1.ttft_s == pytest.approx(r2.ttft_s, rel=1e-9)
     assert screen(model, hw, stream, prompt_tokens=256).ttft_s == pytest.approx(r1.ttft_s, rel=0.05)
+
+
+def _copies_run(copies: str):
+    """tiny model, CPU misses, 8-slot cache replanning every 2 steps; step i routes experts 2i and
+    2i+1 in every layer, so admitted experts are never routed again (no hits in any mode)."""
+    model = tiny_model()
+    plan = tiered(slots=8, kind="cpu")
+    plan = plan.model_copy(update={"expert_cache": plan.expert_cache.model_copy(update=dict(
+        swap_every=2, swap_max=8, fill="at-replan", copies=copies))})
+    routes = [np.full((model.n_moe_layers, 2), [2 * i, 2 * i + 1]) for i in range(8)]
+    r = simulate(model, machine(), plan, gen_tokens=8, warm_steps=0, routing=routes)
+    return model, r
+
+
+def test_sync_copies_stall_decode_by_the_copy_time():
+    """Copies on the compute stream (DSV41_EC_ASYNC=0): the next step waits for them, so decode
+    takes longer than with background copies by exactly their bytes / H2D rate (no hits in either).
+    Replans at steps 2, 4, 6, 8 admit 8 experts each; the fourth's copies follow the last step."""
+    model, sync = _copies_run("sync")
+    _, bg = _copies_run("background")
+    assert sync.cache_hit_rate == bg.cache_hit_rate == 0.0
+    fills = sync.bytes_by_tier["fills"]
+    assert fills == bg.bytes_by_tier["fills"] > 0
+    stall = fills * 3 / 4 / (machine().pcie.h2d_gbs * 1e9)
+    t_sync, t_bg = 8 / sync.decode_tok_s, 8 / bg.decode_tok_s
+    assert t_sync - t_bg == pytest.approx(stall, rel=1e-6)
+
+
+def test_async_copies_go_live_at_the_next_replan():
+    """Side-stream copies (DSV41_EC_ASYNC=1) are used only from the next replan: routing experts
+    0 and 1 every step with a replan every 4 steps, the admissions of step 4 serve from step 9, so
+    12 steps hit 4/12 of reads; background copies serve as soon as they land (sooner)."""
+    model = tiny_model()
+
+    def run(copies):
+        plan = tiered(slots=8, kind="cpu")
+        plan = plan.model_copy(update={"expert_cache": plan.expert_cache.model_copy(update=dict(
+            swap_every=4, swap_max=8, fill="at-replan", copies=copies))})
+        routes = [np.tile([0, 1], (model.n_moe_layers, 1))] * 12
+        return simulate(model, machine(), plan, gen_tokens=12, warm_steps=0, routing=routes)
+
+    assert run("async").cache_hit_rate == pytest.approx(4 / 12)
+    assert run("background").cache_hit_rate > 4 / 12
+
+
+def test_history_carries_the_cache_between_requests():
+    """`history` runs earlier requests on the same server: with the engine's schedule (pool after
+    8 steps, 4 admissions per 4-step replan) a first request of 8 steps never hits; after one of 40
+    steps the kept set is back 4 steps after the prefill."""
+    model = tiny_model()
+    plan = tiered(slots=8, kind="cpu")
+    plan = plan.model_copy(update={"expert_cache": plan.expert_cache.model_copy(update=dict(
+        fill="at-replan", warmup_steps=8, copies="sync"))})
+    first = simulate(model, machine(), plan, prompt_tokens=32, gen_tokens=8, warm_steps=0, routing="fitted")
+    later = simulate(model, machine(), plan, prompt_tokens=32, gen_tokens=8, warm_steps=0, routing="fitted",
+                     history=[(32, 40)])
+    assert first.cache_hit_rate == 0.0
+    assert later.cache_hit_rate > 0.2
