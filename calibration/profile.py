@@ -40,7 +40,7 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
     notes: list[str] = []
 
     if r.mem:
-        t, read = r.mem.peak("read")
+        t, read = r.mem.figure("read")
         channels, mts = int(mem["channels"]), float(mem["mts"]["value"])
         peak = channels * mts * 8 / 1000.0
         ratio = read / peak
@@ -137,10 +137,10 @@ def store_rows(r: Results) -> list[dict]:
         rows.append(store.make_row(f"calibrate:{case}", metric, float(value), mode=s.label, **extra))
 
     if r.mem:
-        for k, per in r.mem.best.items():
+        for k, per in r.mem.low.items():
             for t, v in per.items():
                 add(f"mem_{k}", "gbs", v, threads=t, size_bytes=r.mem.array_bytes, median=r.mem.median[k][t],
-                    method=r.mem.method(k, t))
+                    best=r.mem.best[k][t], method=r.mem.method(k, t))
         _noise(add, "mem", r.mem.noise)
     kv = kernel_version() if r.kernels and "toy-f32" not in r.kernels else "toy"
     for fmt, f in r.kernels.items():

@@ -79,6 +79,14 @@ class Noise:
     used_all: bool = False  # too few clean windows within the budget: the least disturbed were used
     fallback_others: float = 0.0  # then: the outside share of the most disturbed window taken
 
+    def merged(self, other: "Noise") -> "Noise":
+        """The noise of two sampling passes together."""
+        w = self.windows + other.windows
+        return Noise(windows=w, clean=self.clean + other.clean,
+                     others=(self.others * self.windows + other.others * other.windows) / max(1, w),
+                     used_all=self.used_all or other.used_all,
+                     fallback_others=max(self.fallback_others, other.fallback_others))
+
     def describe(self) -> str:
         s = f"{self.clean}/{self.windows} windows free of outside load (mean outside CPU {100 * self.others:.0f}%)"
         if self.used_all:
@@ -144,3 +152,25 @@ def sample_clean(unit: Callable[[int], list[tuple[object, float]]], want: int, b
                 break
         return least, noise
     return clean, noise
+
+
+class Passes:
+    """One benchmark's samples gathered in several passes spread over a run, merged by key.
+
+    On this VM the speed two vCPUs get changes for tens of seconds at a time
+    (`benchmarks/bench_drift.py`); a benchmark sampled at the start and again at the end of a
+    calibration run sees more of the machine's states than one sampled in a single burst."""
+
+    def __init__(self, unit: Callable[[int], list[tuple[object, float]]], keys: int = 1):
+        self.unit, self.keys = unit, keys
+        self.times: dict[object, list[float]] = {}
+        self.noise = Noise()
+        self.repeats = 0
+
+    def sample(self, want: int, budget_s: float, tick: Tick = None) -> None:
+        """`want` clean samples per key (within `budget_s`), added to those of earlier passes."""
+        got, noise = sample_clean(self.unit, want, budget_s, tick=tick, keys=self.keys)
+        for k, v in got.items():
+            self.times.setdefault(k, []).extend(v)
+        self.noise = self.noise.merged(noise) if self.noise.windows else noise
+        self.repeats += want

@@ -18,9 +18,9 @@ def test_memory_structure():
     for k in m.best:
         assert set(m.best[k]) == {1, 2}
         for t in (1, 2):
-            assert m.best[k][t] > 0 and m.best[k][t] >= m.median[k][t] > 0
-    t, v = m.peak("read")
-    assert v == max(m.best["read"].values()) and t in (1, 2)
+            assert m.best[k][t] >= m.median[k][t] >= m.low[k][t] > 0
+    t, v = m.figure("read")
+    assert v == max(m.low["read"].values()) and t in (1, 2)
     assert "1 thread" in m.method("read", 1)
 
 

@@ -135,7 +135,8 @@ def test_measured_read_above_base_peak_raises_mts():
     data["memory"]["mts"] = {"value": 100, "source": "datasheet", "ref": "x"}
     tiny_base = HardwareSpec.model_validate(data)
     r = cal.Results(settings=TINY)
-    r.mem = MemBandwidth(array_bytes=1 << 20, repeats=1, best={"read": {1: 8.0}}, median={"read": {1: 7.0}})
+    r.mem = MemBandwidth(array_bytes=1 << 20, repeats=1, low={"read": {1: 8.0}}, best={"read": {1: 9.0}},
+                         median={"read": {1: 8.5}})
     hw = cal.build_profile(r, tiny_base)
     assert hw.memory.efficiency == 1.0 and hw.memory.mts.source == "derived"
     assert hw.memory.usable_gbs == pytest.approx(8.0)
