@@ -43,7 +43,7 @@ from . import store
 from .bench_device import DenseResult, H2DResult, HitResult, bench_dense, bench_h2d, bench_hit, torch_device
 from .bench_disk import DiskResult, bench_disk
 from .bench_handover import HandoverResult, bench_handover
-from .bench_kernel import (KernelBench, KernelFit, LayerLoop, LayerLoopBench, PrefillResult, bench_expert_kernel,
+from .bench_kernel import (KernelBench, KernelFit, LayerLoop, LayerLoopBench, PrefillResult,
                            bench_prefill, executor_expert_job, executor_kernel_available, executor_prefill_job,
                            kernel_version, toy_expert_job)
 from .bench_memory import MemBandwidth, MemoryBench, default_thread_counts
@@ -227,13 +227,15 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
         membench.sample(first, mem_budget * first / s.mem_repeats, tick=tick)
         r.wall_s["memory"] = time.perf_counter() - t0
 
-        # the all-thread expert kernels and the layer loop are sampled in two passes, now and at the
-        # end of the run (`Passes`): the VM's speed changes for tens of seconds at a time
+        # the expert kernels and the layer loop are sampled in two passes, now and at the end of the
+        # run (`Passes`): the VM's speed changes for tens of seconds at a time
         kbenches: dict[str, KernelBench] = {}
         ticks: dict[str, Callable[[], None]] = {}
         budgets: dict[str, float] = {}
         loop = None
         k_first, l_first = (s.kernel_repeats + 1) // 2, (s.prefill_repeats + 1) // 2
+        n1 = max(3, s.kernel_repeats // 3)
+        n1_first = (n1 + 1) // 2
         prev = numba.get_num_threads()
         numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
         try:
@@ -249,12 +251,12 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                 numba.set_num_threads(1)
                 for i, fmt in enumerate(formats):
                     t0 = time.perf_counter()
-                    tick = pg.stage(f"CPU expert kernel {fmt}, 1 thread", max(3, s.kernel_repeats // 3))
+                    key = f"{fmt}@1t"
+                    ticks[key] = pg.stage(f"CPU expert kernel {fmt}, 1 thread", n1)
                     job, eb, label = _kernel_job(s, fmt, use_exec)
-                    r.kernels_1t[fmt] = bench_expert_kernel(job, s.kernel_ks, eb, max(3, s.kernel_repeats // 3),
-                                                            label=label, threads=1, tick=tick,
-                                                            budget_s=bud.take(f"kernel1t{i}", s.kernel_budget_s / 3))
-                    del job
+                    kb = kbenches[key] = KernelBench(job, s.kernel_ks, eb, label=label, threads=1)
+                    budgets[key] = bud.take(f"kernel1t{i}", s.kernel_budget_s / 3)
+                    kb.sample(n1_first, budgets[key] * n1_first / n1, ticks[key])
                     r.wall_s[f"kernel {fmt} 1 thread"] = time.perf_counter() - t0
                 numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
             if use_exec:
@@ -325,10 +327,17 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
         prev = numba.get_num_threads()
         numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
         try:
-            for fmt, kb in kbenches.items():
-                if s.kernel_repeats > k_first:
-                    kb.sample(s.kernel_repeats - k_first, budgets[fmt] * (1 - k_first / s.kernel_repeats), ticks[fmt])
-                r.kernels[fmt] = kb.result()
+            for key, kb in kbenches.items():
+                one = key.endswith("@1t")
+                n, first_n = (n1, n1_first) if one else (s.kernel_repeats, k_first)
+                numba.set_num_threads(1 if one else min(maxt, numba.config.NUMBA_NUM_THREADS))
+                if n > first_n:
+                    kb.sample(n - first_n, budgets[key] * (1 - first_n / n), ticks[key])
+                if one:
+                    r.kernels_1t[key[:-3]] = kb.result()
+                else:
+                    r.kernels[key] = kb.result()
+            numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
             if loop is not None:
                 if s.prefill_repeats > l_first:
                     loop.sample(s.prefill_repeats - l_first, budgets["layers"] * (1 - l_first / s.prefill_repeats),
