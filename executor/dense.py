@@ -9,7 +9,8 @@ import torch.nn.functional as Fn
 
 from . import dense_kernels as dk
 from . import kernels as kern
-from .gguf_model import GGUFModel
+from .gemm import deq_rows
+from .gguf_model import EXPERT_TYPES, GGUFModel
 
 
 def pick_device(want_gpu: bool = True) -> torch.device:
@@ -81,6 +82,10 @@ class Linear:
             ws = [torch.from_numpy(model.dense(n)).to(device=device, dtype=dtype) for n in names]
             self.w = ws[0] if len(ws) == 1 else torch.cat(ws)
         self.rows = sum(p[2] for p in self.parts) if self.parts else self.w.shape[0]
+        self._stack = None  # kernels._parts' weight arguments (absent parts padded), bytes: bound once
+        if self.parts and len(self.parts) <= 3:
+            ps = list(self.parts) + [(self.parts[0][0][:0], self.parts[0][1], 0, None)] * (3 - len(self.parts))
+            self._stack = (tuple(v for p in ps for v in p[:3]), sum(p[0].nbytes for p in self.parts))
 
     def nbytes(self) -> int:
         """Bytes read per token."""
@@ -90,8 +95,12 @@ class Linear:
         """CPU: x2 [T, cols] float32 -> [T, rows] float32 numpy (stacked parts in one kernel call)."""
         if self.w is not None:
             return Fn.linear(torch.from_numpy(x2), self.w).numpy()
-        if len(self.parts) <= 3:
-            return kern.linear_parts(self.parts, x2)
+        if self._stack is not None:  # kernels.linear_parts without its per-call argument building
+            x2 = np.ascontiguousarray(x2, dtype=np.float32)
+            out = np.empty((x2.shape[0], self.rows), np.float32)
+            args, nbytes = self._stack
+            (kern._parts_serial if nbytes * x2.shape[0] < kern._SERIAL_BYTES else kern._parts)(*args, x2, out)
+            return out
         return np.concatenate([kern.linear(flat, code, rows, x2) for flat, code, rows, _ in self.parts], axis=1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -133,6 +142,7 @@ class Dense:
         self.out = lin("output.weight" if model.has("output.weight") else "token_embd.weight")  # [V, H]
         self._rope = None
         self._out_norm_np = self.out_norm.numpy() if self.fast else None
+        self._embd = None  # (token_embd bytes [V, row bytes], type code) for embed_np, once
 
     def nbytes_per_token(self) -> int:
         """Bytes of dense weights read per decode step (all dense tensors plus one embedding row)."""
@@ -145,6 +155,26 @@ class Dense:
         S, n = ids.shape
         rows = self.m.rows("token_embd.weight", ids.reshape(-1))
         return torch.from_numpy(rows).to(device=self.device, dtype=self.dtype).reshape(S, n, -1)
+
+    def embed_np(self, ids: np.ndarray) -> np.ndarray:
+        """embed() for the CPU path: token ids [S, n] -> f32 numpy [S * n, H]."""
+        if self._embd is None:
+            t = self.m.tensors["token_embd.weight"]
+            code = EXPERT_TYPES.get(t.tensor_type)
+            self._embd = (np.asarray(t.data).view(np.uint8).reshape(int(t.shape[1]), -1), code) if code else ()
+        if not self._embd:  # a type the numba dequantiser does not read
+            return self.m.rows("token_embd.weight", ids.reshape(-1)).astype(np.float32, copy=False)
+        tab, code = self._embd
+        out = np.empty((ids.size, self.c.hidden), np.float32)
+        deq_rows(code, tab[ids.reshape(-1)], out)  # the rows GGUFModel.rows reads, without its per-call lookups
+        return out
+
+    def head_np(self, x: np.ndarray) -> np.ndarray:
+        """head() for the CPU path: last hidden states x [S, H] f32 numpy -> logits [S, V] f32 numpy."""
+        xs = np.ascontiguousarray(x)
+        h = np.empty_like(xs)
+        dk.rms_rows(xs, self._out_norm_np, self.c.eps, h)
+        return self.out.np(h)
 
     def _rope_np(self, need: int, ctx: int) -> tuple[np.ndarray, np.ndarray]:
         """numpy views of the rotary cos / sin table covering `need` positions (at least ctx)."""

@@ -20,6 +20,7 @@ from specs.errors import SpecError
 from specs.plan import Plan
 
 from . import kernels as K
+from .cpu_step import CpuStep, fits
 from .dense import Dense, KVCache, pick_device
 from .engram import Engram
 from .experts import Experts
@@ -70,9 +71,18 @@ class Runner:
         self.engram = Engram(ep, c.hidden) if plan.placement.engram != "none" and ep.exists() else None
         self.trace: list[dict] = []
         self.hist: list[list[int]] = [[] for _ in range(plan.streams)]
+        self.cpu = CpuStep(self) if fits(self) else None  # the dense path in numpy on the CPU
+
+    def _run(self, ids: np.ndarray, phase: str, step: int) -> np.ndarray | torch.Tensor:
+        """step() -> logits [S, V], f32 numpy on the CPU dense path (no torch glue), else a tensor."""
+        if self.cpu is not None:
+            return self.cpu.step(ids, phase, step)
+        return self.step(ids, phase, step)
 
     def step(self, ids: np.ndarray, phase: str, step: int) -> torch.Tensor:
         """Run new tokens ids [S, n] through the model -> logits [S, V] at each stream's last token."""
+        if self.cpu is not None:
+            return torch.from_numpy(self.cpu.step(ids, phase, step))
         S, n = ids.shape
         for s in range(S):
             self.hist[s].extend(int(t) for t in ids[s])
@@ -125,25 +135,35 @@ class Runner:
         if plan.expert_cache.release_during_prefill and self.experts.cache.slots:
             self.experts.release()
         t0 = time.perf_counter()
-        logits = self.step(prompts, "prefill", 0)
+        logits = self._run(prompts, "prefill", 0)
         self.experts.end_step()
-        tok = logits.argmax(-1).cpu().numpy()  # [S]
+        tok = _argmax(logits)  # [S]
         ttft = time.perf_counter() - t0
-        out, all_logits, itl = [tok], [logits.cpu().numpy()] if keep_logits else [], []
+        out, all_logits, itl = [tok], [_numpy(logits)] if keep_logits else [], []
         for g in range(1, gen_tokens):
             t = time.perf_counter()
-            logits = self.step(tok[:, None], "decode", g)
-            tok = logits.argmax(-1).cpu().numpy()
+            logits = self._run(tok[:, None], "decode", g)
+            tok = _argmax(logits)
             itl.append(time.perf_counter() - t)
             self.experts.end_step()
             out.append(tok)
             if keep_logits:
-                all_logits.append(logits.cpu().numpy())
+                all_logits.append(_numpy(logits))
             if progress:
                 print(f"\rdecode {g + 1}/{gen_tokens}", end="", file=sys.stderr, flush=True)
         if progress:
             print(file=sys.stderr)
         return np.stack(out, axis=1), dict(ttft_s=ttft, itl_s=itl), all_logits
+
+
+def _argmax(logits) -> np.ndarray:
+    """Greedy tokens [S] int64 of logits [S, V] (numpy, or a tensor on any device); first maximum on ties."""
+    return logits.argmax(-1) if isinstance(logits, np.ndarray) else logits.argmax(-1).cpu().numpy()
+
+
+def _numpy(logits) -> np.ndarray:
+    """Logits as a numpy array on the host."""
+    return logits if isinstance(logits, np.ndarray) else logits.cpu().numpy()
 
 
 def write_trace(trace: list[dict], path: str | Path) -> Path:

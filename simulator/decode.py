@@ -43,6 +43,8 @@ class DecodeRun:
                               "fills": 0.0}
         self.landing = np.zeros((self.L, model.n_experts), dtype=bool)  # fills still in flight
         self.copies = plan.expert_cache.copies
+        self._inflight: list[dict] = []  # background copies not landed: {mask [L, E], waiters}
+        self.gate = None
         self._pending: list[dict] = []  # async copies waiting for the next replan
 
     # ---- step ---------------------------------------------------------------------------------
@@ -117,7 +119,13 @@ class DecodeRun:
         if i in self.static_gpu:
             hit = np.ones(ex.size, dtype=bool)
         else:
-            hit = self.cache.res[i, ex] & ~self.landing[i, ex]  # usable once its copy lands
+            hit = self.cache.res[i, ex]
+            if self.copies == "async":  # pointed at its slot only from the next replan
+                hit = hit & ~self.landing[i, ex]
+            elif self._inflight and self.landing[i, ex[hit]].any():
+                # a copy still in flight: the device's kernel waits on it (stream-ordered after the
+                # copy's event), so which experts hit does not depend on how fast anything runs
+                self.gate = [b for b in self._inflight if b["mask"][i, ex[hit]].any()]
         self.cache.observe(i, ex if self.ntok == 1 else picks.ravel())
         n_h = int(np.count_nonzero(hit))
         n_m = ex.size - n_h
@@ -144,33 +152,40 @@ class DecodeRun:
         self.last = "gpu"
         eb = self.eb
         self.bytes_by_tier["vram"] += n_h * eb
-        # GPU side: resident experts, then zero-copy or copied misses
         n_gpu_miss = n_m - k_cpu
-        hit_s = m.gpu_expert_s(n_h * eb)
-        if n_gpu_miss:
-            tier = "copy" if self.kind == "copy" else "zero_copy"
-            self.bytes_by_tier[tier] += n_gpu_miss * eb
-            if n_ssd_gpu:
-                self.bytes_by_tier["nvme"] += n_ssd_gpu * eb
-            if self.kind == "copy":
-                after = lambda: m.dma(n_gpu_miss * eb, lambda: m.gpu.submit(
-                    m.gpu_expert_s(n_gpu_miss * eb), lambda: self._join(layer, "pcie_h2d")))
+
+        # GPU side: resident experts, then zero-copy or copied misses (after any copy they wait on)
+        def gpu_side():
+            hit_s = m.gpu_expert_s(n_h * eb)
+            if n_gpu_miss:
+                tier = "copy" if self.kind == "copy" else "zero_copy"
+                self.bytes_by_tier[tier] += n_gpu_miss * eb
+                if n_ssd_gpu:
+                    self.bytes_by_tier["nvme"] += n_ssd_gpu * eb
+                if self.kind == "copy":
+                    after = lambda: m.dma(n_gpu_miss * eb, lambda: m.gpu.submit(
+                        m.gpu_expert_s(n_gpu_miss * eb), lambda: self._join(layer, "pcie_h2d")))
+                else:
+                    after = lambda: m.gpu.acquire(lambda: m.sim.after(hit_s, lambda: m.zero_copy(
+                        n_gpu_miss * eb, lambda: (m.gpu.release(), self._join(layer, "pcie_h2d")))))
+                if n_ssd_gpu:
+                    m.nvme_read(n_ssd_gpu * eb, after)
+                else:
+                    after()
+                if self.kind == "copy":
+                    m.gpu.submit(hit_s)
+            elif m.shares_host and n_h:  # the host device computes its residents beside the CPU job
+                extra = int(cnt[hit].sum()) - n_h if cnt is not None else 0
+                m.host_experts(n_h, lambda: self._join(layer, "gpu"), extra_pairs=extra)
+            elif m.has_gpu and not m.shares_host:
+                m.gpu.submit(hit_s, lambda: self._join(layer, "gpu"))
             else:
-                after = lambda: m.gpu.acquire(lambda: m.sim.after(hit_s, lambda: m.zero_copy(
-                    n_gpu_miss * eb, lambda: (m.gpu.release(), self._join(layer, "pcie_h2d")))))
-            if n_ssd_gpu:
-                m.nvme_read(n_ssd_gpu * eb, after)
-            else:
-                after()
-            if self.kind == "copy":
-                m.gpu.submit(hit_s)
-        elif m.shares_host and n_h:  # the host device computes its residents beside the CPU job
-            extra = int(cnt[hit].sum()) - n_h if cnt is not None else 0
-            m.host_experts(n_h, lambda: self._join(layer, "gpu"), extra_pairs=extra)
-        elif m.has_gpu and not m.shares_host:
-            m.gpu.submit(hit_s, lambda: self._join(layer, "gpu"))
+                self.pending -= 1
+        gate, self.gate = self.gate, None
+        if gate:
+            self._after_landing(gate, gpu_side)
         else:
-            self.pending -= 1
+            gpu_side()
         # CPU side
         if k_cpu:
             self.bytes_by_tier["cpu"] += k_cpu * eb
@@ -230,9 +245,12 @@ class DecodeRun:
                 entry = {"rows": rows, "cols": cols, "done": False}
                 self._pending.append(entry)
                 m.dma(nbytes, lambda: self._async_landed(entry))
-            else:  # the copy engine beside the next steps; usable once landed
+            else:  # the copy engine beside the next steps; a kernel routed to one waits for it
                 self.landing[rows, cols] = True
-                m.dma(nbytes, lambda: self._landed(rows, cols))
+                batch = {"mask": np.zeros_like(self.landing), "waiters": []}
+                batch["mask"][rows, cols] = True
+                self._inflight.append(batch)
+                m.dma(nbytes, lambda: self._batch_landed(batch, rows, cols))
         self.context += self.committed
         self.step_idx += 1
         if over:
@@ -258,6 +276,23 @@ class DecodeRun:
             self._landed(e["rows"], e["cols"])
         if e.pop("hold", False):
             self.m.gpu.release()
+
+    def _batch_landed(self, batch, rows, cols) -> None:
+        self._landed(rows, cols)
+        self._inflight.remove(batch)
+        for w in batch["waiters"]:
+            w()
+
+    def _after_landing(self, batches, fn) -> None:
+        """fn() once every copy batch in `batches` has landed."""
+        left = {"n": len(batches)}
+
+        def one():
+            left["n"] -= 1
+            if left["n"] == 0:
+                fn()
+        for b in batches:
+            b["waiters"].append(one)
 
     def _landed(self, rows, cols) -> None:
         self.landing[rows, cols] = False
