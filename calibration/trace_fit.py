@@ -45,6 +45,7 @@ class HostFit:
     prefill_gflops_per_core: float | None
     host_gemm_gflops: float | None
     n: dict = field(default_factory=dict)
+    device_layer_ms: float = 0.0  # further per-layer host time where the layer has device work
 
 
 def read_trace(path: str | Path) -> list[dict]:
@@ -164,8 +165,18 @@ def fit(traces: dict[str, list[dict]], model, dense_gbs: float, threads: int,
     def rest(r):  # a layer's time beyond its measured expert work
         return r["t_dense_ms"] + r["t_experts_ms"] - r["t_dev_ms"] - r.get("t_wait_ms", 0.0) \
             - (r["t_cpu_ms"] if _inline(r) else 0.0)
-    per_step = [v for recs in traces.values() for v, _ in _step_means(_decode1(recs), model, rest)]
+    # steps without device work pin the host's own per-layer rest; layers with device work cost more
+    # (the device tier's dispatch), fitted apart so that a plan without it is not charged for it
+    dev = lambda r: bool(r["hits"] or r.get("pcie"))  # noqa: E731
+    host_only = [[r for r in _decode1(recs)] for recs in traces.values()]
+    host_only = [recs for recs in host_only if recs and not any(dev(r) for r in recs)]
+    per_step = [v for recs in (host_only or [_decode1(r) for r in traces.values()])
+                for v, _ in _step_means(recs, model, rest)]
     f.layer_overhead_ms = max(0.0, statistics.median(per_step) - dense_ms)
+    dev_rest = [rest(r) for r in dec if dev(r)]
+    if host_only and dev_rest:
+        f.device_layer_ms = max(0.0, statistics.median(dev_rest) - dense_ms - f.layer_overhead_ms)
+        f.n["device_layers"] = len(dev_rest)
     pre = [r for recs in traces.values() for r in recs if r["phase"] == "prefill" and r["tokens"] >= 64]
     if pre:
         flops = sum(_pairs(r, r["cpu"]) * model.expert_flops for r in pre if r["cpu"])
@@ -202,6 +213,7 @@ def replay_error(recs: list[dict], f: HostFit, model, dense_gbs: float, ddr_gbs:
     for r in dec:
         fu = _further_ms(r, f, model, threads)
         pred += (f.layer_overhead_ms + (r["tokens"] - 1) * f.token_overhead_ms + dense_ms + fu[0]
+                 + (f.device_layer_ms if (r["hits"] or r.get("pcie")) else 0.0)
                  + _expert_part(r, f, ddr_gbs, model.expert_bytes, dev_eb, handover_ms, fu))
     meas = sum(r["t_dense_ms"] + r["t_experts_ms"] for r in dec)
     return pred / meas - 1
@@ -264,6 +276,7 @@ def fitted_profile(base, model, f: HostFit, sources: list[str], date: str):
     consts = dict(base.constants)
     consts.update(layer_overhead_ms=d(f.layer_overhead_ms, "per-layer rest of t_dense + t_experts, median step"),
                   token_overhead_ms=d(f.token_overhead_ms, "multi-token steps: per-layer rest per further token"),
+                  device_layer_ms=d(f.device_layer_ms, "layers with device work: their rest beyond the host's, median"),
                   cpu_job_ms=d(f.cpu_job_ms, "t_cpu = c_a + c_b n over inline CPU jobs"),
                   dev_bytes_per_param=Figure(DEVICE_BYTES_PER_PARAM, "derived", "executor device copies are f32"),
                   gemm_efficiency=Figure(1.0, "derived", "gpu.fp16_tflops is the measured host GEMM rate"))

@@ -182,10 +182,12 @@ class DecodeRun:
             else:
                 self.pending -= 1
         gate, self.gate = self.gate, None
+        dl = m.c.device_layer_ms * 1e-3 if (n_h or n_gpu_miss) else 0.0
+        go_gpu = (lambda: m.sim.after(dl, gpu_side)) if dl else gpu_side
         if gate:
-            self._after_landing(gate, gpu_side)
+            self._after_landing(gate, go_gpu)
         else:
-            gpu_side()
+            go_gpu()
         # CPU side
         if k_cpu:
             self.bytes_by_tier["cpu"] += k_cpu * eb

@@ -35,6 +35,7 @@ class Constants:
     # expert's device bytes) and the bytes per weight its resident copies take (f32 = 4).
     layer_overhead_ms: float = 0.0
     token_overhead_ms: float = 0.0  # per layer, per token beyond the first in a step (several streams)
+    device_layer_ms: float = 0.0  # host time of a MoE layer's device-tier dispatch (layers with device work)
     dev_expert_gbs: float = 0.0  # 0: VRAM bandwidth x gpu_expert_efficiency
     dev_bytes_per_param: float = 0.0  # 0: the expert's quantised bytes
 
