@@ -60,7 +60,8 @@ def test_fit_structure_and_errors(runs):
     hw, f, errs = trace_fit.calibrate_from_traces([r["trace"] for _, _, r in out], str(path), base_profile(),
                                                   out=d / "fitted.yaml", log=None)
     assert hw.gpu is not None and hw.gpu.shares_host
-    for k in ("layer_overhead_ms", "cpu_job_ms", "dev_expert_gbs", "dev_bytes_per_param", "handover_ms"):
+    for k in ("layer_overhead_ms", "device_layer_ms", "cpu_job_ms", "dev_expert_gbs", "dev_bytes_per_param",
+              "handover_ms"):
         assert k in hw.constants, k
     assert hw.constants["layer_overhead_ms"].source == "measured"
     assert f.cpu_expert_ms > 0 and f.hit_ms and f.hit_ms > 0

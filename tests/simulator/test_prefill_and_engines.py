@@ -191,3 +191,15 @@ def test_history_carries_the_cache_between_requests():
                      history=[(32, 40)])
     assert first.cache_hit_rate == 0.0
     assert later.cache_hit_rate > 0.2
+
+
+def test_device_layer_ms_charges_only_layers_with_device_work():
+    """`device_layer_ms` (fitted from executor traces) delays a layer's device side: a plan whose
+    layers hit the cache decodes slower with it, an all-CPU plan (no device work) exactly as fast."""
+    from simulator.resources import Constants
+    model, hw = tiny_model(), machine()
+    base, extra = Constants(), Constants(device_layer_ms=0.5)
+    cached, cpu_only = tiered(slots=16, kind="cpu"), tiered(slots=0, kind="cpu")
+    run = lambda plan, c: simulate(model, hw, plan, gen_tokens=10, warm_steps=20, constants=c)  # noqa: E731
+    assert run(cpu_only, extra).decode_tok_s == run(cpu_only, base).decode_tok_s
+    assert run(cached, extra).decode_tok_s < run(cached, base).decode_tok_s
