@@ -30,8 +30,8 @@ def predict(case: Case, constants: dict | None = None, seed: int = 0) -> float:
     plan = size_cache(model, hw, case.plan) if case.sized else case.plan
     consts = Constants.from_hw(hw, **(constants or {}))
     r = simulate(model, hw, plan, prompt_tokens=case.prompt_tokens, gen_tokens=case.gen_tokens,
-                 streams=case.streams, seed=seed, routing=case.routing, warm_steps=case.warm_steps, history=case.history,
-                 constants=consts)
+                 streams=case.streams, seed=seed, routing=case.routing, warm_steps=case.warm_steps,
+                 history=case.history, constants=consts)
     return float(getattr(r, case.metric))
 
 

@@ -168,10 +168,9 @@ def fit(traces: dict[str, list[dict]], model, dense_gbs: float, threads: int,
     # steps without device work pin the host's own per-layer rest; layers with device work cost more
     # (the device tier's dispatch), fitted apart so that a plan without it is not charged for it
     dev = lambda r: bool(r["hits"] or r.get("pcie"))  # noqa: E731
-    host_only = [[r for r in _decode1(recs)] for recs in traces.values()]
-    host_only = [recs for recs in host_only if recs and not any(dev(r) for r in recs)]
-    per_step = [v for recs in (host_only or [_decode1(r) for r in traces.values()])
-                for v, _ in _step_means(recs, model, rest)]
+    per_trace = [_decode1(recs) for recs in traces.values()]
+    host_only = [recs for recs in per_trace if recs and not any(dev(r) for r in recs)]
+    per_step = [v for recs in (host_only or per_trace) for v, _ in _step_means(recs, model, rest)]
     f.layer_overhead_ms = max(0.0, statistics.median(per_step) - dense_ms)
     dev_rest = [rest(r) for r in dec if dev(r)]
     if host_only and dev_rest:

@@ -86,9 +86,7 @@ class CpuStep:
         x += y
         self.r.experts.cache.observe(i, eid.reshape(-1))
         miss = experts.tolist()
-        return {"hits": [], "misses": miss, "cpu": miss.copy(), "pcie": [], "k_cpu": None, "t_dev_ms": 0.0,
-                "t_cpu_ms": t_cpu, "t_wait_ms": 0.0, "bytes_cpu": len(miss) * self.ebytes[i], "bytes_pcie": 0,
-                "bytes_dev": 0}
+        return X.cpu_record(miss, t_cpu, len(miss) * self.ebytes[i])
 
     def step(self, ids: np.ndarray, phase: str, step: int) -> np.ndarray:
         """Run new tokens ids [S, n] through the model -> logits [S, V] f32 at each stream's last token."""

@@ -48,6 +48,12 @@ def load_expert(w: ExpertTensor, e: int, device, dtype) -> torch.Tensor:
     return torch_dequant(b, w.code, w.cols).to(dtype)
 
 
+def cpu_record(miss: list[int], t_cpu_ms: float, bytes_cpu: int) -> dict:
+    """The experts' fields of a layer's trace record when every routed expert ran on the CPU."""
+    return dict(hits=[], misses=miss, cpu=list(miss), pcie=[], k_cpu=None, t_dev_ms=0.0, t_cpu_ms=t_cpu_ms,
+                t_wait_ms=0.0, bytes_cpu=bytes_cpu, bytes_pcie=0, bytes_dev=0)
+
+
 def swiglu(x: torch.Tensor, g: torch.Tensor, u: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """down(silu(gate x) * up x) for x [m, H], g/u [F, H], d [H, F] -> [m, H]."""
     return (Fn.silu(x @ g.T) * (x @ u.T)) @ d.T
@@ -196,9 +202,7 @@ class Experts:
         y = torch.from_numpy(y).to(h.device, h.dtype)
         self.cache.observe(layer, ids.reshape(-1))
         miss = experts.tolist()
-        rec = dict(hits=[], misses=miss, cpu=list(miss), pcie=[], k_cpu=None, t_dev_ms=0.0, t_cpu_ms=t_cpu,
-                   t_wait_ms=0.0, bytes_cpu=len(miss) * self.ebytes[layer], bytes_pcie=0, bytes_dev=0)
-        return y, rec
+        return y, cpu_record(miss, t_cpu, len(miss) * self.ebytes[layer])
 
     def close(self) -> None:
         """Stop the CPU worker thread."""

@@ -44,7 +44,6 @@ class DecodeRun:
         self.landing = np.zeros((self.L, model.n_experts), dtype=bool)  # fills still in flight
         self.copies = plan.expert_cache.copies
         self._inflight: list[dict] = []  # background copies not landed: {mask [L, E], waiters}
-        self.gate = None
         self._pending: list[dict] = []  # async copies waiting for the next replan
 
     # ---- step ---------------------------------------------------------------------------------
@@ -116,6 +115,7 @@ class DecodeRun:
         else:
             ex = np.unique(picks)
         self.reads += ex.size
+        gate = None  # in-flight copy batches this layer's device kernel waits for
         if i in self.static_gpu:
             hit = np.ones(ex.size, dtype=bool)
         else:
@@ -125,7 +125,7 @@ class DecodeRun:
             elif self._inflight and self.landing[i, ex[hit]].any():
                 # a copy still in flight: the device's kernel waits on it (stream-ordered after the
                 # copy's event), so which experts hit does not depend on how fast anything runs
-                self.gate = [b for b in self._inflight if b["mask"][i, ex[hit]].any()]
+                gate = [b for b in self._inflight if b["mask"][i, ex[hit]].any()]
         self.cache.observe(i, ex if self.ntok == 1 else picks.ravel())
         n_h = int(np.count_nonzero(hit))
         n_m = ex.size - n_h
@@ -181,7 +181,6 @@ class DecodeRun:
                 m.gpu.submit(hit_s, lambda: self._join(layer, "gpu"))
             else:
                 self.pending -= 1
-        gate, self.gate = self.gate, None
         dl = m.c.device_layer_ms * 1e-3 if (n_h or n_gpu_miss) else 0.0
         go_gpu = (lambda: m.sim.after(dl, gpu_side)) if dl else gpu_side
         if gate:

@@ -87,7 +87,7 @@ def simulate(model, hw, plan, prompt_tokens: int = 0, gen_tokens: int = 256, str
     for p_tok, g_tok in history:
         serve(int(p_tok), int(g_tok))
     sim, m, dec, state = serve(prompt_tokens, gen_tokens)
-    committed = plan.mtp.tokens_per_step if plan.mtp.enabled else 1.0
+    committed = dec.committed
 
     t_pre = state["t_prefill"]
     steps = np.asarray(dec.step_s)
