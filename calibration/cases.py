@@ -40,6 +40,7 @@ class Case:
     streams: int = 1
     warm_steps: int = 300
     history: tuple = ()  # (prompt_tokens, gen_tokens) requests served before this one, in order
+    engram_text: str = "seen"  # whether the Engram rows of the requests' text are cached (simulate)
     routing: str | None = None  # None = the simulator's default (fitted 4.6% -> 41%)
     band: tuple[float, float] | None = None  # a published range instead of +-tolerance
     note: str = ""
@@ -89,9 +90,14 @@ def all_cases() -> list[Case]:
     # D107 run.sh: DSV41_EC=1, margin 500 MB, not elastic, copies on the compute stream
     d107 = _tiered(expert_cache=_ec(slots=709, copies="sync", release_during_prefill=False))
     default = _tiered()  # D141: docker/entrypoint.sh defaults; 262,144 context; cache sized by specs.memory
-    # D119 run.sh: elastic (released for each prefill), copies on the compute stream
-    d119 = _tiered(expert_cache=_ec(copies="sync"))
+    # D119 run.sh: elastic (released for each prefill), copies on the compute stream; its prefill
+    # is the stock DMA path, before the cross-layer prefetch of runtime/patch_dma_prefetch.py (D135)
+    stock = Prefill(strategy="stream-all", chunk_tokens=16384, ubatch_tokens=16384, dma_prefetch=False)
+    d119 = _tiered(expert_cache=_ec(copies="sync"), prefill=stock)
     baseline = _tiered(prefill=Prefill(strategy="op-offload", chunk_tokens=1024, ubatch_tokens=1024))
+    # DESIGN.md's stream-all row: 16,384-token chunks, the default's staging (8 slots x 8, prefetch)
+    chunk16k = _tiered(prefill=plan_template("tiered-cache").prefill.model_copy(
+        update={"chunk_tokens": 16384, "ubatch_tokens": 16384}))
     # D119 results/ctx_scan.json: one server, five requests in this order (prompt, completion
     # tokens, decode tok/s as (n - 1) / (t_last - t_first)); the cache state carries between them
     scan = [(8192, 151, 16.38, 13.91), (32768, 130, 19.42, 42.3), (65536, 157, 20.51, 80.59),
@@ -99,7 +105,9 @@ def all_cases() -> list[Case]:
     scan_names = ("D119-8k", "D119-32k", "D119-64k", "D119-long", "D119-192k")
     d119_cases = []
     for j, (name, (p, g, tok_s, ttft)) in enumerate(zip(scan_names, scan)):
-        shape = dict(prompt_tokens=p, gen_tokens=g, warm_steps=0, sized=True,
+        # one document and one answer throughout (answer_head is the same in all five rows), new
+        # to the host at request 1: Engram rows are cold only past what earlier requests read
+        shape = dict(prompt_tokens=p, gen_tokens=g, warm_steps=0, sized=True, engram_text="shared",
                      history=tuple((a, b) for a, b, _, _ in scan[:j]),
                      note=f"request {j + 1} of the context scan on a fresh server"
                           + (" (the pool exists only after 64 steps)" if j == 0 else
@@ -107,6 +115,13 @@ def all_cases() -> list[Case]:
         src = SRC_FT + " results/D119/ctx_scan.json"
         d119_cases.append(Case(name, DSV, EPYC, d119, "decode_tok_s", tok_s, src, 0.15, **shape))
         d119_cases.append(Case(name + "-ttft", DSV, EPYC, d119, "ttft_s", ttft, src, 0.20, **shape))
+    # D061 results/sweep.json: prefill only, no cache (DSV41_EC=0), stock DMA path, 16k chunks; each
+    # of the 3 reps a new random-token prompt (prompt_seed), so every Engram row is read cold
+    d061 = _tiered(expert_cache=ExpertCache(), prefill=stock)
+    d061_cases = [Case(f"D061-{p // 1024}k-prefill", DSV, EPYC, d061, "prefill_tok_s", tok_s,
+                       SRC_FT + " results/D061/sweep.json (median of 3)", 0.20, prompt_tokens=p,
+                       gen_tokens=1, engram_text="new", note="random-token prompts, new each rep")
+                  for p, tok_s in ((8192, 565.2), (32768, 744.9))]
     return [
         Case("D030-zero-copy", DSV, EPYC, d030, "decode_tok_s", 4.10, SRC_FT + " results/D030/sweep.json",
              0.15, "fit", note="experts zero-copy over PCIe, no CPU tier, no cache"),
@@ -119,18 +134,20 @@ def all_cases() -> list[Case]:
         Case("D141-4streams", DSV, EPYC, default, "decode_tok_s", 26.6, SRC_FT + " README", 0.15,
              streams=4, sized=True),
         *d119_cases,
+        *d061_cases,
         Case("prefill-baseline-1k", DSV, EPYC, baseline, "prefill_tok_s", 95.0,
              SRC_FT + " README (1,024-token chunks, experts streamed over PCIe per chunk)", 0.20,
              prompt_tokens=8192, gen_tokens=1, sized=True,
              note="every expert copied per 1,024-token chunk, serial with compute"),
-        Case("prefill-stream-all-8k", DSV, EPYC, default, "prefill_tok_s", 690.0,
+        Case("prefill-stream-all-8k", DSV, EPYC, chunk16k, "prefill_tok_s", 690.0,
              SRC_FT + " README (D061: 16,384-token chunks, 690-790 tok/s from 8k to 261k)", 0.20,
              prompt_tokens=8192, gen_tokens=1, sized=True,
              note="the low end of 690-790 assigned to the shortest prompt (copies amortised "
                   "over fewest tokens)"),
-        Case("prefill-stream-all-261k", DSV, EPYC, default, "ttft_s", 341.6,
-             SRC_FT + " README (261k prompt = 341.6 s TTFT)", 0.20, prompt_tokens=261000,
-             gen_tokens=1, sized=True),
+        Case("prefill-stream-all-261k", DSV, EPYC, d119, "ttft_s", 341.6,
+             SRC_FT + " README (261k prompt = 341.6 s TTFT), results/D119/ctx_scan_261k.json", 0.20,
+             prompt_tokens=261000, gen_tokens=1, sized=True,
+             note="run on D119's server (stock DMA path, 16,384-token chunks)"),
         Case("strata-qwen3.8-mtp-2k", QWEN, I5, _strata_qwen_mtp(), "decode_tok_s", 97.0, SRC_QWEN, 0.15,
              prompt_tokens=2421, sized=True, note="request 7 of the dashboard; 256 generated tokens assumed"),
         Case("strata-qwen3.8-mtp-142k", QWEN, I5, _strata_qwen_mtp(), "decode_tok_s", 54.1, SRC_QWEN, 0.15,

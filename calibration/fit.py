@@ -31,7 +31,7 @@ def predict(case: Case, constants: dict | None = None, seed: int = 0) -> float:
     consts = Constants.from_hw(hw, **(constants or {}))
     r = simulate(model, hw, plan, prompt_tokens=case.prompt_tokens, gen_tokens=case.gen_tokens,
                  streams=case.streams, seed=seed, routing=case.routing, warm_steps=case.warm_steps,
-                 history=case.history, constants=consts)
+                 history=case.history, engram_text=case.engram_text, constants=consts)
     return float(getattr(r, case.metric))
 
 

@@ -64,8 +64,8 @@ def local_cases(n_layers: int, n_experts: int, n_gen: int = 64, n_prompt: int = 
         LocalCase("local-cache60", _plan(n_prompt, expert_cache=c(0.60)), n_prompt, n_gen, "decode_tok_s"),
         LocalCase("local-static-half", _plan(n_prompt, placement=Placement(engram="none", gpu_expert_layers=half)),
                   n_prompt, n_gen, "decode_tok_s"),
-        LocalCase("local-engram", _plan(n_prompt, placement=Placement(engram="nvme")), n_prompt, n_gen,
-                  "decode_tok_s"),
+        LocalCase("local-engram", _plan(n_prompt, placement=Placement(engram="nvme", engram_gather="inline")),
+                  n_prompt, n_gen, "decode_tok_s"),
         LocalCase(f"local-{streams}streams", _plan(n_prompt, streams=streams), n_prompt, max(8, n_gen // 2),
                   "decode_tok_s"),
     ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .engram import gather_s, pages_per_row
 from .policies import auction_split
 
 _CRIT = ("gpu", "pcie_h2d", "cpu", "nvme", "handover")
@@ -16,7 +17,7 @@ class DecodeRun:
     """Simulates `n_steps` decode steps on a Machine; `step_s` holds each step's duration (s)."""
 
     def __init__(self, m, model, plan, routing, cache, page_cache, rng, tokens_per_step: int,
-                 committed_per_step: float, context: int, streams: int = 1):
+                 committed_per_step: float, context: int, streams: int = 1, engram_cold: float = 1.0):
         self.m, self.model, self.plan, self.cache, self.page = m, model, plan, cache, page_cache
         self.routing, self.rng = routing, rng
         self.ntok, self.committed, self.streams = tokens_per_step, committed_per_step, streams
@@ -35,6 +36,9 @@ class DecodeRun:
         self.dense_layer_bytes = model.dense_bytes_per_token / model.n_layers
         self.engram_layers = set(model.engram.layers) if (model.engram and plan.placement.engram
                                                           in ("nvme",)) else set()
+        self.engram_inline = plan.placement.engram_gather == "inline"
+        self.engram_cold = engram_cold  # fraction of this request's rows not in the page cache
+        self._gathered = None  # the Engram layer of this step whose rows are already gathered
         self.handover_s = m.c.handover_ms * 1e-3
         self.step_s: list[float] = []
         self.crit = dict.fromkeys(_CRIT, 0.0)
@@ -60,13 +64,35 @@ class DecodeRun:
             return
         self.t0 = self.m.sim.now
         self.r = self.routes[self.step_idx]
-        self.engram_ready, self.engram_wait = True, None
-        if self.engram_layers:  # row ids depend only on token ids: read before the pass
+        self.engram_ready, self.engram_wait, self._gathered = True, None, None
+        nbytes = self.ntok * self.model.engram_bytes_per_token(self.m.hw.page_bytes) * self.engram_cold
+        if self.engram_layers and nbytes and not self.engram_inline:
+            # row ids depend only on token ids: the cold pages are read before the pass
             self.engram_ready = False
-            nbytes = self.ntok * self.model.engram_bytes_per_token(self.m.hw.page_bytes)
             self.bytes_by_tier["nvme"] += nbytes
             self.m.nvme_read(nbytes, self._engram_done, random=True)
         self._layer(0)
+
+    def _gather(self, layer: int) -> None:
+        """The layer's Engram rows gathered while the stream waits: host time per row, and a
+        page fault (one NVMe read at a time) per cold page."""
+        m, e = self.m, self.model.engram
+        rows = self.ntok * e.rows_per_token_per_layer
+        pages = pages_per_row(self.model, m.hw.page_bytes)
+        warm_s = gather_s(rows, 0.0, pages, m.c.engram_row_us, m.nvme_latency, 1, m.hw.nvme.rand_4k_iops)
+        total_s = gather_s(rows, self.engram_cold, pages, m.c.engram_row_us, m.nvme_latency, 1,
+                           m.hw.nvme.rand_4k_iops)
+        self.bytes_by_tier["nvme"] += rows * self.engram_cold * pages * m.hw.page_bytes
+        self.crit["cpu"] += warm_s
+        self.crit["nvme"] += total_s - warm_s
+
+        def resume():
+            self._gathered = layer
+            self._layer(layer)
+        if self.dense_on_gpu and not m.shares_host:
+            m.gpu.submit(total_s, resume)  # a host callback on the compute stream
+        else:
+            m.sim.after(total_s, resume)
 
     def _engram_done(self) -> None:
         self.engram_ready = True
@@ -85,6 +111,9 @@ class DecodeRun:
         if layer in self.engram_layers and not self.engram_ready:
             t_wait = self.m.sim.now
             self.engram_wait = lambda: self._engram_resume(layer, t_wait)
+            return
+        if layer in self.engram_layers and self.engram_inline and layer != self._gathered:
+            self._gather(layer)
             return
         m = self.m
         kv = self.kv_tok * self.context * self.ntok / self.model.n_layers

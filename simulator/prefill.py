@@ -1,9 +1,11 @@
 """Prefill as events: chunks and micro-batches; stream-all (every touched expert copied once per
-chunk on the copy engine, double-buffered against GPU GEMMs), llama.cpp op offload (RAM experts
-copied for every micro-batch of at least the threshold, serial with compute) and CPU prefill.
+chunk on the copy engine in batches through staging slots, each batch's GEMM after it lands),
+llama.cpp op offload (RAM experts copied for every micro-batch of at least the threshold, serial
+with compute) and CPU prefill.
 Attention is quadratic in context (capped for sparse-attention models)."""
 from __future__ import annotations
 
+from .engram import gather_s, pages_per_row
 from .policies import chunks, expected_touched, op_offload, ubatches
 
 # Sparse attention: each query attends at most this many earlier tokens (DeepSeek V3.2+/V4 DSA
@@ -33,7 +35,7 @@ def attention_flops(model, start: int, n: int) -> float:
 class PrefillRun:
     """Simulates a prompt's prefill on a Machine; `elapsed_s` and the critical resource after."""
 
-    def __init__(self, m, model, plan, prompt_tokens: int, streams: int = 1):
+    def __init__(self, m, model, plan, prompt_tokens: int, streams: int = 1, engram_cold: float = 0.0):
         self.m, self.model, self.plan = m, model, plan
         self.prompt, self.streams = int(prompt_tokens), streams
         self.pf = plan.prefill
@@ -44,6 +46,10 @@ class PrefillRun:
         self.ram_layers = [l for l in moe if l not in self.gpu_layers]
         self.crit = {"gpu": 0.0, "copy_engine": 0.0, "cpu": 0.0}
         self.elapsed_s = 0.0
+        inline = (model.engram is not None and plan.placement.engram == "nvme"
+                  and plan.placement.engram_gather == "inline")
+        self.engram_layers = set(model.engram.layers) if inline else set()
+        self.engram_cold = engram_cold  # fraction of the prompt's rows not in the page cache
 
     def start(self, done) -> None:
         """Prefill every stream's prompt (one after another), then done()."""
@@ -78,43 +84,89 @@ class PrefillRun:
             flops += n * self.k * md.expert_flops
         return m.gpu_flops_s(flops)
 
+    def _engram_s(self, n: int, layer: int) -> float:
+        """Seconds the layer's inline Engram gather of an n-token batch holds the stream: the
+        engine's threads fault cold pages in parallel (dsv41/engram_disk.cpp)."""
+        if layer not in self.engram_layers:
+            return 0.0
+        m = self.m
+        rows = n * self.model.engram.rows_per_token_per_layer
+        return gather_s(rows, self.engram_cold, pages_per_row(self.model, m.hw.page_bytes),
+                        m.c.engram_row_us, m.nvme_latency, self.plan.placement.engram_threads or m.threads,
+                        m.hw.nvme.rand_4k_iops)
+
     def _host_dense_s(self, pos: int, n: int) -> float:
         """Host-core seconds for one layer's dense path and attention of an n-token batch (no device)."""
         md, m = self.model, self.m
         flops = (md.dense_flops_per_token * n + attention_flops(md, pos, n)) / md.n_layers
         return flops / (m.c.cpu_prefill_gflops_per_core * 1e9 * m.threads)
 
-    # ---- stream-all: copy every touched expert once per chunk, double-buffered -------------
+    # ---- stream-all: every touched expert copied once per chunk, in batches through slots --------
     def _stream_all(self, pos: int, n: int) -> None:
-        md, m = self.model, self.m
+        """One chunk: per layer the dense path and attention, then the layer's touched experts in
+        batches of `dma_batch_experts`, batch j copied into slot j % dma_slots once the GEMM that
+        last read that slot is done, its GEMM once it has landed (GPU stream in order). With
+        `dma_prefetch` the next RAM layer's first batches are queued as this layer's slots free,
+        so they land during that layer's attention; without it they start with its MoE."""
+        md, m, pf = self.model, self.m, self.pf
         touched = expected_touched(n, md.n_experts, self.k, TOUCH_LOCALITY)
-        layers = list(range(md.n_layers))
-        moe = set(self.ram_layers)
-        self.buf_free, self.copied, self.computed = 2, 0, 0
-        self.copy_t = 0.0
+        full, rest = divmod(touched, pf.dma_batch_experts)
+        sizes = [float(pf.dma_batch_experts)] * int(full) + ([rest] if rest > 1e-9 else [])
+        gemm_s = m.gpu_flops_s(n * self.k * md.expert_flops) / touched if touched else 0.0  # per expert
+        ram = [layer for layer in range(md.n_layers) if layer in set(self.ram_layers)]
+        nxt_ram = {a: b for a, b in zip(ram, ram[1:])}
+        S = pf.dma_slots
+        # per RAM layer: batches landed, copies issued, next GEMM; the current layer on the GPU
+        st = {layer: {"landed": set(), "issued": set(), "gemm": 0} for layer in ram}
 
-        def issue():
-            while self.buf_free > 0 and self.copied < len(layers):
-                layer = layers[self.copied]
-                self.copied += 1
-                self.buf_free -= 1
-                nbytes = touched * self.eb if layer in moe else 0.0
-                if nbytes:
-                    m.dma(nbytes, lambda layer=layer: compute(layer))
-                else:
-                    compute(layer)
+        def issue(layer, j):
+            st[layer]["issued"].add(j)
+            m.dma(sizes[j] * self.eb, lambda: land(layer, j))
 
-        def compute(layer):
-            m.gpu.submit(self._compute_s(pos, n, layer, True), lambda: finished(layer))
+        def land(layer, j):
+            st[layer]["landed"].add(j)
+            if self.cur == layer and not self.gemm_busy:
+                gemm(layer)
 
-        def finished(layer):
-            self.buf_free += 1
-            self.computed += 1
-            if self.computed == len(layers):
+        def dense(layer):
+            if layer >= md.n_layers:
                 self._chunk_done()
-            else:
-                issue()
-        issue()
+                return
+            self.cur, self.gemm_busy = None, False
+            moe = layer in st
+            m.gpu.submit(self._compute_s(pos, n, layer, experts_on_gpu=not moe) + self._engram_s(n, layer),
+                         (lambda: moe_start(layer)) if moe else (lambda: dense(layer + 1)))
+
+        def moe_start(layer):
+            self.cur = layer
+            for j in range(min(S, len(sizes))):
+                if j not in st[layer]["issued"]:
+                    issue(layer, j)
+            gemm(layer)
+
+        def gemm(layer):
+            g = st[layer]["gemm"]
+            if g >= len(sizes):
+                dense(layer + 1)
+                return
+            if g not in st[layer]["landed"]:
+                return  # land() resumes
+            self.gemm_busy = True
+            st[layer]["gemm"] = g + 1
+            m.gpu.submit(sizes[g] * gemm_s, lambda: gemm_done(layer, g))
+
+        def gemm_done(layer, g):
+            self.gemm_busy = False
+            if g + S < len(sizes):
+                issue(layer, g + S)  # its slot is free now
+            elif pf.dma_prefetch and layer in nxt_ram and g % S < len(sizes):
+                issue(nxt_ram[layer], g % S)  # the next RAM layer's batch for this slot
+            gemm(layer)
+
+        if not sizes:  # nothing routed: dense path only
+            st.clear()
+        self.cur, self.gemm_busy = None, False
+        dense(0)
 
     def _chunk_done(self) -> None:
         self._next()
@@ -129,10 +181,12 @@ class PrefillRun:
         is_moe = layer in set(md.layers_moe)
         in_ram = is_moe and layer not in self.gpu_layers
         host_s = 0.0 if m.has_gpu else self._host_dense_s(pos, n)  # no device: the host cores run it
+        host_s += 0.0 if m.has_gpu else self._engram_s(n, layer)
         if not in_ram and not m.has_gpu:
             m.cpu.acquire(m.threads, lambda: m.sim.after(host_s, lambda: (m.cpu.release(m.threads), nxt())))
             return
-        dense_s = self._compute_s(pos, n, layer, experts_on_gpu=not in_ram)
+        dense_s = self._compute_s(pos, n, layer, experts_on_gpu=not in_ram) + (
+            self._engram_s(n, layer) if m.has_gpu else 0.0)
         if not in_ram:
             m.gpu.submit(dense_s, nxt)
             return

@@ -38,6 +38,7 @@ class Constants:
     device_layer_ms: float = 0.0  # host time of a MoE layer's device-tier dispatch (layers with device work)
     dev_expert_gbs: float = 0.0  # 0: VRAM bandwidth x gpu_expert_efficiency
     dev_bytes_per_param: float = 0.0  # 0: the expert's quantised bytes
+    engram_row_us: float = 0.0  # host time to gather one cached Engram row inline, µs
 
     @classmethod
     def from_hw(cls, hw, **override) -> "Constants":

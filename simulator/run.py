@@ -8,6 +8,7 @@ import numpy as np
 
 from .decode import DecodeRun
 from .engine import Sim
+from .engram import EngramText, ram_room
 from .policies import LRUCache, make_cache, mtp_tokens
 from .prefill import PrefillRun
 from .resources import Constants, Machine
@@ -59,11 +60,13 @@ def resolve_routing(routing, model, k: int, seed: int) -> Routing:
 
 def simulate(model, hw, plan, prompt_tokens: int = 0, gen_tokens: int = 256, streams: int | None = None,
              seed: int = 0, routing=None, warm_steps: int = 300, constants: Constants | None = None,
-             trace: bool = False, history: tuple = ()) -> SimResult:
+             trace: bool = False, history: tuple = (), engram_text: str = "seen") -> SimResult:
     """Simulate one request per stream: prefill `prompt_tokens`, decode `gen_tokens` per stream.
     `warm_steps` decode steps of routing warm the cache scores first (a server that has been
     serving); 0 = a cold start (first request). `history`: (prompt_tokens, gen_tokens) requests
-    the same server served before this one, in order (cache state carries over; not timed)."""
+    the same server served before this one, in order (cache state carries over; not timed).
+    `engram_text`: whether the requests' Engram rows are cached ("seen", "new", "shared"; see
+    simulator.engram.EngramText)."""
     streams = int(streams or plan.streams)
     consts = constants or Constants.from_hw(hw)
     k = plan.experts_per_token or model.top_k
@@ -83,7 +86,10 @@ def simulate(model, hw, plan, prompt_tokens: int = 0, gen_tokens: int = 256, str
                     page.observe(i, r[i][~cache.res[i, r[i]]])
             cache.end_step()
             page is not None and page.end_step()
-    serve = lambda p, g: _serve(model, hw, plan, consts, rt, cache, page, rng, p, g, streams, trace)
+    text = EngramText(engram_text, ram_room(model, hw, plan),
+                      model.engram_bytes_per_token(hw.page_bytes) if plan.placement.engram == "nvme" else 0.0)
+    serve = lambda p, g: _serve(model, hw, plan, consts, rt, cache, page, rng, p, g, streams, trace,
+                                text.request(p, g * streams))
     for p_tok, g_tok in history:
         serve(int(p_tok), int(g_tok))
     sim, m, dec, state = serve(prompt_tokens, gen_tokens)
@@ -111,16 +117,18 @@ def simulate(model, hw, plan, prompt_tokens: int = 0, gen_tokens: int = 256, str
         bytes_by_tier=dec.bytes_by_tier, steps=len(steps), reads=dec.reads, events=sim.events)
 
 
-def _serve(model, hw, plan, consts, rt, cache, page, rng, prompt_tokens, gen_tokens, streams, trace):
-    """One request on a fresh clock: prefill, then decode; the cache and routing carry state."""
+def _serve(model, hw, plan, consts, rt, cache, page, rng, prompt_tokens, gen_tokens, streams, trace, cold):
+    """One request on a fresh clock: prefill, then decode; the cache, routing and Engram page cache
+    carry state (`cold`: fractions of the prompt's and the answer's Engram rows not cached)."""
     verify = mtp_tokens(plan.mtp.tokens_per_step, plan.mtp.acceptance) if plan.mtp.enabled else 1
     committed = plan.mtp.tokens_per_step if plan.mtp.enabled else 1.0
     sim = Sim(trace=trace)
     m = Machine(sim, model, hw, plan, consts)
-    pre = PrefillRun(m, model, plan, prompt_tokens, streams)
+    pre = PrefillRun(m, model, plan, prompt_tokens, streams, engram_cold=cold[0])
     n_steps = max(1, int(np.ceil(gen_tokens / committed)))
     rt.new_context(rng)  # this request's prompt (or, without one, a new conversation)
-    dec = DecodeRun(m, model, plan, rt, cache, page, rng, streams * verify, committed, prompt_tokens, streams)
+    dec = DecodeRun(m, model, plan, rt, cache, page, rng, streams * verify, committed, prompt_tokens, streams,
+                    engram_cold=cold[1])
     state = {}
 
     def after_prefill():

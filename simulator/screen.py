@@ -150,7 +150,7 @@ def prefill_s(model, hw, plan, prompt_tokens: int, c: Constants) -> float:
         return total
     flops_s = hw.gpu.fp16_tflops * 1e12 * c.gemm_efficiency
     h2d = hw.pcie.h2d_gbs * GB if hw.pcie else 1.0
-    pf, eb, L = plan.prefill, model.expert_bytes, model.n_layers
+    pf, eb = plan.prefill, model.expert_bytes
     ram_layers = model.n_moe_layers - len(plan.placement.gpu_expert_layers)
     total, pos = 0.0, 0
     for ch in chunks(prompt_tokens, pf.chunk_tokens):
@@ -158,8 +158,7 @@ def prefill_s(model, hw, plan, prompt_tokens: int, c: Constants) -> float:
             comp = (model.dense_flops_per_token * n + attention_flops(model, pos, n)
                     + n * k * model.expert_flops * model.n_moe_layers) / flops_s
             if pf.strategy == "stream-all":
-                copy = ram_layers * expected_touched(n, model.n_experts, k, TOUCH_LOCALITY) * eb / h2d
-                total += max(copy, comp) + min(copy, comp) / L  # pipeline fill/drain
+                total += _stream_all_chunk_s(model, pf, n, pos, k, ram_layers, flops_s, h2d)
             elif pf.strategy == "op-offload" and n >= pf.op_offload_min_batch:
                 total += comp + ram_layers * model.n_experts * eb / h2d
             else:
@@ -168,3 +167,19 @@ def prefill_s(model, hw, plan, prompt_tokens: int, c: Constants) -> float:
                 total += comp + cpu
             pos += n
     return total
+
+
+def _stream_all_chunk_s(model, pf, n: int, pos: int, k: int, ram_layers: int, flops_s: float,
+                        h2d: float) -> float:
+    """Seconds of one stream-all chunk: per layer the dense path and attention, then the layer's
+    copies against its expert GEMMs (the first batch's copy exposed), less what the prefetch of
+    the first `dma_slots` batches hides under attention."""
+    L = model.n_layers
+    touched = expected_touched(n, model.n_experts, k, TOUCH_LOCALITY)
+    dense_l = (model.dense_flops_per_token * n + attention_flops(model, pos, n)) / flops_s / L
+    gemm_l = n * k * model.expert_flops / flops_s
+    copy_l = touched * model.expert_bytes / h2d
+    batch = min(pf.dma_batch_experts, touched) * model.expert_bytes / h2d
+    pre = min(pf.dma_slots * batch, dense_l) if pf.dma_prefetch else 0.0
+    moe_ram = dense_l + max(copy_l - pre, gemm_l) + (batch if pre < batch else 0.0)
+    return ram_layers * moe_ram + (L - ram_layers) * dense_l + (model.n_moe_layers - ram_layers) * gemm_l

@@ -29,6 +29,11 @@ class Placement(_Strict):
     # keeps layers [0, N) on the CPU and puts the rest here).
     gpu_expert_layers: list[int] = Field(default_factory=list)
     engram: Literal["nvme", "ram", "gpu", "none"] = "nvme"
+    # "prefetch": a step's rows are read before its forward pass (row ids depend only on token ids);
+    # "inline": each Engram layer gathers its rows while the stream waits (dsv41-flash-offload's
+    # host callback, the executor's lookup)
+    engram_gather: Literal["prefetch", "inline"] = "prefetch"
+    engram_threads: int | None = Field(default=None, ge=1)  # threads of a big inline gather (None: CPU threads)
 
     @model_validator(mode="after")
     def _layers_unique(self):
@@ -77,6 +82,14 @@ class Prefill(_Strict):
     chunk_tokens: int = Field(default=2048, ge=1)  # llama.cpp -b; stream-all chunk
     ubatch_tokens: int = Field(default=512, ge=1)  # llama.cpp -ub
     op_offload_min_batch: int = Field(default=32, ge=1)  # batches this large run on the GPU
+    # stream-all copies a layer's experts in batches into staging slots, each batch's GEMM
+    # reading its slot (dsv41-flash-offload EXL3_HOST_DMA_BATCH / EXL3_HOST_DMA_SLOTS). With
+    # `dma_prefetch` the next MoE layer's first batches are copied during its attention
+    # (runtime/patch_dma_prefetch.py, D135+); without it (stock path, D061-D119) a layer's
+    # first copy starts only when its MoE starts, so the copy engine idles through attention.
+    dma_batch_experts: int = Field(default=8, ge=1)
+    dma_slots: int = Field(default=2, ge=1)
+    dma_prefetch: bool = True
 
     @model_validator(mode="after")
     def _ubatch_le_chunk(self):
@@ -134,12 +147,16 @@ def plan_template(engine: str) -> Plan:
         # Cache schedule from its ct/ct_vllm.py and docker/entrypoint.sh defaults: a replan every
         # 16 steps admits at most 48, scores decay 0.9 per replan, the pool exists after 64 steps,
         # copies on a side stream (DSV41_EC_ASYNC=1), released for prefill, rewarmed after 4 steps.
-        return Plan(engine="tiered-cache",
+        # Prefill (D130 defaults): 8,192-token chunks, 8 staging slots x 8 experts, next-layer prefetch.
+        # Engram rows gathered by a host callback on the compute stream (dsv41/engram_disk.cpp),
+        # on OMP_NUM_THREADS=16 threads above 256 rows.
+        return Plan(engine="tiered-cache", placement=Placement(engram_gather="inline", engram_threads=16),
                     expert_cache=ExpertCache(policy="decayed-count", swap_every=16, swap_max=48,
                                              decay=0.9 ** (1 / 16), fill="at-replan",
                                              warmup_steps=64, copies="async"),
                     miss_policy=MissPolicy(kind="auction"),
-                    prefill=Prefill(strategy="stream-all", chunk_tokens=16384, ubatch_tokens=16384),
+                    prefill=Prefill(strategy="stream-all", chunk_tokens=8192, ubatch_tokens=8192,
+                                    dma_batch_experts=8, dma_slots=8, dma_prefetch=True),
                     kv=KVCache(context=262144, dtype="fp8"),
                     gpu_workspace_bytes=5 * 2**30)  # ~5 GiB graphs, activations, staging (README)
     if engine == "strata":
