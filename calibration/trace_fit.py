@@ -14,9 +14,18 @@ Each constant is read off the records that isolate it (no joint fudge):
                                (token, expert) products at the prefill-measured GEMM rates
     prefill_gflops_per_core    prefill CPU expert jobs: routed FLOPs / t_cpu / threads
     host_gemm_gflops           prefill dense path: dense + attention FLOPs / the rest of the layer
+    engram_row_us              host us per Engram row gathered inline: median of t_engram_ms 1e3 /
+                               engram_rows over decode records whose rows were all in the page
+                               cache (no major fault; reads from storage are the NVMe model's). A
+                               median, not a line with an intercept: one-stream decode records all
+                               gather the same rows (orders x heads), so a fixed part is not
+                               separable there and is charged per row, as the simulator charges it
+
+t_dense_ms holds no Engram time (traces before t_engram_ms did: read as 0 rows, 0 ms), so the
+per-layer constants do not absorb it.
 
 Errors: per trace, the summed step time the fitted per-layer model gives for the trace's own
-hits and misses against the measured sum, in sample and leave-one-trace-out.
+hits and misses (and Engram rows) against the measured sum, in sample and leave-one-trace-out.
 """
 from __future__ import annotations
 
@@ -46,6 +55,7 @@ class HostFit:
     host_gemm_gflops: float | None
     n: dict = field(default_factory=dict)
     device_layer_ms: float = 0.0  # further per-layer host time where the layer has device work
+    engram_row_us: float = 0.0  # host us per Engram row gathered inline (page-cache hits)
 
 
 def read_trace(path: str | Path) -> list[dict]:
@@ -95,6 +105,13 @@ def _inline(r) -> bool:
 
 def _decode1(recs):
     return [r for r in recs if r["phase"] == "decode" and r["tokens"] == 1]
+
+
+def _engram_row_us(recs) -> tuple[float, int, int]:
+    """(median host us per Engram row, records used, records left out for major faults) over decode records."""
+    eng = [r for r in recs if r["phase"] == "decode" and r.get("engram_rows", 0) > 0]
+    warm = [r["t_engram_ms"] * 1e3 / r["engram_rows"] for r in eng if not r.get("engram_major_faults", 0)]
+    return (statistics.median(warm) if warm else 0.0), len(warm), len(eng) - len(warm)
 
 
 def _pairs(r, experts) -> int:
@@ -161,6 +178,8 @@ def fit(traces: dict[str, list[dict]], model, dense_gbs: float, threads: int,
     hit_ms = statistics.median(r["t_dev_ms"] / len(r["hits"]) for r in hit) if hit else None
     f = HostFit(0.0, 0.0, c_a, c_b, hit_ms, None, None,
                 n={"decode_records": len(dec), "inline_cpu": len(inl), "hit_only": len(hit)})
+    f.engram_row_us, f.n["engram_records"], f.n["engram_cold"] = \
+        _engram_row_us([r for recs in traces.values() for r in recs])
     dense_ms = model.dense_bytes_per_token / model.n_layers / (dense_gbs * 1e6)
     def rest(r):  # a layer's time beyond its measured expert work
         return r["t_dense_ms"] + r["t_experts_ms"] - r["t_dev_ms"] - r.get("t_wait_ms", 0.0) \
@@ -213,8 +232,9 @@ def replay_error(recs: list[dict], f: HostFit, model, dense_gbs: float, ddr_gbs:
         fu = _further_ms(r, f, model, threads)
         pred += (f.layer_overhead_ms + (r["tokens"] - 1) * f.token_overhead_ms + dense_ms + fu[0]
                  + (f.device_layer_ms if (r["hits"] or r.get("pcie")) else 0.0)
-                 + _expert_part(r, f, ddr_gbs, model.expert_bytes, dev_eb, handover_ms, fu))
-    meas = sum(r["t_dense_ms"] + r["t_experts_ms"] for r in dec)
+                 + _expert_part(r, f, ddr_gbs, model.expert_bytes, dev_eb, handover_ms, fu)
+                 + r.get("engram_rows", 0) * f.engram_row_us / 1e3)
+    meas = sum(r["t_dense_ms"] + r["t_experts_ms"] + r.get("t_engram_ms", 0.0) for r in dec)
     return pred / meas - 1
 
 
@@ -233,6 +253,8 @@ def errors(traces: dict[str, list[dict]], model, dense_gbs: float, ddr_gbs: floa
                 for k in ("hit_ms", "prefill_gflops_per_core", "host_gemm_gflops"):
                     if getattr(fo, k) is None:  # no record among the others pins it: nothing to predict from
                         setattr(fo, k, getattr(full, k))
+                if not fo.n["engram_records"]:
+                    fo.engram_row_us = full.engram_row_us
                 loo = replay_error(recs, fo, model, dense_gbs, ddr_gbs, handover_ms, threads)
             except SpecError:
                 loo = None
@@ -279,6 +301,9 @@ def fitted_profile(base, model, f: HostFit, sources: list[str], date: str):
                   cpu_job_ms=d(f.cpu_job_ms, "t_cpu = c_a + c_b n over inline CPU jobs"),
                   dev_bytes_per_param=Figure(DEVICE_BYTES_PER_PARAM, "derived", "executor device copies are f32"),
                   gemm_efficiency=Figure(1.0, "derived", "gpu.fp16_tflops is the measured host GEMM rate"))
+    if f.n.get("engram_records"):  # else the base's value, if any, stands
+        consts["engram_row_us"] = d(f.engram_row_us, f"median t_engram_ms / engram_rows over "
+                                    f"{f.n['engram_records']} decode records without major faults, in us")
     if "sync_ms" in base.constants:
         consts["handover_ms"] = base.constants["sync_ms"]
     if f.hit_ms:

@@ -22,6 +22,7 @@ import torch
 from . import experts as X
 from . import kernels as K
 from .dense_kernels import attention_step, norm_route
+from .engram import major_faults
 
 
 def fits(runner) -> bool:
@@ -108,11 +109,13 @@ class CpuStep:
         t_extra = pc() - t0  # the embedding counts as layer 0's dense time
         for i in range(r.c.n_layers):
             t0 = pc()
-            pages = 0
+            pages, rows, faults, t_eng = 0, 0, 0, 0.0
             if eng is not None and i in eng.layers:
-                L = len(r.hist[0])
-                add, pages = eng.lookup(i, [r.hist[s][: L - n + j + 1] for s in range(S) for j in range(n)])
+                f0 = major_faults()
+                add, pages = eng.lookup_step(i, r.hist, n)
                 x += add.astype(np.float32, copy=False)  # as the torch path: rounded, then added
+                rows, faults = T * eng.rows_per_token, major_faults() - f0
+                t_eng = pc() - t0
             pre, mid, wo = self.att[i]
             attention_step(x, *pre, cos, sin, *mid, p0, n, *wo, a)
             x += a
@@ -125,7 +128,8 @@ class CpuStep:
                 x += yt.numpy()
             t2 = pc()
             rec.update(step=step, phase=phase, layer=i, tokens=T, routed=eid.tolist(),
-                       t_dense_ms=(t1 - t0 + t_extra) * 1e3, t_experts_ms=(t2 - t1) * 1e3, engram_pages=pages)
+                       t_dense_ms=(t1 - t0 - t_eng + t_extra) * 1e3, t_experts_ms=(t2 - t1) * 1e3,
+                       engram_pages=pages, t_engram_ms=t_eng * 1e3, engram_rows=rows, engram_major_faults=faults)
             trace.append(rec)
             t_extra = 0.0
         r.kv.len += n

@@ -2,7 +2,8 @@
 
 A step runs each layer once for all streams: attention per stream (lock-step positions), the union
 of routed experts once. The trace (JSONL, one record per step and layer) holds routed experts, hits,
-misses, the auction's k and the time of each part; `execute` returns speed and bandwidth per tier.
+misses, the auction's k and the time of each part (the Engram lookup and add in t_engram_ms, apart
+from t_dense_ms, with its rows and major page faults); `execute` returns speed and bandwidth per tier.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from specs.plan import Plan
 from . import kernels as K
 from .cpu_step import CpuStep, fits
 from .dense import Dense, KVCache, pick_device
-from .engram import Engram
+from .engram import Engram, major_faults
 from .experts import Experts
 from .gguf_model import GGUFModel
 from .make_model import engram_path
@@ -91,12 +92,13 @@ class Runner:
         t_embed = (time.perf_counter() - td) * 1e3
         for i in range(self.c.n_layers):
             t0 = time.perf_counter()
-            pages = 0
+            pages, rows, faults, t_eng = 0, 0, 0, 0.0
             if self.engram is not None and i in self.engram.layers:
-                L = len(self.hist[0])
-                hists = [self.hist[s][: L - n + j + 1] for s in range(S) for j in range(n)]
-                add, pages = self.engram.lookup(i, hists)
+                f0 = major_faults()
+                add, pages = self.engram.lookup_step(i, self.hist, n)
                 x = x + torch.from_numpy(add).to(x.device, x.dtype).view(S, n, -1)
+                rows, faults = S * n * self.engram.rows_per_token, major_faults() - f0
+                t_eng = time.perf_counter() - t0
             x = x + self.dense.attention(i, x, self.kv)
             h, eids, w = self.dense.ffn_route(i, x, self.k)  # [T, H], [T, k] x 2
             t1 = time.perf_counter()
@@ -108,8 +110,9 @@ class Runner:
             x = x + y.view(S, n, -1)
             t3 = time.perf_counter()
             rec.update(step=step, phase=phase, layer=i, tokens=S * n, routed=eids.tolist(),
-                       t_dense_ms=((t1 - t0) + (t3 - t2)) * 1e3 + (t_embed if i == 0 else 0.0),
-                       t_experts_ms=(t2 - t1) * 1e3, engram_pages=pages)
+                       t_dense_ms=((t1 - t0 - t_eng) + (t3 - t2)) * 1e3 + (t_embed if i == 0 else 0.0),
+                       t_experts_ms=(t2 - t1) * 1e3, engram_pages=pages, t_engram_ms=t_eng * 1e3, engram_rows=rows,
+                       engram_major_faults=faults)
             self.trace.append(rec)
         self.kv.len += n
         t4 = time.perf_counter()
@@ -192,7 +195,8 @@ def summarise(trace: list[dict], times: dict, streams: int, gen_tokens: int) -> 
         itl_p50_ms=float(np.median(itl) * 1e3) if len(itl) else None,
         itl_p95_ms=float(np.percentile(itl, 95) * 1e3) if len(itl) else None,
         cache_hit_rate=(n_hit / (n_hit + n_miss)) if n_hit + n_miss else None,
-        time_ms={k: tot(k) for k in ("t_dense_ms", "t_experts_ms", "t_dev_ms", "t_cpu_ms", "t_wait_ms")},
+        time_ms={k: tot(k) for k in ("t_dense_ms", "t_engram_ms", "t_experts_ms", "t_dev_ms", "t_cpu_ms",
+                                     "t_wait_ms")},
         bytes={"cpu": tot("bytes_cpu"), "pcie": tot("bytes_pcie"), "device": tot("bytes_dev")},
         bandwidth_gbs={"cpu": bw(tot("bytes_cpu"), tot("t_cpu_ms")), "device": bw(tot("bytes_dev"), tot("t_dev_ms"))},
         engram_pages_per_token=tot("engram_pages") / max(1, streams * len(itl)),

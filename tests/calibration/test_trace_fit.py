@@ -1,6 +1,7 @@
 """Fits from executor traces: the quick path end to end on `tiny` (make, execute three plans, fit,
-simulate, compare), and bad input (a trace of another model, a malformed trace, a base profile
-without a measured field, a host profile without its fitted constants): one line, exit 2."""
+simulate, compare), the Engram row cost (from a real Engram trace, and kept out of the per-layer
+constants), and bad input (a trace of another model, a malformed trace, a base profile without a
+measured field, a host profile without its fitted constants): one line, exit 2."""
 from __future__ import annotations
 
 import json
@@ -70,6 +71,68 @@ def test_fit_structure_and_errors(runs):
     reloaded = load_hardware(str(d / "fitted.yaml"))
     assert reloaded.gpu.shares_host and float(reloaded.constants["layer_overhead_ms"]) == pytest.approx(
         f.layer_overhead_ms)
+
+
+@pytest.fixture(scope="module")
+def engram_trace(tmp_path_factory):
+    """tiny with its Engram table, an Engram-on plan executed: (model path, trace path)."""
+    from executor.make_model import make_model
+    from executor.runner import execute
+    d = tmp_path_factory.mktemp("tf-engram")
+    path = make_model("tiny", d / "tiny.gguf", engram=True)
+    plan = _plan(PROMPT, placement=Placement(engram="nvme"))
+    r = execute(plan, path, prompt_tokens=PROMPT, gen_tokens=GEN, trace_path=d / "engram.jsonl")
+    return path, r["trace"]
+
+
+def test_engram_row_us_from_a_real_trace(runs, engram_trace):
+    path, trace = engram_trace
+    all_cpu = runs[3][0][2]["trace"]
+    hw, f, errs = trace_fit.calibrate_from_traces([all_cpu, trace], str(path), base_profile(), log=None)
+    recs = trace_fit.read_trace(trace)
+    warm = [r["t_engram_ms"] * 1e3 / r["engram_rows"] for r in recs
+            if r["phase"] == "decode" and r["engram_rows"] and not r["engram_major_faults"]]
+    assert len(warm) == GEN - 1 == f.n["engram_records"] and all(r["engram_rows"] in (0, 24) for r in recs
+                                                                   if r["phase"] == "decode")
+    assert f.engram_row_us == pytest.approx(statistics.median(warm)) and 0 < f.engram_row_us < 1e3  # us per row
+    assert float(hw.constants["engram_row_us"]) == pytest.approx(f.engram_row_us)
+    assert hw.constants["engram_row_us"].source == "measured" and "engram_rows" in hw.constants["engram_row_us"].ref
+    assert all(e["in_sample"] is not None for e in errs)
+    no_engram, f0, _ = trace_fit.calibrate_from_traces([all_cpu], str(path), base_profile(), log=None)
+    assert f0.engram_row_us == 0.0 and "engram_row_us" not in no_engram.constants
+
+
+def _with_engram(recs, ms: float, rows: int = 24, faults: int = 0, layer: int = 1) -> list[dict]:
+    """Copies of `recs` whose layer-`layer` records gathered `rows` Engram rows per token in `ms` (t_dense_ms kept)."""
+    return [{**r, "t_engram_ms": ms, "engram_rows": rows * r["tokens"], "engram_major_faults": faults}
+            if r["layer"] == layer else {**r, "t_engram_ms": 0.0, "engram_rows": 0, "engram_major_faults": 0}
+            for r in recs]
+
+
+def test_engram_time_kept_out_of_the_layer_constants(runs):
+    """Engram time in t_engram_ms moves engram_row_us only; old traces (no Engram fields) fit as before;
+    lookups that read rows from storage (major faults) are left out of engram_row_us."""
+    path, m, d, out = runs
+    old = [{k: v for k, v in r.items() if k not in ("t_engram_ms", "engram_rows", "engram_major_faults")}
+           for r in trace_fit.read_trace(out[0][2]["trace"])]
+    dense, _, _, ca = trace_fit.base_rates(base_profile(), m)
+    fit = lambda recs: trace_fit.fit({"t": recs}, m, dense, 2, ca)  # noqa: E731
+    f_old = fit(old)
+    assert f_old.engram_row_us == 0.0 and f_old.n["engram_records"] == 0
+    eng = _with_engram(old, 2.4)
+    dec = [i for i, r in enumerate(eng) if r["phase"] == "decode" and r["layer"] == 1]
+    for i in dec[::2]:  # half the lookups read from storage, 20x slower
+        eng[i] = {**eng[i], "t_engram_ms": 48.0, "engram_major_faults": 30}
+    f = fit(eng)
+    assert f.engram_row_us == pytest.approx(2.4e3 / 24) and f.n["engram_records"] == len(dec[1::2])
+    assert f.n["engram_cold"] == len(dec[::2])
+    for k in ("layer_overhead_ms", "token_overhead_ms", "device_layer_ms", "cpu_job_ms", "cpu_expert_ms",
+              "host_gemm_gflops", "prefill_gflops_per_core"):
+        assert getattr(f, k) == getattr(f_old, k), k
+    warm = _with_engram(old, 2.4)
+    e_old = trace_fit.replay_error(old, f_old, m, dense, 20.0)
+    e_eng = trace_fit.replay_error(warm, fit(warm), m, dense, 20.0)
+    assert abs(e_eng) <= abs(e_old) + 1e-12  # the Engram time is predicted, row for row
 
 
 def test_fit_reduces_simulator_error(runs):
