@@ -257,7 +257,7 @@ def _cmd_simulate(a) -> int:
     plan = load_plan(a.plan) if a.plan else base_plan(model, hw, context=a.context, engine=a.engine)
     memory_map(model, hw, plan).check_fits(a.plan)
     r = simulate(model, hw, plan, prompt_tokens=a.prompt_tokens, gen_tokens=a.gen_tokens,
-                 streams=a.streams, seed=a.seed, routing=a.routing)
+                 streams=a.streams, seed=a.seed, routing=a.routing, engram_text=a.engram_text)
     if a.json:
         print(json.dumps(r.to_dict(), indent=2))
     else:
@@ -301,6 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--streams", type=int, default=None)
     p.add_argument("--context", type=int, default=None)
     p.add_argument("--routing", default=None, help="uniform, fitted, drifting, skewed:EXP or a trace .jsonl")
+    p.add_argument("--engram-text", choices=["seen", "new", "shared"], default="seen",
+                   help="Engram rows of the request's text: seen before (cached as far as RAM allows) or new (cold)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_simulate)
