@@ -73,9 +73,21 @@ def local_cases(n_layers: int, n_experts: int, n_gen: int = 64, n_prompt: int = 
     return cases
 
 
+def warm_page_cache(path: Path, chunk: int = 16 << 20) -> None:
+    """Read `path` once so its pages sit in the page cache (the simulator's "seen" Engram text)."""
+    buf = bytearray(chunk)
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
+
+
 def run_case(case: LocalCase, model_path: Path, trace_dir: Path, tag: str = "") -> dict:
-    """Execute one case; returns the executor's result dict (trace written under trace_dir)."""
+    """Execute one case; returns the executor's result dict (trace written under trace_dir). An
+    Engram case first reads its table into the page cache: its rows are cached, as predicted."""
+    from executor.make_model import engram_path
     from executor.runner import execute
+    if case.plan.placement.engram != "none" and engram_path(model_path).exists():
+        warm_page_cache(engram_path(model_path))
     trace = trace_dir / f"{case.name}{tag}.jsonl"
     return execute(case.plan, model_path, prompt_tokens=case.n_prompt, gen_tokens=case.n_gen, trace_path=trace)
 
