@@ -101,3 +101,17 @@ def test_gsq_2_00_expert_is_8_6_MB_and_200_picks_are_1_72_GB():
     assert round(m.expert_bytes / 1e6, 1) == 8.6
     assert round(m.routed_bytes / 1e9, 2) == 132.07
     assert round(m.routed_bytes_per_token(5) / 1e9, 2) == 1.72
+
+
+def test_rtx5070_even_spread_ceiling_3_8():
+    """DESIGN.md (rtx5070-64g, 2.00 bpw GGUF, Faster mode 5 of 6): 3 GB of experts on the card and
+    56 GB in RAM hold 44.7% of the experts; spread evenly, 55.3% of the 200 experts a token reads
+    (1.72 GB) come from the 3.6 GB/s SSD: 0.95 GB per token = 3.8 tok/s."""
+    from specs.loaders import load_hardware
+    m, hw = load_model("deepseek-v4.1-flash-1017-gsq-2.00"), load_hardware("rtx5070-64g")
+    held = (3.0e9 + 56e9) / m.routed_bytes
+    per_token = m.routed_bytes_per_token(5)
+    assert round(held, 3) == 0.447 and round(per_token / 1e9, 2) == 1.72
+    ssd = (1 - held) * per_token
+    assert round(ssd / 1e9, 2) == 0.95
+    assert round(ceiling_tok_s(ssd, hw.nvme.seq_read_gbs), 1) == 3.8
