@@ -116,8 +116,9 @@ class PrefillRun:
         ram = [layer for layer in range(md.n_layers) if layer in set(self.ram_layers)]
         nxt_ram = {a: b for a, b in zip(ram, ram[1:])}
         S = pf.dma_slots
-        # per RAM layer: batches landed, copies issued, next GEMM; the current layer on the GPU
-        st = {layer: {"landed": set(), "issued": set(), "gemm": 0} for layer in ram}
+        # per RAM layer: batches landed, copies issued, next GEMM, slots its last batches freed for
+        # the next layer's prefetch; the current layer on the GPU
+        st = {layer: {"landed": set(), "issued": set(), "gemm": 0, "freed": set()} for layer in ram}
 
         def issue(layer, j):
             st[layer]["issued"].add(j)
@@ -159,8 +160,15 @@ class PrefillRun:
             self.gemm_busy = False
             if g + S < len(sizes):
                 issue(layer, g + S)  # its slot is free now
-            elif pf.dma_prefetch and layer in nxt_ram and g % S < len(sizes):
-                issue(nxt_ram[layer], g % S)  # the next RAM layer's batch for this slot
+            elif pf.dma_prefetch and layer in nxt_ram:
+                # the next RAM layer's first batches, queued in order on the copy stream, each once
+                # its slot's last reader here is done (batch j goes to slot j)
+                nxt, free = nxt_ram[layer], st[layer]["freed"]
+                free.add(g % S)
+                j = len(st[nxt]["issued"])
+                while j < min(S, len(sizes)) and j in free:
+                    issue(nxt, j)
+                    j += 1
             gemm(layer)
 
         if not sizes:  # nothing routed: dense path only
