@@ -102,8 +102,10 @@ class CpuStep:
         cos, sin = self.cos[p0:p0 + n], self.sin[p0:p0 + n]  # [n, hd/2]
         trace, eng = r.trace, r.engram
         ex = r.experts
-        # every routed expert a CPU miss: Experts.forward's condition for its inline CPU step
-        direct, static = not ex.slot and ex.plan.miss_policy.kind == "cpu" and not X.THREAD_ALWAYS, ex.static
+        # every routed expert a CPU miss: Experts.forward's condition for its inline CPU step; with
+        # slots, a layer none of whose routed experts is resident takes that step too
+        cpu_misses, static = ex.plan.miss_policy.kind == "cpu" and not X.THREAD_ALWAYS, ex.static
+        slot = ex.slot
         t0 = pc()
         x = r.dense.embed_np(ids)  # [T, H]
         t_extra = pc() - t0  # the embedding counts as layer 0's dense time
@@ -121,7 +123,7 @@ class CpuStep:
             x += a
             norm_route(x, *self.route[i], h, eid, w)
             t1 = pc()
-            if direct and i not in static:
+            if cpu_misses and i not in static and (not slot or not any((i, e) in slot for e in eid.flat)):
                 rec = self._cpu_experts(i, h, eid, w, x)
             else:  # device tiers: the general expert step (torch on the CPU device), as in Runner.step
                 yt, rec = ex.forward(i, torch.from_numpy(h), eid, w)
