@@ -113,7 +113,7 @@ class PrefillRun:
         full, rest = divmod(touched, pf.dma_batch_experts)
         sizes = [float(pf.dma_batch_experts)] * int(full) + ([rest] if rest > 1e-9 else [])
         gemm_s = m.gpu_flops_s(n * self.k * md.expert_flops) / touched if touched else 0.0  # per expert
-        ram = [layer for layer in range(md.n_layers) if layer in set(self.ram_layers)]
+        ram = self.ram_layers  # in layer order
         nxt_ram = {a: b for a, b in zip(ram, ram[1:])}
         S = pf.dma_slots
         # per RAM layer: batches landed, copies issued, next GEMM, slots its last batches freed for

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import math
 
+from .engram import EngramText, gather_s, pages_per_row, ram_room
 from .policies import auction_split, chunks, expected_touched, mtp_tokens, ubatches
 from .prefill import TOUCH_LOCALITY, attention_flops
 from .resources import GB, Constants
@@ -74,7 +75,8 @@ def _layer_ms(n, h, t_hit, t_zc, t_copy, t_cpu, t_ssd, ssd_frac, handover, plan,
 
 
 def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
-           constants: Constants | None = None, routing=None, hit_rate: float | None = None) -> Screen:
+           constants: Constants | None = None, routing=None, hit_rate: float | None = None,
+           engram_text: str = "seen") -> Screen:
     """Steady-state decode tok/s, TTFT (s) and the bounding resource, in closed form."""
     c = constants or Constants.from_hw(hw)
     streams = int(streams or plan.streams)
@@ -115,9 +117,14 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
         dense_ms = (dense_b / (hw.cpu.expert_gbs_for(parse_format(model.dense_format), threads) * GB) * 1e3
                     + model.n_layers * c.cpu_job_ms  # one CPU job per layer, as the event simulation
                     + model.n_moe_layers * c.cpu_layer_ms)  # attention and experts alternating on the cores
-    eng_ms = 0.0
-    if model.engram is not None and plan.placement.engram == "nvme":
-        pages = ntok * model.engram_bytes_per_token(hw.page_bytes)
+    eng_ms = gather_ms = 0.0
+    cold = engram_cold(model, hw, plan, engram_text, prompt_tokens)
+    if model.engram is not None and plan.placement.engram == "nvme" and plan.placement.engram_gather == "inline":
+        gather_ms = len(model.engram.layers) * 1e3 * gather_s(
+            ntok * model.engram.rows_per_token_per_layer, cold[1], pages_per_row(model, hw.page_bytes),
+            c.engram_row_us, hw.nvme.latency_us * 1e-6, 1, hw.nvme.rand_4k_iops)
+    elif model.engram is not None and plan.placement.engram == "nvme" and cold[1] > 0:
+        pages = ntok * model.engram_bytes_per_token(hw.page_bytes) * cold[1]
         eng_ms = hw.nvme.latency_us * 1e-3 + pages / (hw.nvme.rand_4k_iops * hw.page_bytes) * 1e3
     step = {"gpu": dense_ms + n_static * n * t_hit + c.step_overhead_ms,
             "pcie_h2d": n_dyn * float(parts[2]),
@@ -125,18 +132,44 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
     step["gpu"] += n_dyn * lay - step["pcie_h2d"] - step["cpu"]
     if not (has_gpu and plan.placement.dense == "gpu"):  # the dense path ran on the host cores
         step["cpu (dense path)"] = step.pop("gpu")
-    step_ms = dense_ms + n_static * n * t_hit + n_dyn * lay + c.step_overhead_ms
+    if gather_ms:
+        step["nvme (Engram gather)"] = gather_ms
+    step_ms = dense_ms + n_static * n * t_hit + n_dyn * lay + c.step_overhead_ms + gather_ms
     step_ms = max(step_ms, eng_ms)
     tok_s = streams * committed / step_ms * 1e3
-    ttft = prefill_s(model, hw, plan, prompt_tokens, c) * streams + step_ms / 1e3 if prompt_tokens else step_ms / 1e3
+    ttft = (prefill_s(model, hw, plan, prompt_tokens, c, cold[0]) * streams + step_ms / 1e3 if prompt_tokens
+            else step_ms / 1e3)
     return Screen(tok_s, ttft, max(step, key=step.get), step, h)
 
 
-def prefill_s(model, hw, plan, prompt_tokens: int, c: Constants) -> float:
+def engram_cold(model, hw, plan, engram_text: str, prompt_tokens: int) -> tuple[float, float]:
+    """Cold fractions of a lone request's (prompt, answer) Engram rows (simulator.engram.EngramText)."""
+    if model.engram is None or plan.placement.engram != "nvme":
+        return 0.0, 0.0
+    text = EngramText(engram_text, ram_room(model, hw, plan), model.engram_bytes_per_token(hw.page_bytes))
+    return text.request(prompt_tokens, 0)
+
+
+def prefill_s(model, hw, plan, prompt_tokens: int, c: Constants, engram_cold: float = 0.0) -> float:
     """Seconds to prefill one prompt: per chunk, copy and compute overlapped (stream-all) or
-    serial (op offload), or experts on the CPU."""
+    serial (op offload), or experts on the CPU; plus an inline Engram gather of the prompt's rows
+    (`engram_cold` of them not cached)."""
     if prompt_tokens <= 0:
         return 0.0
+    gather = 0.0
+    if model.engram is not None and plan.placement.engram == "nvme" and plan.placement.engram_gather == "inline":
+        threads = plan.placement.engram_threads or plan.cpu_threads or hw.cpu.threads_used
+        pages = pages_per_row(model, hw.page_bytes)
+        for ch in chunks(prompt_tokens, plan.prefill.chunk_tokens):
+            for n in ([ch] if plan.prefill.strategy == "stream-all" else ubatches(ch, plan.prefill.ubatch_tokens)):
+                gather += len(model.engram.layers) * gather_s(
+                    n * model.engram.rows_per_token_per_layer, engram_cold, pages, c.engram_row_us,
+                    hw.nvme.latency_us * 1e-6, threads, hw.nvme.rand_4k_iops)
+    return gather + _prefill_compute_s(model, hw, plan, prompt_tokens, c)
+
+
+def _prefill_compute_s(model, hw, plan, prompt_tokens: int, c: Constants) -> float:
+    """prefill_s without the Engram gather."""
     k = plan.experts_per_token or model.top_k
     if hw.gpu is None:  # no device: dense path, attention and experts all on the host cores
         rate = c.cpu_prefill_gflops_per_core * 1e9 * (plan.cpu_threads or hw.cpu.threads_used)

@@ -99,3 +99,17 @@ def test_cpu_layer_cost_is_paid_once_per_moe_layer_in_both_models():
     step_ms = lambda r: 1e3 / r.decode_tok_s  # noqa: E731
     assert step_ms(s1) - step_ms(s0) == pytest.approx(model.n_moe_layers * 0.25, rel=1e-6)
     assert screen(model, hw, plan, constants=extra).decode_tok_s == pytest.approx(s1.decode_tok_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("text", ["seen", "new"])
+def test_inline_engram_gather_equals_closed_form(text):
+    """An inline Engram gather (cold rows: one page fault after another) lengthens the step by the
+    same amount in the event simulation and in the closed form, to 1e-9."""
+    model, hw = tiny_model(engram=True), machine()
+    plan = tiered(slots=0, kind="cpu")
+    plan = plan.model_copy(update={"placement": plan.placement.model_copy(
+        update={"engram": "nvme", "engram_gather": "inline"})})
+    sim = simulate(model, hw, plan, gen_tokens=1, routing="uniform", warm_steps=0, constants=CONSTS,
+                   engram_text=text)
+    scr = screen(model, hw, plan, constants=CONSTS, engram_text=text)
+    assert sim.decode_tok_s == pytest.approx(scr.decode_tok_s, rel=1e-9)
