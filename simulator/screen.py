@@ -194,7 +194,8 @@ def _prefill_compute_s(model, hw, plan, prompt_tokens: int, c: Constants) -> flo
                 total += _stream_all_chunk_s(model, pf, n, pos, k, ram_layers, flops_s, h2d)
             elif pf.strategy == "op-offload" and n >= pf.op_offload_min_batch:
                 total += comp + ram_layers * model.n_experts * eb / h2d
-            else:
+            else:  # RAM layers' experts on the host cores (not in `comp`), the rest on the device
+                comp -= n * k * model.expert_flops * ram_layers / flops_s
                 cpu = n * k * model.expert_flops * ram_layers / (c.cpu_prefill_gflops_per_core * 1e9
                                                                   * (plan.cpu_threads or hw.cpu.threads_used))
                 total += comp + cpu
