@@ -17,7 +17,7 @@ class DecodeRun:
     """Simulates `n_steps` decode steps on a Machine; `step_s` holds each step's duration (s)."""
 
     def __init__(self, m, model, plan, routing, cache, page_cache, rng, tokens_per_step: int,
-                 committed_per_step: float, context: int, streams: int = 1, engram_cold: float = 1.0):
+                 committed_per_step: float, context: int, streams: int = 1, engram_cold: float = 0.0):
         self.m, self.model, self.plan, self.cache, self.page = m, model, plan, cache, page_cache
         self.routing, self.rng = routing, rng
         self.ntok, self.committed, self.streams = tokens_per_step, committed_per_step, streams
