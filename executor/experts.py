@@ -135,7 +135,14 @@ class Experts:
         if mp.kind == "cpu":
             cpu, pcie = miss, miss[:0]
         elif mp.kind == "auction":
-            k_cpu, _ = auction_split(len(dev), len(miss), mp.t_hit_ms, mp.t_zc_ms, mp.c_a_ms, mp.c_b_ms)
+            tokens = None
+            if ids.shape[0] > 1 and len(miss) > 1:  # tokens per miss; the coldest go to the CPU first
+                score = getattr(self.cache, "score", None)
+                if score is not None:
+                    miss = miss[np.argsort(score[layer, miss], kind="stable")]
+                tokens = (ids.reshape(-1)[:, None] == miss[None, :]).sum(0)
+            k_cpu, _ = auction_split(len(dev), len(miss), mp.t_hit_ms, mp.t_zc_ms, mp.c_a_ms, mp.c_b_ms,
+                                     tokens=tokens, c_tok=mp.c_tok, max_cpu=mp.max_cpu)
             cpu, pcie = miss[:k_cpu], miss[k_cpu:]
         else:  # copy / zero-copy: every miss crosses PCIe
             cpu, pcie = miss[:0], miss

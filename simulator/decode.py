@@ -139,10 +139,8 @@ class DecodeRun:
         cnt = None
         if self.ntok == 1:
             ex = picks[0]
-        elif m.shares_host:  # a host device pays per (token, expert) product beyond the first
+        else:  # tokens per expert: the CPU tier (and a host device) pays per product beyond the first
             ex, cnt = np.unique(picks, return_counts=True)
-        else:
-            ex = np.unique(picks)
         self.reads += ex.size
         gate = None  # in-flight copy batches this layer's device kernel waits for
         if i in self.static_gpu:
@@ -159,20 +157,27 @@ class DecodeRun:
         n_h = int(np.count_nonzero(hit))
         n_m = ex.size - n_h
         self.hits += n_h
+        miss, mcnt = ex[~hit], (cnt[~hit] if cnt is not None else None)
+        score = getattr(self.cache, "score", None)
+        if mcnt is not None and score is not None and n_m > 1:  # the coldest misses go to the CPU first
+            order = np.argsort(score[i, miss], kind="stable")
+            miss, mcnt = miss[order], mcnt[order]
+        mp = self.plan.miss_policy
         if n_m == 0 or not m.has_gpu:
             k_cpu = n_m
+        elif self.kind == "auction" and mcnt is not None and mp.c_tok:
+            k_cpu = auction_split(n_h, n_m, *self.auction, tokens=mcnt, c_tok=mp.c_tok, max_cpu=mp.max_cpu)[0]
         elif self.kind == "auction":
             key = (n_h, n_m)
             k_cpu = self._memo.get(key)
             if k_cpu is None:
-                k_cpu = self._memo[key] = auction_split(n_h, n_m, *self.auction)[0]
+                k_cpu = self._memo[key] = auction_split(n_h, n_m, *self.auction, max_cpu=mp.max_cpu)[0]
         elif self.kind == "cpu":
             k_cpu = n_m
         else:
             k_cpu = 0
         n_ssd_cpu = n_ssd_gpu = 0
         if self.page is not None and n_m:
-            miss = ex[~hit]
             in_ram = self.page.res[i, miss]
             self.page.observe(i, miss)
             n_ssd_cpu = int((~in_ram[:k_cpu]).sum())
@@ -231,8 +236,7 @@ class DecodeRun:
                 overlap = ram_part + (n_ssd_cpu - 1) * eb
                 go = lambda: m.cpu_read(overlap, sub_done) if overlap else sub_done()
             else:
-                extra_s = (m.cpu_pairs_s(round((int(cnt[~hit].sum()) - n_m) * k_cpu / n_m))
-                           if cnt is not None else 0.0)
+                extra_s = m.cpu_pairs_s(int(mcnt[:k_cpu].sum()) - k_cpu) if mcnt is not None else 0.0
                 go = lambda: m.cpu_read(ram_part, lambda: self._join(layer, "cpu"), extra_s=extra_s)
             m.sim.after(ho, go) if ho else go()
         else:

@@ -18,19 +18,25 @@ Change = tuple[int, int, int]  # (layer, expert_in, expert_out); -1 = none
 # ----------------------------------------------------------------------------- miss auction
 
 def auction_cost_ms(k: int, n_hit: int, n_miss: int, t_hit_ms: float, t_zc_ms: float,
-                    c_a_ms: float, c_b_ms: float) -> float:
-    """Layer time t(k) in ms when k of n_miss misses go to the CPU and the rest are zero-copy."""
+                    c_a_ms: float, c_b_ms: float, tokens=None, c_tok: float = 0.0) -> float:
+    """Layer time t(k) in ms when k of n_miss misses go to the CPU and the rest are zero-copy.
+    `tokens`: tokens routed to each miss, in the order misses go to the CPU; each CPU expert then
+    costs c_b (1 + c_tok (tokens - 1)) (dsv41-flash-offload ct/ft_tier_cu_v.cu, `cpu_tok`)."""
     gpu = t_hit_ms * (n_hit + n_miss - k) + t_zc_ms * (n_miss - k)
-    cpu = (c_a_ms + c_b_ms * k) if k > 0 else 0.0
-    return max(gpu, cpu)
+    if k <= 0:
+        return gpu
+    extra = c_tok * float(np.sum(np.asarray(tokens[:k]) - 1)) if tokens is not None and c_tok else 0.0
+    return max(gpu, c_a_ms + c_b_ms * (k + extra))
 
 
 def auction_split(n_hit: int, n_miss: int, t_hit_ms: float, t_zc_ms: float, c_a_ms: float,
-                  c_b_ms: float) -> tuple[int, float]:
-    """(k_cpu, t_ms): misses handed to the CPU minimising t(k) (ties: fewest CPU experts)."""
+                  c_b_ms: float, tokens=None, c_tok: float = 0.0, max_cpu: int | None = None) -> tuple[int, float]:
+    """(k_cpu, t_ms): misses handed to the CPU minimising t(k) (ties: fewest CPU experts), at most
+    `max_cpu`; `tokens` and `c_tok` as in auction_cost_ms."""
     best_k, best_t = 0, math.inf
-    for k in range(n_miss + 1):
-        t = auction_cost_ms(k, n_hit, n_miss, t_hit_ms, t_zc_ms, c_a_ms, c_b_ms)
+    top = n_miss if max_cpu is None else min(n_miss, max_cpu)
+    for k in range(top + 1):
+        t = auction_cost_ms(k, n_hit, n_miss, t_hit_ms, t_zc_ms, c_a_ms, c_b_ms, tokens, c_tok)
         if t < best_t - 1e-12:
             best_k, best_t = k, t
     return best_k, best_t

@@ -55,7 +55,8 @@ def _layer_ms(n, h, t_hit, t_zc, t_copy, t_cpu, t_ssd, ssd_frac, handover, plan,
             kc = nm
         elif plan.miss_policy.kind == "auction":
             mp = plan.miss_policy
-            kc = memo.setdefault((nh, nm), auction_split(nh, nm, mp.t_hit_ms, mp.t_zc_ms, mp.c_a_ms, mp.c_b_ms)[0])
+            kc = memo.setdefault((nh, nm), auction_split(nh, nm, mp.t_hit_ms, mp.t_zc_ms, mp.c_a_ms, mp.c_b_ms,
+                                                         max_cpu=mp.max_cpu)[0])
         elif plan.miss_policy.kind == "cpu":
             kc = nm
         else:

@@ -73,6 +73,10 @@ class MissPolicy(_Strict):
     t_zc_ms: float = Field(default=0.58, gt=0)  # per zero-copy expert over PCIe
     c_a_ms: float = Field(default=0.11, ge=0)  # per CPU job
     c_b_ms: float = Field(default=0.20, gt=0)  # per CPU expert
+    # a CPU expert routed by several tokens of a step costs c_b (1 + c_tok (tokens - 1)) in the
+    # auction (DSV41_CT_TOK); at most max_cpu misses go to the CPU (DSV41_CT_MAXN)
+    c_tok: float = Field(default=0.0, ge=0)
+    max_cpu: int | None = Field(default=None, ge=0)
 
 
 class Prefill(_Strict):
@@ -154,7 +158,7 @@ def plan_template(engine: str) -> Plan:
                     expert_cache=ExpertCache(policy="decayed-count", swap_every=16, swap_max=48,
                                              decay=0.9 ** (1 / 16), fill="at-replan",
                                              warmup_steps=64, copies="async"),
-                    miss_policy=MissPolicy(kind="auction"),
+                    miss_policy=MissPolicy(kind="auction", c_tok=0.35, max_cpu=384),
                     prefill=Prefill(strategy="stream-all", chunk_tokens=8192, ubatch_tokens=8192,
                                     dma_batch_experts=8, dma_slots=8, dma_prefetch=True),
                     kv=KVCache(context=262144, dtype="fp8"),

@@ -195,3 +195,23 @@ def test_at_replan_release_before_the_pool_exists_is_a_no_op():
         cache.observe(0, np.arange(6))
         cache.end_step()
     assert cache.n_resident == 3
+
+
+def test_auction_charges_each_further_token_of_a_cpu_expert():
+    """dsv41-flash-offload's split kernel (ct/ft_tier_cu_v.cu): a CPU expert routed by n tokens
+    costs c_b (1 + c_tok (n - 1)). 2 hits, 4 misses routed by 1, 1, 2, 3 tokens (coldest first),
+    c_tok 0.35: k = 3 still, at 0.11 + 0.20 x 3.35 = 0.78 ms; at most 2 CPU experts: k = 2, 1.28 ms."""
+    k, t = auction_split(2, 4, 0.03, 0.58, 0.11, 0.20, tokens=[1, 1, 2, 3], c_tok=0.35)
+    assert k == 3 and abs(t - 0.78) < 1e-9
+    k, t = auction_split(2, 4, 0.03, 0.58, 0.11, 0.20, tokens=[1, 1, 2, 3], c_tok=0.35, max_cpu=2)
+    assert k == 2 and abs(t - 1.28) < 1e-9
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 10), st.lists(st.integers(1, 4), max_size=10), st.floats(0, 1), st.integers(0, 10))
+def test_token_aware_auction_optimal_against_brute_force(nh, tokens, c_tok, cap):
+    """With tokens per miss and a cap, the chosen k minimises t(k) over every k <= min(n_miss, cap)."""
+    nm = len(tokens)
+    k, t = auction_split(nh, nm, 0.03, 0.58, 0.11, 0.20, tokens=tokens, c_tok=c_tok, max_cpu=cap)
+    brute = min(auction_cost_ms(j, nh, nm, 0.03, 0.58, 0.11, 0.20, tokens, c_tok) for j in range(min(nm, cap) + 1))
+    assert 0 <= k <= min(nm, cap) and abs(t - brute) < 1e-9
