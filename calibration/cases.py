@@ -142,8 +142,8 @@ def all_cases() -> list[Case]:
         Case("prefill-stream-all-8k", DSV, EPYC, chunk16k, "prefill_tok_s", 690.0,
              SRC_FT + " README (D061: 16,384-token chunks, 690-790 tok/s from 8k to 261k)", 0.20,
              prompt_tokens=8192, gen_tokens=1, sized=True,
-             note="the low end of 690-790 assigned to the shortest prompt (copies amortised "
-                  "over fewest tokens)"),
+             note="DESIGN.md's low end of 690-790; the engine's runtime/patch_dma_prefetch.py reports "
+                  "787 at 8k once the next layer's batches are prefetched (D135)"),
         Case("prefill-stream-all-261k", DSV, EPYC, d119, "ttft_s", 341.6,
              SRC_FT + " README (261k prompt = 341.6 s TTFT), results/D119/ctx_scan_261k.json", 0.20,
              prompt_tokens=261000, gen_tokens=1, sized=True,
