@@ -87,3 +87,16 @@ def test_unknown_engine_is_one_line_exit_2(capsys):
         main(["simulate", "--hw", "epyc8ch-3090", "--engine", "vllm"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and "invalid choice: 'vllm'" in err
+
+
+def test_simulate_new_engram_text_is_slower_than_seen(capsys):
+    """`simulate --engram-text new` (every Engram row cold, gathered inline by the tiered-cache engine)
+    decodes slower and reads NVMe; `seen` text is in the page cache and reads none."""
+    out = {}
+    for text in ("seen", "new"):
+        assert main(["simulate", "--hw", "epyc8ch-3090", "--model", "deepseek-v4.1-flash-3.02", "--engine",
+                     "tiered-cache", "--prompt-tokens", "0", "--gen-tokens", "32", "--engram-text", text,
+                     "--json"]) == 0
+        out[text] = json.loads(capsys.readouterr().out)
+    assert out["new"]["decode_tok_s"] < out["seen"]["decode_tok_s"]
+    assert out["seen"]["bytes_by_tier"]["nvme"] == 0 < out["new"]["bytes_by_tier"]["nvme"]
