@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .engram import gather_s, pages_per_row
+from .engram import layer_gather_s, pages_per_row
 from .policies import auction_split
 
 _CRIT = ("gpu", "pcie_h2d", "cpu", "nvme", "handover")
@@ -38,7 +38,6 @@ class DecodeRun:
                                                           in ("nvme",)) else set()
         self.engram_inline = plan.placement.engram_gather == "inline"
         self.engram_cold = engram_cold  # fraction of this request's rows not in the page cache
-        self._gathered = None  # the Engram layer of this step whose rows are already gathered
         self.handover_s = m.c.handover_ms * 1e-3
         self.step_s: list[float] = []
         self.crit = dict.fromkeys(_CRIT, 0.0)
@@ -64,7 +63,7 @@ class DecodeRun:
             return
         self.t0 = self.m.sim.now
         self.r = self.routes[self.step_idx]
-        self.engram_ready, self.engram_wait, self._gathered = True, None, None
+        self.engram_ready, self.engram_wait = True, None
         nbytes = self.ntok * self.model.engram_bytes_per_token(self.m.hw.page_bytes) * self.engram_cold
         if self.engram_layers and nbytes and not self.engram_inline:
             # row ids depend only on token ids: the cold pages are read before the pass
@@ -75,24 +74,19 @@ class DecodeRun:
 
     def _gather(self, layer: int) -> None:
         """The layer's Engram rows gathered while the stream waits: host time per row, and a
-        page fault (one NVMe read at a time) per cold page."""
-        m, e = self.m, self.model.engram
-        rows = self.ntok * e.rows_per_token_per_layer
-        pages = pages_per_row(self.model, m.hw.page_bytes)
-        warm_s = gather_s(rows, 0.0, pages, m.c.engram_row_us, m.nvme_latency, 1, m.hw.nvme.rand_4k_iops)
-        total_s = gather_s(rows, self.engram_cold, pages, m.c.engram_row_us, m.nvme_latency, 1,
-                           m.hw.nvme.rand_4k_iops)
-        self.bytes_by_tier["nvme"] += rows * self.engram_cold * pages * m.hw.page_bytes
+        page fault (one NVMe read at a time) per cold page; then the layer's dense path."""
+        m = self.m
+        warm_s = layer_gather_s(self.model, m.hw, m.c, self.ntok, 0.0)
+        total_s = layer_gather_s(self.model, m.hw, m.c, self.ntok, self.engram_cold)
+        rows = self.ntok * self.model.engram.rows_per_token_per_layer
+        self.bytes_by_tier["nvme"] += rows * self.engram_cold * pages_per_row(self.model, m.hw.page_bytes) \
+            * m.hw.page_bytes
         self.crit["cpu"] += warm_s
         self.crit["nvme"] += total_s - warm_s
-
-        def resume():
-            self._gathered = layer
-            self._layer(layer)
         if self.dense_on_gpu and not m.shares_host:
-            m.gpu.submit(total_s, resume)  # a host callback on the compute stream
+            m.gpu.submit(total_s, lambda: self._dense(layer))  # a host callback on the compute stream
         else:
-            m.sim.after(total_s, resume)
+            m.sim.after(total_s, lambda: self._dense(layer))
 
     def _engram_done(self) -> None:
         self.engram_ready = True
@@ -112,9 +106,13 @@ class DecodeRun:
             t_wait = self.m.sim.now
             self.engram_wait = lambda: self._engram_resume(layer, t_wait)
             return
-        if layer in self.engram_layers and self.engram_inline and layer != self._gathered:
+        if layer in self.engram_layers and self.engram_inline:
             self._gather(layer)
-            return
+        else:
+            self._dense(layer)
+
+    def _dense(self, layer: int) -> None:
+        """The layer's dense path (attention reading the KV cache, router, shared expert)."""
         m = self.m
         kv = self.kv_tok * self.context * self.ntok / self.model.n_layers
         w_bytes = self.dense_layer_bytes

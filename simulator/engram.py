@@ -66,6 +66,19 @@ def gather_s(rows: float, cold: float, pages: float, row_us: float, latency_s: f
     return rows * row_us * 1e-6 / t + (faults / rate if faults > 0 and rate > 0 else 0.0)
 
 
+def gathers_inline(model, plan) -> bool:
+    """True when the plan gathers the model's Engram rows from NVMe inline, layer by layer."""
+    return (model.engram is not None and plan.placement.engram == "nvme"
+            and plan.placement.engram_gather == "inline")
+
+
+def layer_gather_s(model, hw, c, tokens: int, cold: float, threads: int = 1) -> float:
+    """Seconds one Engram layer's inline gather of `tokens` tokens' rows holds the stream (gather_s
+    with the model's rows and pages, the hardware's drive and the constants' host cost per row)."""
+    return gather_s(tokens * model.engram.rows_per_token_per_layer, cold, pages_per_row(model, hw.page_bytes),
+                    c.engram_row_us, hw.nvme.latency_us * 1e-6, threads, hw.nvme.rand_4k_iops)
+
+
 def ram_room(model, hw, plan) -> float:
     """Bytes of RAM the page cache has for Engram rows: capacity less what the plan pins (inf when
     the plan's memory map cannot be drawn, e.g. a host-sharing device)."""

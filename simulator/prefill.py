@@ -5,7 +5,7 @@ with compute) and CPU prefill.
 Attention is quadratic in context (capped for sparse-attention models)."""
 from __future__ import annotations
 
-from .engram import gather_s, pages_per_row
+from .engram import gathers_inline, layer_gather_s
 from .policies import chunks, expected_touched, op_offload, ubatches
 
 # Sparse attention: each query attends at most this many earlier tokens (DeepSeek V3.2+/V4 DSA
@@ -46,9 +46,7 @@ class PrefillRun:
         self.ram_layers = [l for l in moe if l not in self.gpu_layers]
         self.crit = {"gpu": 0.0, "copy_engine": 0.0, "cpu": 0.0}
         self.elapsed_s = 0.0
-        inline = (model.engram is not None and plan.placement.engram == "nvme"
-                  and plan.placement.engram_gather == "inline")
-        self.engram_layers = set(model.engram.layers) if inline else set()
+        self.engram_layers = set(model.engram.layers) if gathers_inline(model, plan) else set()
         self.engram_cold = engram_cold  # fraction of the prompt's rows not in the page cache
 
     def start(self, done) -> None:
@@ -90,10 +88,8 @@ class PrefillRun:
         if layer not in self.engram_layers:
             return 0.0
         m = self.m
-        rows = n * self.model.engram.rows_per_token_per_layer
-        return gather_s(rows, self.engram_cold, pages_per_row(self.model, m.hw.page_bytes),
-                        m.c.engram_row_us, m.nvme_latency, self.plan.placement.engram_threads or m.threads,
-                        m.hw.nvme.rand_4k_iops)
+        return layer_gather_s(self.model, m.hw, m.c, n, self.engram_cold,
+                              self.plan.placement.engram_threads or m.threads)
 
     def _host_dense_s(self, pos: int, n: int) -> float:
         """Host-core seconds for one layer's dense path and attention of an n-token batch (no device)."""
@@ -171,8 +167,6 @@ class PrefillRun:
                     j += 1
             gemm(layer)
 
-        if not sizes:  # nothing routed: dense path only
-            st.clear()
         self.cur, self.gemm_busy = None, False
         dense(0)
 
@@ -188,13 +182,12 @@ class PrefillRun:
         nxt = lambda: self._per_layer(pos, n, layer + 1)
         is_moe = layer in set(md.layers_moe)
         in_ram = is_moe and layer not in self.gpu_layers
-        host_s = 0.0 if m.has_gpu else self._host_dense_s(pos, n)  # no device: the host cores run it
-        host_s += 0.0 if m.has_gpu else self._engram_s(n, layer)
+        eng_s = self._engram_s(n, layer)  # holds the device stream, or the host cores without one
+        host_s = 0.0 if m.has_gpu else self._host_dense_s(pos, n) + eng_s  # no device: the host cores run it
         if not in_ram and not m.has_gpu:
             m.cpu.acquire(m.threads, lambda: m.sim.after(host_s, lambda: (m.cpu.release(m.threads), nxt())))
             return
-        dense_s = self._compute_s(pos, n, layer, experts_on_gpu=not in_ram) + (
-            self._engram_s(n, layer) if m.has_gpu else 0.0)
+        dense_s = self._compute_s(pos, n, layer, experts_on_gpu=not in_ram) + eng_s
         if not in_ram:
             m.gpu.submit(dense_s, nxt)
             return

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import math
 
-from .engram import EngramText, gather_s, pages_per_row, ram_room
+from .engram import EngramText, gathers_inline, layer_gather_s, ram_room
 from .policies import auction_split, chunks, expected_touched, mtp_tokens, ubatches
 from .prefill import TOUCH_LOCALITY, attention_flops
 from .resources import GB, Constants
@@ -119,11 +119,9 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
                     + model.n_layers * c.cpu_job_ms  # one CPU job per layer, as the event simulation
                     + model.n_moe_layers * c.cpu_layer_ms)  # attention and experts alternating on the cores
     eng_ms = gather_ms = 0.0
-    cold = engram_cold(model, hw, plan, engram_text, prompt_tokens)
-    if model.engram is not None and plan.placement.engram == "nvme" and plan.placement.engram_gather == "inline":
-        gather_ms = len(model.engram.layers) * 1e3 * gather_s(
-            ntok * model.engram.rows_per_token_per_layer, cold[1], pages_per_row(model, hw.page_bytes),
-            c.engram_row_us, hw.nvme.latency_us * 1e-6, 1, hw.nvme.rand_4k_iops)
+    cold = engram_cold_fractions(model, hw, plan, engram_text, prompt_tokens)
+    if gathers_inline(model, plan):
+        gather_ms = len(model.engram.layers) * 1e3 * layer_gather_s(model, hw, c, ntok, cold[1])
     elif model.engram is not None and plan.placement.engram == "nvme" and cold[1] > 0:
         pages = ntok * model.engram_bytes_per_token(hw.page_bytes) * cold[1]
         eng_ms = hw.nvme.latency_us * 1e-3 + pages / (hw.nvme.rand_4k_iops * hw.page_bytes) * 1e3
@@ -143,7 +141,7 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
     return Screen(tok_s, ttft, max(step, key=step.get), step, h)
 
 
-def engram_cold(model, hw, plan, engram_text: str, prompt_tokens: int) -> tuple[float, float]:
+def engram_cold_fractions(model, hw, plan, engram_text: str, prompt_tokens: int) -> tuple[float, float]:
     """Cold fractions of a lone request's (prompt, answer) Engram rows (simulator.engram.EngramText)."""
     if model.engram is None or plan.placement.engram != "nvme":
         return 0.0, 0.0
@@ -158,14 +156,11 @@ def prefill_s(model, hw, plan, prompt_tokens: int, c: Constants, engram_cold: fl
     if prompt_tokens <= 0:
         return 0.0
     gather = 0.0
-    if model.engram is not None and plan.placement.engram == "nvme" and plan.placement.engram_gather == "inline":
+    if gathers_inline(model, plan):
         threads = plan.placement.engram_threads or plan.cpu_threads or hw.cpu.threads_used
-        pages = pages_per_row(model, hw.page_bytes)
         for ch in chunks(prompt_tokens, plan.prefill.chunk_tokens):
             for n in ([ch] if plan.prefill.strategy == "stream-all" else ubatches(ch, plan.prefill.ubatch_tokens)):
-                gather += len(model.engram.layers) * gather_s(
-                    n * model.engram.rows_per_token_per_layer, engram_cold, pages, c.engram_row_us,
-                    hw.nvme.latency_us * 1e-6, threads, hw.nvme.rand_4k_iops)
+                gather += len(model.engram.layers) * layer_gather_s(model, hw, c, n, engram_cold, threads)
     return gather + _prefill_compute_s(model, hw, plan, prompt_tokens, c)
 
 
