@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 
+import numba
 import numpy as np
 import torch
 
@@ -82,7 +83,7 @@ class CpuStep:
         y.fill(0.0)
         t = time.perf_counter()
         moe = K._moe_serial if experts.shape[0] * eb < K._SERIAL_BYTES else K._moe  # as kernels.moe_cpu
-        moe(*args, h, experts, offs, tok, wts, act, y)
+        moe(*args, h, experts, offs, tok, wts, act, y, numba.get_num_threads())
         t_cpu = (time.perf_counter() - t) * 1e3
         x += y
         self.r.experts.cache.observe(i, eid.reshape(-1))

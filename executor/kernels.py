@@ -149,13 +149,68 @@ def _moe_down(it, dd, dc, H, experts, offs, tok, wts, act, a16, da, maxm, out):
                 out[t, r0 + r] += wts[a0 + k] * y[k, r]
 
 
+@njit(fastmath=True, cache=True)
+def _expert_whole(i, gd, gc, ud, uc, dd, dc, F, H, experts, offs, tok, wts, xg, x16, dx, out):
+    """Expert i of the CSR list, start to end on this thread: out[t] += w * down(silu(gate x) * up x) for
+    each of its tokens t (weight w)."""
+    e = experts[i]
+    a0 = offs[i]
+    m = offs[i + 1] - a0
+    s = slice(a0, a0 + m)
+    g = np.empty((m, F), np.float32)  # [m, F]: gate x, then the activation
+    u = np.empty((m, F), np.float32)
+    _rows_matmul(gc, gd[e], 0, F, gd.shape[1] // F, xg[s], x16[s], dx[s], g)
+    _rows_matmul(uc, ud[e], 0, F, ud.shape[1] // F, xg[s], x16[s], dx[s], u)
+    for k in range(m):
+        for f in range(F):
+            gv = g[k, f]
+            g[k, f] = gv / (np.float32(1.0) + np.exp(-gv)) * u[k, f]
+    a16, da = _quant_rows(g)
+    y = np.empty((m, H), np.float32)  # [m, H]
+    _rows_matmul(dc, dd[e], 0, H, dd.shape[1] // H, g, a16, da, y)
+    for k in range(m):
+        t = tok[a0 + k]
+        for h in range(H):
+            out[t, h] += wts[a0 + k] * y[k, h]
+
+
+@njit(cache=True)
+def _owners(offs, nthr):
+    """Experts to threads, most tokens first onto the least loaded -> (owner [n], max load / mean load)."""
+    n = offs.shape[0] - 1
+    m = offs[1:] - offs[:-1]
+    owner = np.zeros(n, np.int64)
+    load = np.zeros(nthr, np.int64)
+    for i in np.argsort(-m, kind="mergesort"):
+        t = np.argmin(load)
+        owner[i] = t
+        load[t] += m[i]
+    return owner, load.max() * nthr / max(1, load.sum())
+
+
+_BALANCED = 1.1  # max / mean thread load up to which whole experts go to threads
+
+
 @njit(parallel=True, nogil=True, fastmath=True, cache=True)
-def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out):
+def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nthr):
     """SwiGLU experts: out[t] += sum_a wts[a] * down_e(silu(gate_e x_t) * up_e x_t), CSR by expert.
 
-    gd/ud/dd: flat expert bytes [E, rows * row_bytes]; act [m, F] scratch. Rows split across threads.
+    gd/ud/dd: flat expert bytes [E, rows * row_bytes]; act [m, F] scratch; nthr the kernel threads.
+    When the experts split evenly over the threads (decode: one token's top-k), each thread runs whole
+    experts into its own partial output: one parallel region, no barrier between the up and the down
+    products (expert GB/s at 2 threads, side by side: +7% on `small-q4`, +10% on `small`). Otherwise
+    rows split across threads in two phases.
     """
     xg, x16, dx, maxm = _moe_prep(x, experts, offs, tok)
+    owner, imbalance = _owners(offs, nthr)
+    if maxm <= _FUSED and imbalance <= _BALANCED:
+        part = np.zeros((nthr, out.shape[0], H), np.float32)
+        for t in prange(nthr):
+            for i in np.flatnonzero(owner == t):
+                _expert_whole(i, gd, gc, ud, uc, dd, dc, F, H, experts, offs, tok, wts, xg, x16, dx, part[t])
+        for t in range(nthr):
+            out += part[t]
+        return
     for it in prange(experts.shape[0] * ((F + _ROWS - 1) // _ROWS)):
         _moe_up(it, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, act)
     a16, da = _quant_rows(act)
@@ -164,8 +219,8 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out):
 
 
 @njit(nogil=True, fastmath=True, cache=True)
-def _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out):
-    """_moe on the calling thread (little work: a parallel region costs more than it saves)."""
+def _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nthr=1):
+    """_moe on the calling thread (little work: a parallel region costs more than it saves); nthr unused."""
     xg, x16, dx, maxm = _moe_prep(x, experts, offs, tok)
     for it in range(experts.shape[0] * ((F + _ROWS - 1) // _ROWS)):
         _moe_up(it, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, act)
@@ -344,7 +399,7 @@ def moe_cpu(gate, up, down, x: np.ndarray, experts, offs, tok, wts, out: np.ndar
         work = experts.shape[0] * (gate.expert_bytes + up.expert_bytes + down.expert_bytes)
         fn = _moe_serial if work < _SERIAL_BYTES else _moe
         fn(flat(gate), gate.code, flat(up), up.code, flat(down), down.code, gate.rows, down.rows,
-           x, experts, offs, tok, wts, act, out)
+           x, experts, offs, tok, wts, act, out, numba.get_num_threads())
     return out
 
 
@@ -358,7 +413,7 @@ def warm_up(gate, up, down, parts=None) -> None:
     out = np.zeros_like(x)
     for fn in (_moe_serial, _moe):
         fn(flat(gate), gate.code, flat(up), up.code, flat(down), down.code, gate.rows, down.rows,
-           x, experts, offs, tok, wts, act, out)
+           x, experts, offs, tok, wts, act, out, numba.get_num_threads())
     if parts:
         xp = np.zeros((1, parts[0][3]), np.float32)
         ps = list(parts) + [(parts[0][0][:0], parts[0][1], 0, None)] * (3 - len(parts))
