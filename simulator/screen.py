@@ -44,23 +44,36 @@ def expected_hit_rate(model, plan, routing=None, seed: int = 0) -> float:
     return float(top.sum() / pi.sum())
 
 
-def _layer_ms(n, h, t_hit, t_zc, t_copy, t_cpu, t_ssd, ssd_frac, handover, plan, has_gpu, memo, job=0.0):
-    """Expected ms of one MoE layer with n distinct experts, hit probability h (binomial)."""
+def _tokens_per_expert(ntok: int, k: int, n: int) -> float:
+    """Mean tokens routed to each of a layer's n distinct experts in a step of ntok tokens (top-k)."""
+    return ntok * k / n if ntok > 1 and n else 1.0
+
+
+def _cpu_count(nh: int, nm: int, plan, has_gpu: bool, memo: dict, m: float = 1.0) -> int:
+    """Misses the plan hands to the CPU tier; the auction prices a CPU expert routed by m tokens as
+    c_b (1 + c_tok (m - 1)) (policies.auction_split, as decode.py does with each expert's count)."""
+    mp = plan.miss_policy
+    if nm == 0 or not has_gpu or mp.kind == "cpu":
+        return nm
+    if mp.kind != "auction":
+        return 0
+    if (nh, nm) not in memo:
+        tokens = np.full(nm, m) if m > 1 and mp.c_tok else None
+        memo[nh, nm] = auction_split(nh, nm, mp.t_hit_ms, mp.t_zc_ms, mp.c_a_ms, mp.c_b_ms, tokens=tokens,
+                                     c_tok=mp.c_tok if tokens is not None else 0.0, max_cpu=mp.max_cpu)[0]
+    return memo[nh, nm]
+
+
+def _layer_ms(n, h, t_hit, t_zc, t_copy, t_cpu, t_ssd, ssd_frac, handover, plan, has_gpu, memo, job=0.0,
+              m=1.0, t_pair=0.0):
+    """Expected ms of one MoE layer with n distinct experts, hit probability h (binomial); each routed
+    by m tokens, a CPU expert's m - 1 further products cost t_pair ms each."""
     j = np.arange(n + 1)
     p = binom_pmf(n, h)
     out = np.zeros((n + 1, 3))  # per j: gpu side, cpu side, pcie part
     for nh in j:
         nm = n - nh
-        if nm == 0 or not has_gpu:
-            kc = nm
-        elif plan.miss_policy.kind == "auction":
-            mp = plan.miss_policy
-            kc = memo.setdefault((nh, nm), auction_split(nh, nm, mp.t_hit_ms, mp.t_zc_ms, mp.c_a_ms, mp.c_b_ms,
-                                                         max_cpu=mp.max_cpu)[0])
-        elif plan.miss_policy.kind == "cpu":
-            kc = nm
-        else:
-            kc = 0
+        kc = _cpu_count(nh, nm, plan, has_gpu, memo, m)
         ng = nm - kc
         ssd_c, ssd_g = kc * ssd_frac, ng * ssd_frac
         gpu = nh * t_hit + ng * t_zc + ssd_g * t_ssd if has_gpu else 0.0
@@ -70,6 +83,8 @@ def _layer_ms(n, h, t_hit, t_zc, t_copy, t_cpu, t_ssd, ssd_frac, handover, plan,
         if kc:
             tail = min(ssd_c, 1.0)  # pages stream in while the CPU computes; one expert trails
             cpu = job + (handover if has_gpu else 0.0) + max((kc - tail) * t_cpu, ssd_c * t_ssd) + tail * t_cpu
+            if m > 1:  # the further (token, expert) products, on any machine (decode.py: cpu_pairs_s)
+                cpu += kc * (m - 1) * t_pair
         out[nh] = (gpu, cpu, ng * t_zc)
     per_j = out[:, :2].max(axis=1)
     return float(p @ per_j), p @ out
@@ -104,8 +119,10 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
     ntok = streams * verify
     n = int(round(distinct_per_layer(ntok, model.n_experts, k)))
     memo: dict = {}
+    m = _tokens_per_expert(ntok, k, n)
+    t_pair = model.expert_flops / (c.cpu_prefill_gflops_per_core * 1e9 * threads) * 1e3  # as Machine.cpu_pairs_s
     lay, parts = _layer_ms(n, h, t_hit, t_zc, t_copy, t_cpu, t_ssd, ssd_frac, c.handover_ms, plan, has_gpu, memo,
-                           c.cpu_job_ms)
+                           c.cpu_job_ms, m, t_pair)
     gpu_layers = set(plan.placement.gpu_expert_layers)
     n_static = sum(1 for x in model.layers_moe if x in gpu_layers)
     n_dyn = model.n_moe_layers - n_static

@@ -1,5 +1,8 @@
 """Without contention the event simulation equals the closed-form screen (same constants)."""
+from dataclasses import replace
+
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from simulator.resources import Constants
 from simulator.run import simulate
@@ -113,3 +116,83 @@ def test_inline_engram_gather_equals_closed_form(text):
                    engram_text=text)
     scr = screen(model, hw, plan, constants=CONSTS, engram_text=text)
     assert sim.decode_tok_s == pytest.approx(scr.decode_tok_s, rel=1e-9)
+
+
+# ----------------------------------------------------------------------------- several tokens a step
+
+def _d141(streams_case: str = "D141-1stream"):
+    """Model, hardware and sized plan of a D141 case (calibration.cases, as calibration.fit runs it)."""
+    from calibration.cases import get_case
+    from specs.loaders import load_hardware, load_model
+    from specs.memory import size_cache
+    case = get_case(streams_case)
+    model, hw = load_model(case.model), load_hardware(case.hardware)
+    return case, model, hw, size_cache(model, hw, case.plan)
+
+
+def _miss(plan, **upd):
+    """`plan` with its miss policy updated."""
+    return plan.model_copy(update={"miss_policy": plan.miss_policy.model_copy(update=upd)})
+
+
+@pytest.mark.parametrize("kind", ["auction", "cpu", "zero-copy", "copy"])
+def test_one_token_a_step_ignores_the_token_aware_terms(kind):
+    """One stream, no MTP: every distinct expert is routed by one token, so neither the auction's
+    c_tok (DSV41_CT_TOK) nor the CPU rate of further products (cpu_prefill_gflops_per_core) can
+    move the screen: it equals the c_tok 0 screen (the single-token path), bit for bit."""
+    _, model, hw, plan = _d141()
+    for mdl, machine_, p in ((model, hw, _miss(plan, kind=kind)), (tiny_model(), machine(), tiered(kind=kind))):
+        old = screen(mdl, machine_, _miss(p, c_tok=0.0), streams=1, constants=CONSTS)
+        slow = replace(CONSTS, cpu_prefill_gflops_per_core=1e-3)
+        new = screen(mdl, machine_, _miss(p, c_tok=0.35), streams=1, constants=slow)
+        assert (new.decode_tok_s, new.step_ms) == (old.decode_tok_s, old.step_ms)
+
+
+@pytest.mark.parametrize("streams", [2, 4])
+def test_token_aware_split_moves_screen_toward_simulation(streams, monkeypatch):
+    """D141 (auction, c_tok 0.35, at most 384 CPU experts): with several streams a distinct expert
+    is routed by ntok k / n tokens on average, and a CPU expert costs c_b (1 + c_tok (m - 1)) plus
+    its further products (dsv41-flash-offload ct/ft_tier_cu_v.cu, as simulator/decode.py). The
+    screen's error against the event simulation is no larger than the single-token split's."""
+    import simulator.screen as scr_mod
+    case, model, hw, plan = _d141()
+    sim = simulate(model, hw, plan, streams=streams, gen_tokens=case.gen_tokens,
+                   warm_steps=case.warm_steps).decode_tok_s
+    new = screen(model, hw, plan, streams=streams).decode_tok_s
+    monkeypatch.setattr(scr_mod, "_tokens_per_expert", lambda ntok, k, n: 1.0)
+    old = screen(model, hw, plan, streams=streams).decode_tok_s
+    print(f"{streams} streams: sim {sim:.3f}, screen {new:.3f} (single-token {old:.3f}) tok/s")
+    assert abs(new - sim) <= abs(old - sim)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 8), st.sampled_from([0, 4, 8]), st.floats(0, 2), st.floats(0, 2))
+def test_raising_c_tok_never_hands_the_cpu_more_misses(streams, slots, a, b):
+    """The screen's split prices a CPU expert routed by m tokens at c_b (1 + c_tok (m - 1)): a dearer
+    further token never moves a miss to the CPU, for any hit count of the layer. (The screen's
+    tok/s itself need not fall: the auction prices with the plan's constants, the screen times
+    with the machine's.)"""
+    from simulator.routing import distinct_per_layer
+    from simulator.screen import _cpu_count, _tokens_per_expert
+    model, plan = tiny_model(), tiered(slots=slots)
+    lo, hi = sorted((a, b))
+    k = model.top_k
+    n = int(round(distinct_per_layer(streams, model.n_experts, k)))
+    m = _tokens_per_expert(streams, k, n)
+    for nh in range(n + 1):
+        k_lo = _cpu_count(nh, n - nh, _miss(plan, c_tok=lo), True, {}, m)
+        k_hi = _cpu_count(nh, n - nh, _miss(plan, c_tok=hi), True, {}, m)
+        assert k_hi <= k_lo
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 8), st.sampled_from(["auction", "cpu"]), st.floats(1, 500), st.floats(1, 500))
+def test_slower_further_products_never_speed_the_screen(streams, kind, a, b):
+    """A CPU expert routed by m tokens pays m - 1 further products at the CPU GEMM rate
+    (Machine.cpu_pairs_s, on any machine): a slower rate never makes the screen faster."""
+    lo, hi = sorted((a, b))
+    model, hw, plan = tiny_model(), machine(), tiered(kind=kind)
+    fast = replace(CONSTS, cpu_prefill_gflops_per_core=hi)
+    slow = replace(CONSTS, cpu_prefill_gflops_per_core=lo)
+    assert (screen(model, hw, plan, streams=streams, constants=slow).decode_tok_s
+            <= screen(model, hw, plan, streams=streams, constants=fast).decode_tok_s)
