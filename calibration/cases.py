@@ -87,13 +87,16 @@ def _strata_qwen_mtp() -> Plan:
 def all_cases() -> list[Case]:
     """Every declared case, fit cases first."""
     d030 = _tiered(expert_cache=ExpertCache(), miss_policy=MissPolicy(kind="zero-copy"))
+    # D107 and D119 run.sh set no DSV41_CT_*: the auction ran ct/ct_vllm.py's own defaults (_B 0.16,
+    # _TOK 0.2, _MAXN 64); docker/entrypoint.sh (D130 on, the template) sets 0.20 / 0.35 / 384
+    ct_code = MissPolicy(kind="auction", c_b_ms=0.16, c_tok=0.2, max_cpu=64)
     # D107 run.sh: DSV41_EC=1, margin 500 MB, not elastic, copies on the compute stream
-    d107 = _tiered(expert_cache=_ec(slots=709, copies="sync", release_during_prefill=False))
+    d107 = _tiered(expert_cache=_ec(slots=709, copies="sync", release_during_prefill=False), miss_policy=ct_code)
     default = _tiered()  # D141: docker/entrypoint.sh defaults; 262,144 context; cache sized by specs.memory
     # D119 run.sh: elastic (released for each prefill), copies on the compute stream; its prefill
     # is the stock DMA path, before the cross-layer prefetch of runtime/patch_dma_prefetch.py (D135)
     stock = Prefill(strategy="stream-all", chunk_tokens=16384, ubatch_tokens=16384, dma_prefetch=False)
-    d119 = _tiered(expert_cache=_ec(copies="sync"), prefill=stock)
+    d119 = _tiered(expert_cache=_ec(copies="sync"), prefill=stock, miss_policy=ct_code)
     baseline = _tiered(prefill=Prefill(strategy="op-offload", chunk_tokens=1024, ubatch_tokens=1024))
     # DESIGN.md's stream-all row: 16,384-token chunks, the default's staging (8 slots x 8, prefetch)
     chunk16k = _tiered(prefill=plan_template("tiered-cache").prefill.model_copy(

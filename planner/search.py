@@ -112,7 +112,7 @@ def search(model: ModelSpec, hw: HardwareSpec, objective: str = "decode", contex
 
     cands = candidate_plans(model, hw, context, streams)
     screened = []
-    track = _progress(progress, len(cands) + top, "screening placements")
+    track = _progress(progress, len(cands) + top + 1, "screening placements")
     for p in cands:
         screened.append((p, predict(model, hw, p, prompt_tokens)))
         track()
@@ -123,8 +123,12 @@ def search(model: ModelSpec, hw: HardwareSpec, objective: str = "decode", contex
         if key not in best_prefill or r.ttft_s < best_prefill[key][1].ttft_s:
             best_prefill[key] = (p, r)
     ranked = sorted(best_prefill.values(), key=lambda pr: (_score(objective, pr[1]), pr[0].model_dump_json()))
+    # the default (first candidate: the first engine's template) is always simulated too, so the pick is
+    # never slower than it as simulated when the closed form ranks it below others
+    default = best_prefill[cands[0].model_copy(update={"prefill": type(cands[0].prefill)()}).model_dump_json()]
+    chosen = ranked[:top] + ([default] if default not in ranked[:top] else [])
     rows = []
-    for p, scr in ranked[:top]:
+    for p, scr in chosen:
         sim = simulate_plan(model, hw, p, prompt_tokens=prompt_tokens, seed=seed)
         rows.append({"plan": p, "screen": scr, "sim": sim})
         track()
