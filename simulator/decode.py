@@ -226,15 +226,16 @@ class DecodeRun:
             # job otherwise runs inline on the same thread)
             ho = self.handover_s if ((n_h or n_gpu_miss) if m.shares_host else m.has_gpu) else 0.0
             ram_part = (k_cpu - n_ssd_cpu) * eb
+            # the further (token, expert) products of experts routed by several tokens of the step
+            extra_s = m.cpu_pairs_s(int(mcnt[:k_cpu].sum()) - k_cpu) if mcnt is not None else 0.0
             if n_ssd_cpu:  # pages stream in while the CPU computes; one expert's work trails
                 self.bytes_by_tier["nvme"] += n_ssd_cpu * eb
                 self.sub = 2
-                sub_done = lambda: self._cpu_sub(layer, eb)
+                sub_done = lambda: self._cpu_sub(layer, eb, extra_s)
                 m.nvme_read(n_ssd_cpu * eb, sub_done)
                 overlap = ram_part + (n_ssd_cpu - 1) * eb
                 go = lambda: m.cpu_read(overlap, sub_done) if overlap else sub_done()
             else:
-                extra_s = m.cpu_pairs_s(int(mcnt[:k_cpu].sum()) - k_cpu) if mcnt is not None else 0.0
                 go = lambda: m.cpu_read(ram_part, lambda: self._join(layer, "cpu"), extra_s=extra_s)
             m.sim.after(ho, go) if ho else go()
         else:
@@ -242,10 +243,12 @@ class DecodeRun:
             if self.pending == 0:
                 self._join(layer, "gpu", count=False)
 
-    def _cpu_sub(self, layer, ssd_bytes) -> None:
+    def _cpu_sub(self, layer, ssd_bytes, extra_s: float = 0.0) -> None:
+        """One of the two streams (NVMe read, CPU work on what is in RAM) ended; after both, the trailing
+        expert's work and the step's further products (extra_s, seconds)."""
         self.sub -= 1
         if self.sub == 0:
-            self.m.cpu_read(ssd_bytes, lambda: self._join(layer, "nvme"))
+            self.m.cpu_read(ssd_bytes, lambda: self._join(layer, "nvme"), extra_s=extra_s)
 
     def _join(self, layer: int, who: str, count: bool = True) -> None:
         if count:

@@ -196,3 +196,23 @@ def test_slower_further_products_never_speed_the_screen(streams, kind, a, b):
     slow = replace(CONSTS, cpu_prefill_gflops_per_core=lo)
     assert (screen(model, hw, plan, streams=streams, constants=slow).decode_tok_s
             <= screen(model, hw, plan, streams=streams, constants=fast).decode_tok_s)
+
+
+def test_cpu_experts_pay_further_products_whether_read_from_ram_or_nvme():
+    """With 4 streams a CPU expert routed by several tokens pays the further products at the CPU GEMM
+    rate (Machine.cpu_pairs_s) in the event simulation, also when the layer's CPU experts stream from
+    NVMe (RAM holds 20 of the tiny model's 64 experts): slowing that rate 1000x adds as much time per
+    token (within 10%) as it adds with every expert in RAM."""
+    model, hw = tiny_model(), machine()
+
+    def added_s(ram_experts):  # s per token added by the slow GEMM rate
+        plan = tiered(slots=0, kind="cpu")
+        if ram_experts is not None:
+            plan = plan.model_copy(update={"placement": plan.placement.model_copy(
+                update={"expert_ram_bytes": ram_experts * model.expert_bytes})})
+        rate = lambda g: simulate(model, hw, plan, streams=4, gen_tokens=16,  # noqa: E731
+                                  constants=replace(CONSTS, cpu_prefill_gflops_per_core=g)).decode_tok_s
+        return 1 / rate(0.5) - 1 / rate(500.0)
+
+    ram, nvme = added_s(None), added_s(20)
+    assert ram > 0 and nvme == pytest.approx(ram, rel=0.1)
