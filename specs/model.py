@@ -69,8 +69,9 @@ class EngramSpec(_Strict):
     def page_crossing_fraction(self, page_bytes: int) -> float:
         """Fraction of rows that straddle a page edge, over aligned start offsets within a page."""
         step, rb = self.row_align, int(self.row_bytes)
-        starts = range(0, page_bytes, step)
-        return sum(1 for s in starts if s + rb > page_bytes) / len(starts)
+        n = -(-page_bytes // step)  # aligned starts 0, step, .. below page_bytes
+        first = (page_bytes - rb) // step + 1 if page_bytes >= rb else 0  # first start whose row crosses
+        return max(0, n - first) / n
 
     def bytes_per_token(self, page_bytes: int) -> float:
         """Bytes read from storage per token: whole pages, MADV_RANDOM (no read-ahead)."""
