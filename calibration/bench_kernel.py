@@ -192,11 +192,13 @@ def _synth_tensor(fmt: str, n: int, rows: int, cols: int, rng):
 
 
 def executor_expert_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, pool_bytes: int = 256 << 20,
-                        max_k: int = 8, seed: int = 0):
+                        max_k: int = 8, seed: int = 0, whole: bool = False):
     """(run_job, expert_bytes): one token's job of k SwiGLU experts through executor.kernels.moe_cpu.
 
     The experts are synthetic `fmt` tensors (gate/up [E, ffn, hidden], down [E, hidden, ffn]) in a
-    pool larger than the last-level cache; job i uses experts i*k .. i*k+k-1 (mod pool)."""
+    pool larger than the last-level cache; job i uses experts i*k .. i*k+k-1 (mod pool). whole=False:
+    each matrix's rows split across the threads (the engine-neutral rate: llama.cpp's ggml splits so);
+    True: whole experts per thread where the job balances (the executor's decode)."""
     from executor import kernels
     if fmt not in _ROW_BYTES:
         raise ValueError(f"no synthetic layout for {fmt} (have {', '.join(_ROW_BYTES)})")
@@ -217,7 +219,7 @@ def executor_expert_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, p
             ex = ((np.arange(k) + i * k) % pool).astype(np.int32).reshape(1, k)
             r = routes[key] = kernels.csr(ex, np.full((1, k), 1.0 / k, np.float32))
         out[:] = 0.0
-        kernels.moe_cpu(gate, up, down, x, *r, out=out)
+        kernels.moe_cpu(gate, up, down, x, *r, out=out, whole=whole)
     return run_job, ebytes
 
 
@@ -296,7 +298,8 @@ def executor_layer_loop(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, n
                         layers: int = 8, head_dim: int = 64, seed: int = 0):
     """(run, dense_bytes, expert_bytes): one decode token through `layers` synthetic layers, each an
     F16 attention block (executor.dense_kernels.attention_step) then top_k of n_experts `fmt`
-    experts (executor.kernels.moe_cpu), as a CPU-only engine runs them; bytes per layer."""
+    experts (executor.kernels.moe_cpu, rows split across threads: the engine-neutral structure the
+    profile's kernel rates are measured with), as a CPU-only engine runs them; bytes per layer."""
     from executor import kernels
     from executor.dense_kernels import attention_step
     rng = np.random.default_rng(seed)
@@ -330,7 +333,7 @@ def executor_layer_loop(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, n
                            ones_d, ones_d, cos, sin, nh, nkv, True, True, kc, vc, 32, 1, wo, 1, hidden, a)
             state["i"] += 1
             y[:] = 0.0
-            kernels.moe_cpu(*exp[layer], a, *routes[state["i"] % len(routes)], out=y)
+            kernels.moe_cpu(*exp[layer], a, *routes[state["i"] % len(routes)], out=y, whole=False)
     dense = sum(w.nbytes for w in att[0])
     expert = top_k * sum(t.expert_bytes for t in exp[0])
     return run, dense, expert

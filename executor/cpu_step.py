@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 
-import numba
 import numpy as np
 import torch
 
@@ -82,8 +81,8 @@ class CpuStep:
         args, eb = self.moe[i]
         y.fill(0.0)
         t = time.perf_counter()
-        moe = K._moe_serial if experts.shape[0] * eb < K._SERIAL_BYTES else K._moe  # as kernels.moe_cpu
-        moe(*args, h, experts, offs, tok, wts, act, y, numba.get_num_threads())
+        moe, nthr, whole = K.moe_kernel(experts.shape[0], eb, offs)  # as kernels.moe_cpu
+        moe(*args, h, experts, offs, tok, wts, act, y, nthr, whole)
         t_cpu = (time.perf_counter() - t) * 1e3
         x += y
         self.r.experts.cache.observe(i, eid.reshape(-1))

@@ -14,6 +14,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from simulator.policies import whole_experts_per_thread
+
 from .gemm import deq_matmul
 from .simd import quant16, rows1_f16, rows1_q4, rows1_q8, rows4_f16, rows4_q4, rows4_q8, rows8_q4, rows8_q8
 
@@ -176,34 +178,31 @@ def _expert_whole(i, gd, gc, ud, uc, dd, dc, F, H, experts, offs, tok, wts, xg, 
 
 @njit(cache=True)
 def _owners(offs, nthr):
-    """Experts to threads, most tokens first onto the least loaded -> (owner [n], max load / mean load)."""
-    n = offs.shape[0] - 1
+    """Experts to threads, most tokens first onto the least loaded -> owner [n] (the assignment of
+    simulator.policies.thread_loads)."""
     m = offs[1:] - offs[:-1]
-    owner = np.zeros(n, np.int64)
+    owner = np.zeros(m.shape[0], np.int64)
     load = np.zeros(nthr, np.int64)
     for i in np.argsort(-m, kind="mergesort"):
         t = np.argmin(load)
         owner[i] = t
         load[t] += m[i]
-    return owner, load.max() * nthr / max(1, load.sum())
-
-
-_BALANCED = 1.1  # max / mean thread load up to which whole experts go to threads
+    return owner
 
 
 @njit(parallel=True, nogil=True, fastmath=True, cache=True)
-def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nthr):
+def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nthr, whole):
     """SwiGLU experts: out[t] += sum_a wts[a] * down_e(silu(gate_e x_t) * up_e x_t), CSR by expert.
 
     gd/ud/dd: flat expert bytes [E, rows * row_bytes]; act [m, F] scratch; nthr the kernel threads.
-    When the experts split evenly over the threads (decode: one token's top-k), each thread runs whole
-    experts into its own partial output: one parallel region, no barrier between the up and the down
-    products (expert GB/s at 2 threads, side by side: +7% on `small-q4`, +10% on `small`). Otherwise
-    rows split across threads in two phases.
+    whole (simulator.policies.whole_experts_per_thread: the experts split evenly over the threads, as
+    one token's top-k does): each thread runs whole experts into its own partial output, one parallel
+    region and no barrier between the up and the down products (expert GB/s at 2 threads, side by
+    side: +7% on `small-q4`, +10% on `small`). Otherwise each matrix's rows split across the threads.
     """
     xg, x16, dx, maxm = _moe_prep(x, experts, offs, tok)
-    owner, imbalance = _owners(offs, nthr)
-    if maxm <= _FUSED and imbalance <= _BALANCED:
+    if whole:
+        owner = _owners(offs, nthr)
         part = np.zeros((nthr, out.shape[0], H), np.float32)
         for t in prange(nthr):
             for i in np.flatnonzero(owner == t):
@@ -219,8 +218,9 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nth
 
 
 @njit(nogil=True, fastmath=True, cache=True)
-def _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nthr=1):
-    """_moe on the calling thread (little work: a parallel region costs more than it saves); nthr unused."""
+def _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nthr=1, whole=False):
+    """_moe on the calling thread (little work: a parallel region costs more than it saves); nthr and
+    whole unused."""
     xg, x16, dx, maxm = _moe_prep(x, experts, offs, tok)
     for it in range(experts.shape[0] * ((F + _ROWS - 1) // _ROWS)):
         _moe_up(it, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, act)
@@ -389,17 +389,29 @@ def csr(experts_per_tok: np.ndarray, weights: np.ndarray, keep=None):
     return _csr(ids, np.ascontiguousarray(weights, dtype=np.float32), mask)
 
 
-def moe_cpu(gate, up, down, x: np.ndarray, experts, offs, tok, wts, out: np.ndarray | None = None) -> np.ndarray:
-    """Routed SwiGLU experts on the CPU for x [T, H] (CSR routing), in place from the mmap -> [T, H] f32."""
+def moe_kernel(n_experts: int, expert_bytes: int, offs, whole: bool = True) -> tuple:
+    """(kernel, nthr, whole) for a CPU job of n_experts experts: the serial kernel when the work is
+    small, else the parallel one with whole experts per thread when `whole` is allowed and
+    simulator.policies.whole_experts_per_thread says so for the job's tokens per expert."""
+    if n_experts * expert_bytes < _SERIAL_BYTES:
+        return _moe_serial, 1, False
+    nthr = numba.get_num_threads()
+    return _moe, nthr, bool(whole and whole_experts_per_thread(np.diff(offs), nthr))
+
+
+def moe_cpu(gate, up, down, x: np.ndarray, experts, offs, tok, wts, out: np.ndarray | None = None,
+            whole: bool = True) -> np.ndarray:
+    """Routed SwiGLU experts on the CPU for x [T, H] (CSR routing), in place from the mmap -> [T, H] f32.
+    whole=False: rows split across threads even where whole experts per thread would balance."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     if out is None:
         out = np.zeros((x.shape[0], down.rows), np.float32)
     act = np.empty((max(1, tok.shape[0]), gate.rows), np.float32)
     if experts.shape[0]:
-        work = experts.shape[0] * (gate.expert_bytes + up.expert_bytes + down.expert_bytes)
-        fn = _moe_serial if work < _SERIAL_BYTES else _moe
+        fn, nthr, w = moe_kernel(experts.shape[0], gate.expert_bytes + up.expert_bytes + down.expert_bytes,
+                                 offs, whole)
         fn(flat(gate), gate.code, flat(up), up.code, flat(down), down.code, gate.rows, down.rows,
-           x, experts, offs, tok, wts, act, out, numba.get_num_threads())
+           x, experts, offs, tok, wts, act, out, nthr, w)
     return out
 
 
@@ -413,7 +425,7 @@ def warm_up(gate, up, down, parts=None) -> None:
     out = np.zeros_like(x)
     for fn in (_moe_serial, _moe):
         fn(flat(gate), gate.code, flat(up), up.code, flat(down), down.code, gate.rows, down.rows,
-           x, experts, offs, tok, wts, act, out, numba.get_num_threads())
+           x, experts, offs, tok, wts, act, out, numba.get_num_threads(), False)
     if parts:
         xp = np.zeros((1, parts[0][3]), np.float32)
         ps = list(parts) + [(parts[0][0][:0], parts[0][1], 0, None)] * (3 - len(parts))

@@ -103,12 +103,12 @@ def test_kernels_read_in_place(tiny):
     assert not w.data.flags.owndata
 
 
-def _moe_direct(fn, g, u, d, x, routing, nthr):
+def _moe_direct(fn, g, u, d, x, routing, nthr, whole):
     experts, offs, tok, wts = routing
     out = np.zeros((x.shape[0], d.rows), np.float32)
     act = np.empty((max(1, tok.shape[0]), g.rows), np.float32)
     fn(K.flat(g), g.code, K.flat(u), u.code, K.flat(d), d.code, g.rows, d.rows, x, experts, offs, tok, wts, act,
-       out, nthr)
+       out, nthr, whole)
     return out
 
 
@@ -116,8 +116,8 @@ def _moe_direct(fn, g, u, d, x, routing, nthr):
 @given(types=st.tuples(*[st.sampled_from(TYPES)] * 3), H32=st.integers(1, 6), F32=st.integers(1, 6),
        T=st.integers(1, 3), k=st.integers(1, 6), nthr=st.integers(1, 4), seed=st.integers(0, 2**31))
 def test_parallel_moe_paths_match_serial(types, H32, F32, T, k, nthr, seed):
-    """The parallel kernel gives the serial kernel's output on both of its paths: whole experts per thread
-    (when the experts split evenly over nthr threads) and rows split across threads in two phases."""
+    """The parallel kernel gives the serial kernel's output on both of its paths: whole experts per
+    thread (any nthr, balanced or not) and each matrix's rows split across the threads."""
     rng = np.random.default_rng(seed)
     E, H, F = 8, H32 * 32, F32 * 32
     g, u = _tensor(rng, types[0], E, F, H), _tensor(rng, types[1], E, F, H)
@@ -125,16 +125,18 @@ def test_parallel_moe_paths_match_serial(types, H32, F32, T, k, nthr, seed):
     x = rng.standard_normal((T, H)).astype(np.float32)
     routing = K.csr(np.stack([rng.choice(E, k, replace=False) for _ in range(T)]),
                     rng.random((T, k)).astype(np.float32))
-    want = _moe_direct(K._moe_serial, g, u, d, x, routing, 1)
-    got = _moe_direct(K._moe, g, u, d, x, routing, nthr)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    want = _moe_direct(K._moe_serial, g, u, d, x, routing, 1, False)
+    for whole in (True, False):
+        got = _moe_direct(K._moe, g, u, d, x, routing, nthr, whole)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
-def test_owners_balance_whole_experts():
-    """Experts go to threads most tokens first onto the least loaded: 8 one-token experts on 2 threads
-    split 4 / 4 (imbalance 1.0, whole experts per thread); 3 on 2 split 2 / 1 (imbalance 4/3: rows split)."""
-    owner, imb = K._owners(np.arange(9, dtype=np.int32), 2)
-    assert sorted(np.bincount(owner, minlength=2)) == [4, 4] and imb == 1.0
-    owner, imb = K._owners(np.arange(4, dtype=np.int32), 2)
-    assert sorted(np.bincount(owner, minlength=2)) == [1, 2] and abs(imb - 4 / 3) < 1e-12
-    assert imb > K._BALANCED
+def test_owners_assign_as_the_shared_policy():
+    """The kernel's expert-to-thread assignment loads the threads as simulator.policies.thread_loads
+    does (most tokens first onto the least loaded), for uneven token counts."""
+    from simulator.policies import thread_loads
+    counts = np.array([3, 1, 4, 1, 5, 2, 6])
+    offs = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    owner = K._owners(offs, 3)
+    loads = np.bincount(owner, weights=counts, minlength=3)
+    assert sorted(loads) == sorted(thread_loads(counts, 3))
