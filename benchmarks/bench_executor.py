@@ -4,8 +4,9 @@
 
 Prints: memory read bandwidth (numba parallel sum over 1 GiB); CPU expert kernel GB/s for Q8_0 and
 Q4_0 (decode-like: top-k random experts of every layer of `small` / `small-q4`, page-cached) and its
-ratio to the bandwidth; all-CPU decode of `small` against its bandwidth ceiling (bytes read per
-token / bandwidth); Python overhead per layer; resident memory added by executing `small`.
+ratio to the bandwidth, beside the same kernels with rows split across threads; all-CPU decode of
+`small` against its bandwidth ceiling (bytes read per token / bandwidth); Python overhead per layer;
+resident memory added by executing `small`.
 """
 from __future__ import annotations
 
@@ -53,8 +54,10 @@ def warm(path: Path) -> None:
             pass
 
 
-def kernel_gbs(path: Path, reps: int = 8) -> float:
-    """GB/s of expert bytes the CPU kernel reads: top-k random experts per layer, one token, all layers."""
+def kernel_gbs(path: Path, reps: int = 8) -> dict:
+    """GB/s of expert bytes the CPU kernel reads: top-k random experts per layer, one token, all layers,
+    best of `reps`; 'whole' (whole experts per thread, the executor's decode) and 'rows' (each matrix's
+    rows split across the threads) on the same routes, in alternating order."""
     m = GGUFModel(path)
     c = m.cfg
     W = [tuple(m.experts(i, p) for p in ("gate", "up", "down")) for i in range(c.n_layers)]
@@ -62,15 +65,16 @@ def kernel_gbs(path: Path, reps: int = 8) -> float:
     x = rng.standard_normal((1, c.hidden)).astype(np.float32)
     for i in range(c.n_layers):  # map every page once
         K.moe_cpu(*W[i], x, *K.csr(np.arange(c.n_experts)[None, :], np.ones((1, c.n_experts), np.float32)))
-    best = 0.0
-    for _ in range(reps):
+    best = {"whole": 0.0, "rows": 0.0}
+    for r in range(reps):
         routes = [K.csr(rng.choice(c.n_experts, c.top_k, replace=False)[None, :],
                         np.full((1, c.top_k), 1 / c.top_k, np.float32)) for _ in range(c.n_layers)]
-        t = time.perf_counter()
-        for i in range(c.n_layers):
-            K.moe_cpu(*W[i], x, *routes[i])
-        dt = time.perf_counter() - t
-        best = max(best, c.n_layers * c.top_k * m.expert_bytes(0) / dt / 1e9)
+        for how in (("whole", "rows") if r % 2 == 0 else ("rows", "whole")):
+            t = time.perf_counter()
+            for i in range(c.n_layers):
+                K.moe_cpu(*W[i], x, *routes[i], whole=how == "whole")
+            dt = time.perf_counter() - t
+            best[how] = max(best[how], c.n_layers * c.top_k * m.expert_bytes(0) / dt / 1e9)
     return best
 
 
@@ -105,7 +109,9 @@ def measure(paths: dict, a) -> dict:
     res: dict = {"threads": a.threads}
     j0 = cpu_jiffies()
     bw0 = K.read_bandwidth(1 << 30)
-    res["kernel_gbs"] = {"Q8_0": kernel_gbs(paths["small"]), "Q4_0": kernel_gbs(paths["small-q4"])}
+    both = {"Q8_0": kernel_gbs(paths["small"]), "Q4_0": kernel_gbs(paths["small-q4"])}
+    res["kernel_gbs"] = {k: v["whole"] for k, v in both.items()}  # the executor's decode path
+    res["kernel_rows_gbs"] = {k: v["rows"] for k, v in both.items()}
     bw1 = K.read_bandwidth(1 << 30)
     res["tiny"] = decode(paths["tiny"], a.threads, a.prompt, a.gen)
     res["small"] = sm = decode(paths["small"], a.threads, a.prompt, a.gen)
@@ -156,7 +162,9 @@ def main() -> None:
     print(f"memory read bandwidth ({a.threads} threads): {bw0:.1f} / {bw1:.1f} / {bw2:.1f} GB/s "
           "(before / after the kernels / at the end)")
     for k, v in res["kernel_gbs"].items():
-        print(f"kernel {k}: {v:.1f} GB/s = {v / bw:.0%} of {bw:.1f} GB/s")
+        rows = res["kernel_rows_gbs"][k]
+        print(f"kernel {k}: {v:.1f} GB/s = {v / bw:.0%} of {bw:.1f} GB/s ({v / bw0:.0%} of the {bw0:.1f} read before "
+              f"them); rows split instead of whole experts per thread, same routes: {rows:.1f} GB/s ({v / rows:.2f}x)")
     print(f"small all-CPU decode: {sm['decode_tok_s']:.1f} tok/s; ceiling {ceiling:.1f} tok/s "
           f"({(sm['expert_bytes_per_token'] + sm['dense_bytes_per_token']) / 1e6:.0f} MB/token) -> "
           f"{res['small_vs_ceiling']:.0%} (median step: {sm['decode_tok_s_p50']:.1f} tok/s, "

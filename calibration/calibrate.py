@@ -36,7 +36,7 @@ from typing import Callable
 
 import numba
 
-from specs.hardware import WHOLE, HardwareSpec
+from specs.hardware import HardwareSpec
 from specs.loaders import dump_hardware, write_atomic
 
 from . import store
@@ -82,7 +82,6 @@ class Settings:
     kernel_pool_bytes: int = 128 << 20
     kernel_ks: tuple[int, ...] = (1, 2, 4, 6, 8)
     kernel_repeats: int = 15
-    whole_kernels: bool = True  # also time 'FMT/whole' (whole experts per thread, the executor's decode)
     prefill_tokens: int = 64
     prefill_experts: int = 32
     prefill_top_k: int = 8
@@ -199,15 +198,11 @@ class _Budget:
 
 
 def _kernel_job(s: Settings, fmt: str, use_exec: bool):
-    """(run_job, expert bytes, label) of the CPU expert kernel benchmark for `fmt`; 'FMT/whole': whole
-    experts per thread where the job balances (the executor's decode), else rows split (any engine)."""
+    """(run_job, expert bytes, label) of the CPU expert kernel benchmark for `fmt`."""
     if use_exec:
-        base, whole = fmt.removesuffix(WHOLE), fmt.endswith(WHOLE)
-        job, eb = executor_expert_job(base, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes, max_k=max(s.kernel_ks),
-                                      whole=whole)
-        how = "whole experts per thread where balanced" if whole else "rows split across threads"
-        return job, eb, (f"executor.kernels.moe_cpu@{kernel_version()} {base} SwiGLU {s.kernel_hidden}x{s.kernel_ffn}, "
-                         f"1 token, {how}")
+        job, eb = executor_expert_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes, max_k=max(s.kernel_ks))
+        return job, eb, (f"executor.kernels.moe_cpu@{kernel_version()} {fmt} SwiGLU {s.kernel_hidden}x{s.kernel_ffn}, "
+                         "1 token, rows split across threads")
     job, eb = toy_expert_job(rows=s.kernel_ffn, cols=s.kernel_hidden, pool=2 * max(s.kernel_ks))
     return job, eb, f"toy numba f32 kernel {s.kernel_ffn}x{s.kernel_hidden}"
 
@@ -223,8 +218,6 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
     maxt = max(threads)
     use_exec = not s.toy_kernel and executor_kernel_available()
     formats = s.kernel_formats if use_exec else ("toy-f32",)
-    if use_exec and s.whole_kernels:  # the executor's decode structure too, at the all-thread count
-        formats = tuple(formats) + tuple(f + WHOLE for f in formats)
     bud = _Budget(s, len(formats), torch.cuda.is_available())
     with _Progress(progress, console) as pg:
         t0 = time.perf_counter()
@@ -257,7 +250,7 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                 r.wall_s[f"kernel {fmt}"] = time.perf_counter() - t0
             if maxt > 1:  # one core: a bus-bound kernel gets more than 1/threads of the all-core rate
                 numba.set_num_threads(1)
-                for i, fmt in enumerate(f for f in formats if not f.endswith(WHOLE)):  # one thread: no split
+                for i, fmt in enumerate(formats):
                     t0 = time.perf_counter()
                     key = f"{fmt}@1t"
                     ticks[key] = pg.stage(f"CPU expert kernel {fmt}, 1 thread", n1)

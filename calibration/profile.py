@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from specs.figure import Figure
-from specs.hardware import WHOLE, HardwareSpec
+from specs.hardware import HardwareSpec
 
 from . import store
 from .bench_kernel import kernel_version
@@ -67,9 +67,8 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
         eg = dict(data["cpu"]["expert_gbs"])
         for fmt, f in fits.items():
             eg[fmt] = _m(f.expert_gbs, f.method(), date)
-            if not fmt.endswith(WHOLE):  # job costs: the rows-split kernel's (any engine)
-                consts[f"c_a_ms.{fmt}"] = _m(f.c_a_ms, f.method(), date)
-                consts[f"c_b_ms.{fmt}"] = _m(f.c_b_ms, f.method(), date)
+            consts[f"c_a_ms.{fmt}"] = _m(f.c_a_ms, f.method(), date)
+            consts[f"c_b_ms.{fmt}"] = _m(f.c_b_ms, f.method(), date)
         d = fits[default]
         eg["default"] = _m(d.expert_gbs, f"as {default}: " + d.method(), date)
         for fmt, f in r.kernels_1t.items():  # read by expert_gbs_for(fmt, threads=1)

@@ -14,8 +14,6 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from simulator.policies import whole_experts_per_thread
-
 from .gemm import deq_matmul
 from .simd import quant16, rows1_f16, rows1_q4, rows1_q8, rows4_f16, rows4_q4, rows4_q8, rows8_q4, rows8_q8
 
@@ -178,8 +176,8 @@ def _expert_whole(i, gd, gc, ud, uc, dd, dc, F, H, experts, offs, tok, wts, xg, 
 
 @njit(cache=True)
 def _owners(offs, nthr):
-    """Experts to threads, most tokens first onto the least loaded -> owner [n] (the assignment of
-    simulator.policies.thread_loads)."""
+    """Experts to threads, most tokens first onto the least loaded -> owner [n] (the loads of
+    thread_loads)."""
     m = offs[1:] - offs[:-1]
     owner = np.zeros(m.shape[0], np.int64)
     load = np.zeros(nthr, np.int64)
@@ -195,8 +193,8 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nth
     """SwiGLU experts: out[t] += sum_a wts[a] * down_e(silu(gate_e x_t) * up_e x_t), CSR by expert.
 
     gd/ud/dd: flat expert bytes [E, rows * row_bytes]; act [m, F] scratch; nthr the kernel threads.
-    whole (simulator.policies.whole_experts_per_thread: the experts split evenly over the threads, as
-    one token's top-k does): each thread runs whole experts into its own partial output, one parallel
+    whole (whole_experts_per_thread: the experts split evenly over the threads, as one token's top-k
+    does): each thread runs whole experts into its own partial output, one parallel
     region and no barrier between the up and the down products (expert GB/s at 2 threads, side by
     side: +7% on `small-q4`, +10% on `small`). Otherwise each matrix's rows split across the threads.
     """
@@ -270,6 +268,27 @@ def _matmul_serial(wd, code, R, x, out):
 
 
 _SERIAL_BYTES = 1 << 20  # weight bytes x tokens below which _matmul_serial is used
+_WHOLE_BALANCE = 1.1  # most loaded thread / mean (tokens as the load) up to which experts run whole
+
+
+def thread_loads(counts, threads: int) -> np.ndarray:
+    """Tokens per thread when whole experts (tokens routed to each: `counts`) go to `threads` threads,
+    most tokens first onto the least loaded (longest processing time first; as _owners)."""
+    load = np.zeros(max(1, threads), np.int64)
+    for c in sorted((int(c) for c in counts), reverse=True):
+        load[int(np.argmin(load))] += c
+    return load
+
+
+def whole_experts_per_thread(counts, threads: int) -> bool:
+    """True when a CPU job of experts routed by `counts` tokens runs each expert start to end on one
+    thread (one parallel region, no barrier between the up and the down products): at most _FUSED
+    tokens an expert and the busiest thread within 1.1x the mean; else each matrix's rows split."""
+    counts = np.asarray(counts)
+    if counts.size == 0 or counts.max() > _FUSED:
+        return False
+    load = thread_loads(counts, threads)
+    return bool(load.max() * load.size <= _WHOLE_BALANCE * load.sum())
 
 
 def flat(w) -> np.ndarray:
@@ -392,7 +411,7 @@ def csr(experts_per_tok: np.ndarray, weights: np.ndarray, keep=None):
 def moe_kernel(n_experts: int, expert_bytes: int, offs, whole: bool = True) -> tuple:
     """(kernel, nthr, whole) for a CPU job of n_experts experts: the serial kernel when the work is
     small, else the parallel one with whole experts per thread when `whole` is allowed and
-    simulator.policies.whole_experts_per_thread says so for the job's tokens per expert."""
+    whole_experts_per_thread says so for the job's tokens per expert."""
     if n_experts * expert_bytes < _SERIAL_BYTES:
         return _moe_serial, 1, False
     nthr = numba.get_num_threads()

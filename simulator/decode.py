@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .engram import layer_gather_s, pages_per_row
-from .policies import auction_split, whole_experts_per_thread
+from .policies import auction_split
 
 _CRIT = ("gpu", "pcie_h2d", "cpu", "nvme", "handover")
 
@@ -31,9 +31,6 @@ class DecodeRun:
         mp = plan.miss_policy
         self.auction = (mp.t_hit_ms, mp.t_zc_ms, mp.c_a_ms, mp.c_b_ms)
         self._memo: dict = {}
-        # the executor's CPU tier runs whole experts per thread when a job balances (executor.kernels)
-        self.whole_jobs = plan.engine == "custom" and m.cpu_whole_rate != m.cpu_expert_rate
-        self._whole_memo: dict = {}
         self.dense_on_gpu = m.has_gpu and plan.placement.dense == "gpu"
         self.kv_tok = model.kv_bytes_per_token(plan.kv.dtype)
         self.dense_layer_bytes = model.dense_bytes_per_token / model.n_layers
@@ -239,24 +236,12 @@ class DecodeRun:
                 overlap = ram_part + (n_ssd_cpu - 1) * eb
                 go = lambda: m.cpu_read(overlap, sub_done) if overlap else sub_done()
             else:
-                rate = m.cpu_whole_rate if self._whole(k_cpu, mcnt) else None
-                go = lambda: m.cpu_read(ram_part, lambda: self._join(layer, "cpu"), rate=rate, extra_s=extra_s)
+                go = lambda: m.cpu_read(ram_part, lambda: self._join(layer, "cpu"), extra_s=extra_s)
             m.sim.after(ho, go) if ho else go()
         else:
             self.pending -= 1
             if self.pending == 0:
                 self._join(layer, "gpu", count=False)
-
-    def _whole(self, k_cpu: int, mcnt) -> bool:
-        """The executor (engine 'custom') runs a CPU job's experts whole per thread when they balance."""
-        if not self.whole_jobs:
-            return False
-        if mcnt is None:  # one token a step: memoised on the job's size
-            w = self._whole_memo.get(k_cpu)
-            if w is None:
-                w = self._whole_memo[k_cpu] = whole_experts_per_thread(np.ones(k_cpu), self.m.threads)
-            return w
-        return whole_experts_per_thread(mcnt[:k_cpu], self.m.threads)
 
     def _cpu_sub(self, layer, ssd_bytes, extra_s: float = 0.0) -> None:
         """One of the two streams (NVMe read, CPU work on what is in RAM) ended; after both, the trailing

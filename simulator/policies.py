@@ -15,32 +15,6 @@ import numpy as np
 Change = tuple[int, int, int]  # (layer, expert_in, expert_out); -1 = none
 
 
-# ----------------------------------------------------------------------------- CPU expert job
-
-WHOLE_MAX_TOKENS = 8  # tokens per expert up to which a CPU job runs whole experts per thread
-WHOLE_BALANCE = 1.1  # most loaded thread / mean, tokens as the load, up to which it does
-
-
-def thread_loads(counts, threads: int) -> np.ndarray:
-    """Tokens per thread when whole experts (tokens routed to each: `counts`) go to `threads`
-    threads, most tokens first onto the least loaded (longest processing time first)."""
-    load = np.zeros(max(1, threads), np.int64)
-    for c in sorted((int(c) for c in counts), reverse=True):
-        load[int(np.argmin(load))] += c
-    return load
-
-
-def whole_experts_per_thread(counts, threads: int) -> bool:
-    """True when a CPU job of experts routed by `counts` tokens runs each expert start to end on one
-    thread (the executor's decode: one parallel region, no barrier between the up and the down
-    products); False: each matrix's rows split across the threads (llama.cpp's ggml does this)."""
-    counts = np.asarray(counts)
-    if counts.size == 0 or counts.max() > WHOLE_MAX_TOKENS:
-        return False
-    load = thread_loads(counts, threads)
-    return bool(load.max() * load.size <= WHOLE_BALANCE * load.sum())
-
-
 # ----------------------------------------------------------------------------- miss auction
 
 def auction_cost_ms(k: int, n_hit: int, n_miss: int, t_hit_ms: float, t_zc_ms: float,

@@ -69,8 +69,6 @@ class Machine:
         self.zc_rate = (pcie.zero_copy_gbs if pcie else 1.0) * GB * consts.zc_efficiency
         self.h2d_rate = (pcie.h2d_gbs if pcie else 1.0) * GB
         self.cpu_expert_rate = hw.cpu.expert_gbs_for(model.fmt_experts, self.threads) * GB
-        # a job that runs whole experts per thread (the executor's decode; policies.whole_experts_per_thread)
-        self.cpu_whole_rate = hw.cpu.expert_gbs_for(model.fmt_experts, self.threads, whole=True) * GB
         from specs.formats import parse_format
         self.cpu_dense_rate = hw.cpu.expert_gbs_for(parse_format(model.dense_format), self.threads) * GB
         self.gpu_bw = (hw.gpu.bw_gbs * GB * consts.gpu_bw_efficiency) if self.has_gpu else 0.0

@@ -12,7 +12,7 @@ import numpy as np
 import math
 
 from .engram import EngramText, gathers_inline, layer_gather_s, ram_room
-from .policies import auction_split, chunks, expected_touched, mtp_tokens, ubatches, whole_experts_per_thread
+from .policies import auction_split, chunks, expected_touched, mtp_tokens, ubatches
 from .prefill import TOUCH_LOCALITY, attention_flops
 from .resources import GB, Constants
 from .routing import distinct_per_layer, inclusion, make_routing
@@ -65,10 +65,9 @@ def _cpu_count(nh: int, nm: int, plan, has_gpu: bool, memo: dict, m: float = 1.0
 
 
 def _layer_ms(n, h, t_hit, t_zc, t_copy, t_cpu, t_ssd, ssd_frac, handover, plan, has_gpu, memo, job=0.0,
-              m=1.0, t_pair=0.0, whole=None):
+              m=1.0, t_pair=0.0):
     """Expected ms of one MoE layer with n distinct experts, hit probability h (binomial); each routed
-    by m tokens, a CPU expert's m - 1 further products cost t_pair ms each. whole = (ms per expert,
-    threads): the rate of a CPU job whose experts run whole per thread, when they balance."""
+    by m tokens, a CPU expert's m - 1 further products cost t_pair ms each."""
     j = np.arange(n + 1)
     p = binom_pmf(n, h)
     out = np.zeros((n + 1, 3))  # per j: gpu side, cpu side, pcie part
@@ -83,10 +82,7 @@ def _layer_ms(n, h, t_hit, t_zc, t_copy, t_cpu, t_ssd, ssd_frac, handover, plan,
         cpu = 0.0
         if kc:
             tail = min(ssd_c, 1.0)  # pages stream in while the CPU computes; one expert trails
-            tc = t_cpu
-            if whole and not ssd_c and whole_experts_per_thread(np.full(kc, max(1, round(m))), whole[1]):
-                tc = whole[0]
-            cpu = job + (handover if has_gpu else 0.0) + max((kc - tail) * tc, ssd_c * t_ssd) + tail * tc
+            cpu = job + (handover if has_gpu else 0.0) + max((kc - tail) * t_cpu, ssd_c * t_ssd) + tail * t_cpu
             if m > 1:  # the further (token, expert) products, on any machine (decode.py: cpu_pairs_s)
                 cpu += kc * (m - 1) * t_pair
         out[nh] = (gpu, cpu, ng * t_zc)
@@ -111,9 +107,6 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
     t_zc = eb / zc * 1e3
     t_copy = eb / (hw.pcie.h2d_gbs * GB) * 1e3 if hw.pcie else t_zc
     t_cpu = eb / min(cpu_rate, hw.memory.usable_gbs * GB) * 1e3
-    whole_rate = hw.cpu.expert_gbs_for(model.fmt_experts, threads, whole=True) * GB
-    whole = ((eb / min(whole_rate, hw.memory.usable_gbs * GB) * 1e3, threads)  # the executor's CPU tier
-             if plan.engine == "custom" and whole_rate != cpu_rate else None)
     t_ssd = eb / (hw.nvme.seq_read_gbs * GB) * 1e3
     ssd_frac = 0.0
     ram = plan.placement.expert_ram_bytes
@@ -129,7 +122,7 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
     m = _tokens_per_expert(ntok, k, n)
     t_pair = model.expert_flops / (c.cpu_prefill_gflops_per_core * 1e9 * threads) * 1e3  # as Machine.cpu_pairs_s
     lay, parts = _layer_ms(n, h, t_hit, t_zc, t_copy, t_cpu, t_ssd, ssd_frac, c.handover_ms, plan, has_gpu, memo,
-                           c.cpu_job_ms, m, t_pair, whole)
+                           c.cpu_job_ms, m, t_pair)
     gpu_layers = set(plan.placement.gpu_expert_layers)
     n_static = sum(1 for x in model.layers_moe if x in gpu_layers)
     n_dyn = model.n_moe_layers - n_static

@@ -72,9 +72,6 @@ class Memory(_Strict):
         return self.peak_gbs * self.efficiency
 
 
-WHOLE = "/whole"  # expert_gbs key suffix: whole experts per thread (the executor's decode), not rows split
-
-
 class CPU(_Strict):
     model: str
     cores: int = Field(ge=1)
@@ -84,18 +81,12 @@ class CPU(_Strict):
     # keys are format names ('Q4_0', 'EXL3') or families ('codebook', 'block', 'default').
     expert_gbs: dict[str, Pos]
 
-    def expert_gbs_for(self, fmt: WeightFormat, threads: int | None = None, whole: bool = False) -> float:
+    def expert_gbs_for(self, fmt: WeightFormat, threads: int | None = None) -> float:
         """GB/s at which `threads` cores (default threads_used) compute experts stored in `fmt`:
         a rate measured at that thread count ('Q8_0@1t') when the profile has one, else the
-        threads_used rate scaled linearly (arithmetic or bus bound). whole: a job that runs whole
-        experts per thread ('Q8_0/whole', measured at threads_used; one thread has nothing to split),
-        else each matrix's rows split across the threads."""
+        threads_used rate scaled linearly (arithmetic or bus bound)."""
         family = fmt.name.split(":")[0]
         keys = (fmt.name, family, "codebook" if fmt.codebook else "block", "default")
-        if whole and (threads or self.threads_used) == self.threads_used:
-            for key in keys:
-                if key + WHOLE in self.expert_gbs:
-                    return float(self.expert_gbs[key + WHOLE])
         if threads is not None and threads != self.threads_used:
             for key in keys:
                 if f"{key}@{threads}t" in self.expert_gbs:

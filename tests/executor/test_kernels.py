@@ -132,11 +132,23 @@ def test_parallel_moe_paths_match_serial(types, H32, F32, T, k, nthr, seed):
 
 
 def test_owners_assign_as_the_shared_policy():
-    """The kernel's expert-to-thread assignment loads the threads as simulator.policies.thread_loads
-    does (most tokens first onto the least loaded), for uneven token counts."""
-    from simulator.policies import thread_loads
+    """The kernel's expert-to-thread assignment loads the threads as thread_loads (the rule's
+    Python side) does: most tokens first onto the least loaded, for uneven token counts."""
+    thread_loads = K.thread_loads
     counts = np.array([3, 1, 4, 1, 5, 2, 6])
     offs = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
     owner = K._owners(offs, 3)
     loads = np.bincount(owner, weights=counts, minlength=3)
     assert sorted(loads) == sorted(thread_loads(counts, 3))
+
+
+def test_whole_experts_per_thread_when_the_job_balances():
+    """A CPU job runs whole experts per thread (the executor's decode) when, tokens as the load and
+    most tokens first onto the least loaded thread, the busiest thread has at most 1.1x the mean and
+    no expert has more than 8 tokens: one token's top-8 on 2 threads does (4 / 4); 3 experts on 2
+    threads do not (2 / 1: rows split); nor do 16-token prefill experts."""
+    assert list(K.thread_loads([1] * 8, 2)) == [4, 4] and K.whole_experts_per_thread([1] * 8, 2)
+    assert sorted(K.thread_loads([1] * 3, 2)) == [1, 2] and not K.whole_experts_per_thread([1] * 3, 2)
+    assert K.whole_experts_per_thread([2, 1, 1], 2)  # 2 / 2
+    assert not K.whole_experts_per_thread([16] * 4, 2)
+    assert K.whole_experts_per_thread([1], 1) and not K.whole_experts_per_thread([], 2)

@@ -216,15 +216,3 @@ def test_token_aware_auction_optimal_against_brute_force(nh, tokens, c_tok, cap)
     brute = min(auction_cost_ms(j, nh, nm, 0.03, 0.58, 0.11, 0.20, tokens, c_tok) for j in range(min(nm, cap) + 1))
     assert 0 <= k <= min(nm, cap) and abs(t - brute) < 1e-9
 
-
-def test_whole_experts_per_thread_when_the_job_balances():
-    """A CPU job runs whole experts per thread (the executor's decode) when, tokens as the load and
-    most tokens first onto the least loaded thread, the busiest thread has at most 1.1x the mean and
-    no expert has more than 8 tokens: one token's top-8 on 2 threads does (4 / 4); 3 experts on 2
-    threads do not (2 / 1: rows split); nor do 16-token prefill experts."""
-    from simulator.policies import thread_loads, whole_experts_per_thread
-    assert list(thread_loads([1] * 8, 2)) == [4, 4] and whole_experts_per_thread([1] * 8, 2)
-    assert sorted(thread_loads([1] * 3, 2)) == [1, 2] and not whole_experts_per_thread([1] * 3, 2)
-    assert whole_experts_per_thread([2, 1, 1], 2)  # 2 / 2
-    assert not whole_experts_per_thread([16] * 4, 2)
-    assert whole_experts_per_thread([1], 1) and not whole_experts_per_thread([], 2)

@@ -217,26 +217,3 @@ def test_cpu_experts_pay_further_products_whether_read_from_ram_or_nvme():
     ram, nvme = added_s(None), added_s(20)
     assert ram > 0 and nvme == pytest.approx(ram, rel=0.1)
 
-
-@pytest.mark.parametrize("threads, whole", [(2, True), (3, False)])
-def test_executor_cpu_jobs_run_whole_experts_when_they_balance(threads, whole):
-    """The executor (engine 'custom') runs a CPU job's experts whole per thread when they balance
-    (simulator.policies.whole_experts_per_thread), at the profile's 'FMT/whole' rate: top-2 on 2
-    threads does (1 / 1) and decodes faster than the same plan as llama.cpp's rows-split CPU tier;
-    on 3 threads it does not (1 / 1 / 0) and the two equal. The event simulation equals the closed
-    form either way."""
-    from specs.figure import Figure
-    model = tiny_model()
-    hw = machine().model_copy(deep=True, update={"gpu": None, "pcie": None})
-    hw.cpu.threads_used = threads
-    hw.cpu.expert_gbs = {**hw.cpu.expert_gbs, "default/whole": Figure(2 * float(hw.cpu.expert_gbs_for(
-        model.fmt_experts)), "measured", "test")}
-    plan = tiered(slots=0, kind="cpu")
-    plan = plan.model_copy(update={"placement": plan.placement.model_copy(update={"dense": "cpu", "kv": "cpu"})})
-    tok = {}
-    for engine in ("custom", "llamacpp"):
-        p = plan.model_copy(update={"engine": engine})
-        sim = simulate(model, hw, p, gen_tokens=1, routing="uniform", warm_steps=0, constants=CONSTS)
-        assert sim.decode_tok_s == pytest.approx(screen(model, hw, p, constants=CONSTS).decode_tok_s, rel=1e-9)
-        tok[engine] = sim.decode_tok_s
-    assert (tok["custom"] > tok["llamacpp"]) if whole else (tok["custom"] == pytest.approx(tok["llamacpp"]))
