@@ -287,6 +287,9 @@ def whole_experts_per_thread(counts, threads: int) -> bool:
     counts = np.asarray(counts)
     if counts.size == 0 or counts.max() > _FUSED:
         return False
+    if counts.max() == 1:  # one token an expert (decode): loads are ceil / floor of n / threads
+        n = counts.size
+        return -(-n // threads) * threads <= _WHOLE_BALANCE * n
     load = thread_loads(counts, threads)
     return bool(load.max() * load.size <= _WHOLE_BALANCE * load.sum())
 
