@@ -192,13 +192,13 @@ def _synth_tensor(fmt: str, n: int, rows: int, cols: int, rng):
 
 
 def executor_expert_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, pool_bytes: int = 256 << 20,
-                        max_k: int = 8, seed: int = 0, whole: bool = False):
+                        max_k: int = 8, seed: int = 0):
     """(run_job, expert_bytes): one token's job of k SwiGLU experts through executor.kernels.moe_cpu.
 
     The experts are synthetic `fmt` tensors (gate/up [E, ffn, hidden], down [E, hidden, ffn]) in a
-    pool larger than the last-level cache; job i uses experts i*k .. i*k+k-1 (mod pool). whole=False:
-    each matrix's rows split across the threads (the engine-neutral rate: llama.cpp's ggml splits so);
-    True: whole experts per thread where the job balances (the executor's decode)."""
+    pool larger than the last-level cache; job i uses experts i*k .. i*k+k-1 (mod pool). Each
+    matrix's rows split across the threads, as llama.cpp's ggml splits them: the engine-neutral rate
+    (the executor's decode runs whole experts per thread where a job balances: kernels.moe_cpu)."""
     from executor import kernels
     if fmt not in _ROW_BYTES:
         raise ValueError(f"no synthetic layout for {fmt} (have {', '.join(_ROW_BYTES)})")
@@ -219,7 +219,7 @@ def executor_expert_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, p
             ex = ((np.arange(k) + i * k) % pool).astype(np.int32).reshape(1, k)
             r = routes[key] = kernels.csr(ex, np.full((1, k), 1.0 / k, np.float32))
         out[:] = 0.0
-        kernels.moe_cpu(gate, up, down, x, *r, out=out, whole=whole)
+        kernels.moe_cpu(gate, up, down, x, *r, out=out, whole=False)
     return run_job, ebytes
 
 

@@ -215,4 +215,3 @@ def test_token_aware_auction_optimal_against_brute_force(nh, tokens, c_tok, cap)
     k, t = auction_split(nh, nm, 0.03, 0.58, 0.11, 0.20, tokens=tokens, c_tok=c_tok, max_cpu=cap)
     brute = min(auction_cost_ms(j, nh, nm, 0.03, 0.58, 0.11, 0.20, tokens, c_tok) for j in range(min(nm, cap) + 1))
     assert 0 <= k <= min(nm, cap) and abs(t - brute) < 1e-9
-
