@@ -136,7 +136,10 @@ def test_engram_time_kept_out_of_the_layer_constants(runs):
 
 
 def test_fit_reduces_simulator_error(runs):
-    """Simulated decode tok/s on the fitted profile is closer to the executor than on the unfitted one."""
+    """Simulated decode tok/s on the fitted profile is closer to the executor than on the unfitted one.
+    The executor's rate is its median step's (streams / median inter-token latency): the fit is built
+    from median records, and one slow step of a 12-token run on a shared machine moves the mean by
+    more than the fit's gain (it failed so once, 0.48 against 0.45, under another process's load)."""
     path, m, d, out = runs
     fitted, _, _ = trace_fit.calibrate_from_traces([r["trace"] for _, _, r in out], str(path), base_profile(),
                                                    log=None)
@@ -148,7 +151,7 @@ def test_fit_reduces_simulator_error(runs):
         e = []
         for _, plan, r in out:
             s = simulate(m, hw, plan, prompt_tokens=PROMPT, gen_tokens=GEN, routing=r["trace"], warm_steps=0)
-            e.append(abs(s.decode_tok_s / r["decode_tok_s"] - 1))
+            e.append(abs(s.decode_tok_s / (plan.streams * 1e3 / r["itl_p50_ms"]) - 1))
         return statistics.median(e)
 
     e_fit, e_unfit = err(fitted), err(unfitted)
