@@ -162,8 +162,9 @@ def test_real_sigint_mid_run(tmp_path):
     st.write_text("time,commit,machine,case,metric,value\nold,row,m,c,x,1\n")
     prof, rows = out.read_bytes(), st.read_bytes()
     script = textwrap.dedent(f"""
-        import time
+        import faulthandler, signal, time
         from pathlib import Path
+        faulthandler.register(signal.SIGUSR1)  # the test asks for every thread's stack if exit hangs
         from calibration import calibrate as cal
         real = cal.bench_handover
         def slow(*a, **k):
@@ -180,7 +181,14 @@ def test_real_sigint_mid_run(tmp_path):
         time.sleep(0.05)
     assert marker.exists(), p.communicate()[1].decode()[-2000:]
     p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=90)  # a loaded shared machine: CI once took > 30 s
+    try:
+        _, err = p.communicate(timeout=90)  # a loaded shared machine: CI once took > 30 s
+    except subprocess.TimeoutExpired:  # say where it hangs, then end it
+        p.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        p.kill()
+        _, err = p.communicate()
+        raise AssertionError("no exit 90 s after SIGINT; stacks:\n" + err.decode()[-6000:]) from None
     assert p.returncode != 0 and b"KeyboardInterrupt" in err
     assert out.read_bytes() == prof and st.read_bytes() == rows
     assert sorted(os.listdir(tmp_path)) == sorted(["hw.yaml", "r.csv", "inside"])
