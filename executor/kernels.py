@@ -176,8 +176,8 @@ def _expert_whole(i, gd, gc, ud, uc, dd, dc, F, H, experts, offs, tok, wts, xg, 
 
 @njit(cache=True)
 def _owners(offs, nthr):
-    """Experts to threads, most tokens first onto the least loaded -> owner [n] (the loads of
-    thread_loads)."""
+    """Experts to threads, most tokens first onto the least loaded (longest processing time first)
+    -> owner [n]."""
     m = offs[1:] - offs[:-1]
     owner = np.zeros(m.shape[0], np.int64)
     load = np.zeros(nthr, np.int64)
@@ -272,12 +272,11 @@ _WHOLE_BALANCE = 1.1  # most loaded thread / mean (tokens as the load) up to whi
 
 
 def thread_loads(counts, threads: int) -> np.ndarray:
-    """Tokens per thread when whole experts (tokens routed to each: `counts`) go to `threads` threads,
-    most tokens first onto the least loaded (longest processing time first; as _owners)."""
-    load = np.zeros(max(1, threads), np.int64)
-    for c in sorted((int(c) for c in counts), reverse=True):
-        load[int(np.argmin(load))] += c
-    return load
+    """Tokens per thread when whole experts (tokens routed to each: `counts`) go to `threads` threads
+    as the kernel assigns them (_owners: most tokens first onto the least loaded)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    offs = np.concatenate((np.zeros(1, np.int64), np.cumsum(counts)))
+    return np.bincount(_owners(offs, max(1, threads)), weights=counts, minlength=max(1, threads)).astype(np.int64)
 
 
 def whole_experts_per_thread(counts, threads: int) -> bool:

@@ -50,6 +50,12 @@ class Constants:
         return cls(**vals)
 
 
+def cpu_pair_s(model, c: Constants, threads: int) -> float:
+    """Seconds of one further (token, expert) product on `threads` cores: the prefill GEMM rate, since
+    the expert's weights are already being read for its first token."""
+    return model.expert_flops / (c.cpu_prefill_gflops_per_core * 1e9 * threads)
+
+
 class Machine:
     """One machine's resources inside a `Sim`, sized from a HardwareSpec and a Plan."""
 
@@ -157,10 +163,8 @@ class Machine:
                                                   if extra_s else flow()))
 
     def cpu_pairs_s(self, extra_pairs: int) -> float:
-        """Seconds of CPU arithmetic for (token, expert) products beyond one token per expert
-        (the prefill GEMM rate: the weights are already being read)."""
-        rate = self.c.cpu_prefill_gflops_per_core * 1e9 * self.threads
-        return extra_pairs * self.model.expert_flops / rate if extra_pairs else 0.0
+        """Seconds of CPU arithmetic for (token, expert) products beyond one token per expert."""
+        return extra_pairs * cpu_pair_s(self.model, self.c, self.threads) if extra_pairs else 0.0
 
     def gpu_read_s(self, nbytes: float) -> float:
         """Seconds for the GPU to stream `nbytes` of weights from VRAM."""

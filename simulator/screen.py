@@ -14,7 +14,7 @@ import math
 from .engram import EngramText, gathers_inline, layer_gather_s, ram_room
 from .policies import auction_split, chunks, expected_touched, mtp_tokens, ubatches
 from .prefill import TOUCH_LOCALITY, attention_flops
-from .resources import GB, Constants
+from .resources import GB, Constants, cpu_pair_s
 from .routing import distinct_per_layer, inclusion, make_routing
 
 
@@ -120,7 +120,7 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
     n = int(round(distinct_per_layer(ntok, model.n_experts, k)))
     memo: dict = {}
     m = _tokens_per_expert(ntok, k, n)
-    t_pair = model.expert_flops / (c.cpu_prefill_gflops_per_core * 1e9 * threads) * 1e3  # as Machine.cpu_pairs_s
+    t_pair = cpu_pair_s(model, c, threads) * 1e3
     lay, parts = _layer_ms(n, h, t_hit, t_zc, t_copy, t_cpu, t_ssd, ssd_frac, c.handover_ms, plan, has_gpu, memo,
                            c.cpu_job_ms, m, t_pair)
     gpu_layers = set(plan.placement.gpu_expert_layers)

@@ -131,17 +131,6 @@ def test_parallel_moe_paths_match_serial(types, H32, F32, T, k, nthr, seed):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
-def test_owners_assign_as_the_shared_policy():
-    """The kernel's expert-to-thread assignment loads the threads as thread_loads (the rule's
-    Python side) does: most tokens first onto the least loaded, for uneven token counts."""
-    thread_loads = K.thread_loads
-    counts = np.array([3, 1, 4, 1, 5, 2, 6])
-    offs = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    owner = K._owners(offs, 3)
-    loads = np.bincount(owner, weights=counts, minlength=3)
-    assert sorted(loads) == sorted(thread_loads(counts, 3))
-
-
 def test_whole_experts_per_thread_when_the_job_balances():
     """A CPU job runs whole experts per thread (the executor's decode) when, tokens as the load and
     most tokens first onto the least loaded thread, the busiest thread has at most 1.1x the mean and
