@@ -38,6 +38,7 @@ import numpy as np
 
 from specs.errors import SpecError
 from specs.figure import Figure
+from specs.loaders import read_text
 
 DEVICE_BYTES_PER_PARAM = 4.0  # the executor's device copies of experts on a CPU host are f32
 
@@ -56,13 +57,20 @@ class HostFit:
     n: dict = field(default_factory=dict)
     device_layer_ms: float = 0.0  # further per-layer host time where the layer has device work
     engram_row_us: float = 0.0  # host us per Engram row gathered inline (page-cache hits)
+    # a discrete GPU (CUDA host): layers whose device hits overlap a CPU job on the worker thread cost
+    # a hand-off (host time beyond the host's own rest) and slow both sides (the dispatching thread
+    # and the CPU job share the cores); device_layer_ms then comes from device-only layers
+    discrete: bool = False
+    overlap_layer_ms: float = 0.0
+    overlap_dev_ms: float = 0.0
+    overlap_cpu_ms: float = 0.0
 
 
 def read_trace(path: str | Path) -> list[dict]:
     """Records of an executor trace; SpecError (file, line) when it is not one."""
     path = Path(path)
     try:
-        lines = path.read_text().splitlines()
+        lines = read_text(path).splitlines()
     except OSError as e:
         raise SpecError(str(path), None, f"cannot read the trace: {e.strerror or e}") from None
     out = []
@@ -139,6 +147,8 @@ def _expert_part(r, f: HostFit, ddr_gbs: float, eb: float, dev_eb: float, ho_ms:
     n_h, n_c = len(r["hits"]), len(r["cpu"])
     t_dev = n_h * (f.hit_ms or 0.0) + further[1]
     t_cpu = (f.cpu_job_ms + f.cpu_expert_ms * n_c + further[2]) if n_c else 0.0
+    if n_h and n_c and f.discrete:  # VRAM and DDR apart; both sides slowed while they overlap
+        return ho_ms + max(t_dev + f.overlap_dev_ms, t_cpu + f.overlap_cpu_ms)
     if n_h and n_c:
         shared = (n_h * dev_eb + n_c * eb) / (ddr_gbs * 1e6)  # ms at the DDR's rate
         return ho_ms + max(t_dev, t_cpu, shared)
@@ -157,8 +167,9 @@ def _step_means(recs, model, value) -> list[tuple[float, int]]:
 
 
 def fit(traces: dict[str, list[dict]], model, dense_gbs: float, threads: int,
-        c_a_hint: float = 0.0) -> HostFit:
-    """Fit the host constants on `traces` {name: records} of `model` (dense weights at dense_gbs)."""
+        c_a_hint: float = 0.0, discrete: bool = False) -> HostFit:
+    """Fit the host constants on `traces` {name: records} of `model` (dense weights at dense_gbs;
+    discrete: the device is a real GPU, not torch on the host's cores)."""
     dec = [r for recs in traces.values() for r in _decode1(recs)]
     if not dec:
         raise SpecError(", ".join(traces), "phase", "no single-token decode records to fit")
@@ -195,6 +206,8 @@ def fit(traces: dict[str, list[dict]], model, dense_gbs: float, threads: int,
     if host_only and dev_rest:
         f.device_layer_ms = max(0.0, statistics.median(dev_rest) - dense_ms - f.layer_overhead_ms)
         f.n["device_layers"] = len(dev_rest)
+    if discrete:
+        _fit_overlap(f, dec, dev, rest, dense_ms)
     pre = [r for recs in traces.values() for r in recs if r["phase"] == "prefill" and r["tokens"] >= 64]
     if pre:
         flops = sum(_pairs(r, r["cpu"]) * model.expert_flops for r in pre if r["cpu"])
@@ -219,6 +232,23 @@ def fit(traces: dict[str, list[dict]], model, dense_gbs: float, threads: int,
     return f
 
 
+def _fit_overlap(f: HostFit, dec, dev, rest, dense_ms: float) -> None:
+    """A discrete GPU's device-only layers (device_layer_ms) and overlapped layers (hits beside a CPU
+    job: the hand-off's host time, each side's time beyond its one-sided model), medians."""
+    f.discrete = True
+    only = [r for r in dec if dev(r) and not r["cpu"]]
+    both = [r for r in dec if r["hits"] and r["cpu"] and not r.get("pcie")]
+    if only:
+        f.device_layer_ms = max(0.0, statistics.median(rest(r) for r in only) - dense_ms - f.layer_overhead_ms)
+        f.n["device_layers"] = len(only)
+    if both and f.hit_ms:
+        f.overlap_layer_ms = max(0.0, statistics.median(rest(r) for r in both) - dense_ms - f.layer_overhead_ms)
+        f.overlap_dev_ms = max(0.0, statistics.median(r["t_dev_ms"] - len(r["hits"]) * f.hit_ms for r in both))
+        f.overlap_cpu_ms = max(0.0, statistics.median(r["t_cpu_ms"] - f.cpu_job_ms - f.cpu_expert_ms * len(r["cpu"])
+                                                      for r in both))
+        f.n["overlap_layers"] = len(both)
+
+
 def replay_error(recs: list[dict], f: HostFit, model, dense_gbs: float, ddr_gbs: float,
                  handover_ms: float = 0.0, threads: int = 1) -> float | None:
     """Relative error of the fitted per-layer model's summed decode time on `recs`."""
@@ -230,8 +260,10 @@ def replay_error(recs: list[dict], f: HostFit, model, dense_gbs: float, ddr_gbs:
     pred = 0.0
     for r in dec:
         fu = _further_ms(r, f, model, threads)
+        dev = bool(r["hits"] or r.get("pcie"))
+        both = f.discrete and dev and bool(r["cpu"])
         pred += (f.layer_overhead_ms + (r["tokens"] - 1) * f.token_overhead_ms + dense_ms + fu[0]
-                 + (f.device_layer_ms if (r["hits"] or r.get("pcie")) else 0.0)
+                 + (f.overlap_layer_ms if both else f.device_layer_ms if dev else 0.0)
                  + _expert_part(r, f, ddr_gbs, model.expert_bytes, dev_eb, handover_ms, fu)
                  + r.get("engram_rows", 0) * f.engram_row_us / 1e3)
     meas = sum(r["t_dense_ms"] + r["t_experts_ms"] + r.get("t_engram_ms", 0.0) for r in dec)
@@ -239,9 +271,9 @@ def replay_error(recs: list[dict], f: HostFit, model, dense_gbs: float, ddr_gbs:
 
 
 def errors(traces: dict[str, list[dict]], model, dense_gbs: float, ddr_gbs: float, threads: int,
-           handover_ms: float = 0.0, c_a_hint: float = 0.0) -> list[dict]:
+           handover_ms: float = 0.0, c_a_hint: float = 0.0, discrete: bool = False) -> list[dict]:
     """Per trace: in-sample error (fit on all) and leave-one-trace-out error (fit on the others)."""
-    full = fit(traces, model, dense_gbs, threads, c_a_hint)
+    full = fit(traces, model, dense_gbs, threads, c_a_hint, discrete)
     rows = []
     for name, recs in traces.items():
         ins = replay_error(recs, full, model, dense_gbs, ddr_gbs, handover_ms, threads)
@@ -249,7 +281,7 @@ def errors(traces: dict[str, list[dict]], model, dense_gbs: float, ddr_gbs: floa
         loo = None
         if others:
             try:
-                fo = fit(others, model, dense_gbs, threads, c_a_hint)
+                fo = fit(others, model, dense_gbs, threads, c_a_hint, discrete)
                 for k in ("hit_ms", "prefill_gflops_per_core", "host_gemm_gflops"):
                     if getattr(fo, k) is None:  # no record among the others pins it: nothing to predict from
                         setattr(fo, k, getattr(full, k))
@@ -278,8 +310,11 @@ def _measured(hw, what: str) -> float:
 
 
 def base_rates(hw, model) -> tuple[float, float, float, float]:
-    """(dense GB/s, DDR GB/s, handover ms, c_a hint ms) of the base profile, each measured."""
-    dense = _measured(hw, f"cpu.expert_gbs.{model.dense_format}")
+    """(dense GB/s, DDR GB/s, handover ms, c_a hint ms) of the base profile, each measured. The dense
+    rate is the discrete GPU's VRAM bandwidth where there is one (the executor's dense path runs
+    there), else the host kernels' rate for the dense format."""
+    discrete = hw.gpu is not None and not hw.gpu.shares_host
+    dense = _measured(hw, "gpu.bw_gbs" if discrete else f"cpu.expert_gbs.{model.dense_format}")
     eff = _measured(hw, "memory.efficiency")
     ddr = hw.memory.peak_gbs * eff
     ho = float(hw.constants.get("sync_ms", hw.constants.get("handover_ms", 0.0)))
@@ -299,8 +334,12 @@ def fitted_profile(base, model, f: HostFit, sources: list[str], date: str):
                   token_overhead_ms=d(f.token_overhead_ms, "multi-token steps: per-layer rest per further token"),
                   device_layer_ms=d(f.device_layer_ms, "layers with device work: their rest beyond the host's, median"),
                   cpu_job_ms=d(f.cpu_job_ms, "t_cpu = c_a + c_b n over inline CPU jobs"),
-                  dev_bytes_per_param=Figure(DEVICE_BYTES_PER_PARAM, "derived", "executor device copies are f32"),
-                  gemm_efficiency=Figure(1.0, "derived", "gpu.fp16_tflops is the measured host GEMM rate"))
+                  dev_bytes_per_param=Figure(DEVICE_BYTES_PER_PARAM, "derived", "executor device copies are f32"))
+    if f.discrete:
+        consts.update(overlap_layer_ms=d(f.overlap_layer_ms, "layers with hits beside a CPU job: their rest beyond "
+                                         "the host's, median"),
+                      overlap_dev_ms=d(f.overlap_dev_ms, "those layers: t_dev beyond hit_ms per hit, median"),
+                      overlap_cpu_ms=d(f.overlap_cpu_ms, "those layers: t_cpu beyond c_a + c_b n, median"))
     if f.n.get("engram_records"):  # else the base's value, if any, stands
         consts["engram_row_us"] = d(f.engram_row_us, f"median t_engram_ms / engram_rows over "
                                     f"{f.n['engram_records']} decode records without major faults, in us")
@@ -315,7 +354,12 @@ def fitted_profile(base, model, f: HostFit, sources: list[str], date: str):
                                    f"expert bytes / c_b {f.cpu_expert_ms:.3f} ms")
     cpu = base.cpu.model_copy(update={"expert_gbs": eg})
     gpu = base.gpu
+    if gpu is not None and not gpu.shares_host and f.host_gemm_gflops:  # a discrete GPU: its datasheet
+        consts["gemm_efficiency"] = d(min(1.0, f.host_gemm_gflops / (float(gpu.fp16_tflops) * 1e3)),  # rate stays
+                                      f"prefill dense FLOPs / time {f.host_gemm_gflops:.0f} GFLOP/s over "
+                                      f"gpu.fp16_tflops {float(gpu.fp16_tflops):.0f}")
     if gpu is None or gpu.shares_host:
+        consts["gemm_efficiency"] = Figure(1.0, "derived", "gpu.fp16_tflops is the measured host GEMM rate")
         avail = float(base.memory.capacity_bytes) - float(base.memory.os_reserve_bytes)
         gpu = GPU(name="torch cpu (host-sharing pseudo-GPU)", shares_host=True,
                   vram_bytes=Figure(avail, "derived", "host RAM less the OS reserve"),
@@ -338,8 +382,9 @@ def calibrate_from_traces(paths: list[str], model_path: str, hw_base, out: str |
         check_trace(recs, model, p)
         traces[str(p)] = recs
     dense, ddr, ho, ca = base_rates(hw_base, model)
-    f = fit(traces, model, dense, hw_base.cpu.threads_used, ca)
-    errs = errors(traces, model, dense, ddr, hw_base.cpu.threads_used, ho, ca)
+    discrete = hw_base.gpu is not None and not hw_base.gpu.shares_host
+    f = fit(traces, model, dense, hw_base.cpu.threads_used, ca, discrete)
+    errs = errors(traces, model, dense, ddr, hw_base.cpu.threads_used, ho, ca, discrete)
     hw = fitted_profile(hw_base, model, f, list(traces), today())
     if out is not None:
         write_atomic(out, dump_hardware(hw))

@@ -117,7 +117,7 @@ class Dense:
 
     def __init__(self, model: GGUFModel, device: torch.device, dtype=torch.float32, inplace: bool | None = None):
         self.m, self.c, self.device, self.dtype = model, model.cfg, device, dtype
-        inplace = device.type == "cpu" if inplace is None else inplace
+        inplace = device.type == "cpu" and inplace is not False  # the kernels read host memory only
         self.fast = inplace and device.type == "cpu" and dtype == torch.float32  # numba small ops too
         t = lambda name: torch.from_numpy(model.dense(name)).to(device=device, dtype=dtype)  # noqa: E731
         lin = lambda *names: Linear(model, list(names), device, dtype, inplace)  # noqa: E731
@@ -257,7 +257,8 @@ class Dense:
         logits = Fn.linear(h, self.layers[i]["router"]).float()  # [T, E]
         top, idx = torch.topk(logits, k, dim=-1)
         w = torch.softmax(top, dim=-1)
-        return idx.cpu().numpy(), w.cpu().numpy().astype(np.float32)
+        both = torch.cat([w, idx.float()], dim=-1).cpu().numpy()  # one device-to-host copy (ids < 2^24: exact)
+        return both[:, k:].astype(np.int64), np.ascontiguousarray(both[:, :k], dtype=np.float32)
 
     def ffn_route(self, i: int, x: torch.Tensor, k: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         """ffn_in then route of x [S, n, H] -> (h [T, H], expert ids [T, k] int64, weights [T, k] f32);

@@ -161,22 +161,7 @@ class Experts:
         t0 = time.perf_counter()
         y = None
         if len(dev) or len(pcie):
-            y = torch.zeros_like(h)
-            wt = torch.from_numpy(w).to(h.device, h.dtype)
-        for group, src in ((dev, "dev"), (pcie, "pcie")):
-            for e in group:
-                e = int(e)
-                tk, kk = np.nonzero(ids == e)
-                tki = torch.from_numpy(tk).to(h.device)
-                if src == "pcie":
-                    g, u, d = (load_expert(wx, e, self.device, self.dtype) for wx in self.W[layer])
-                elif static is not None:
-                    g, u, d = static[0][e], static[1][e], static[2][e]
-                else:
-                    s = self.slot[(layer, e)]
-                    g, u, d = self.slot_g[s], self.slot_u[s], self.slot_d[s]
-                ye = swiglu(h[tki], g, u, d) * wt[tki, torch.from_numpy(kk).to(h.device)][:, None]
-                y.index_add_(0, tki, ye)
+            y = self._device_experts(layer, h, ids, w, dev, pcie, static)
         if h.device.type == "cuda":
             torch.cuda.synchronize()
         t_dev = (time.perf_counter() - t0) * 1e3
@@ -196,6 +181,37 @@ class Experts:
                    bytes_cpu=len(cpu) * self.ebytes[layer], bytes_pcie=len(pcie) * self.ebytes[layer],
                    bytes_dev=(len(dev) + len(pcie)) * self.dev_ebytes)
         return y, rec
+
+    def _device_experts(self, layer, h, ids, w, dev, pcie, static) -> torch.Tensor:
+        """Sum over the device's experts (resident `dev`, copied `pcie`) of weight x SwiGLU for their
+        tokens of h [T, H] -> [T, H]. The routing crosses to the device once per layer (one copy of
+        every expert's token indices and weights), not once per expert: on CUDA each small copy from
+        pageable memory waits for the device to catch up."""
+        experts = [(int(e), "dev") for e in dev] + [(int(e), "pcie") for e in pcie]
+        T = ids.shape[0]
+        if T == 1:  # one token: its weight per expert is a host scalar, no index tensors at all
+            wk = {int(e): float(wt) for e, wt in zip(ids[0], w[0])}
+        else:
+            sel = [np.nonzero(ids == e) for e, _ in experts]  # (tokens, slots) of each expert
+            off = np.cumsum([0] + [len(tk) for tk, _ in sel])
+            tk_all = np.concatenate([tk for tk, _ in sel])
+            tk_d = torch.from_numpy(tk_all).to(h.device)  # [sum n_e]
+            wt_d = torch.from_numpy(w[tk_all, np.concatenate([kk for _, kk in sel])]).to(h.device, h.dtype)
+        y = torch.zeros_like(h)
+        for j, (e, src) in enumerate(experts):
+            if src == "pcie":
+                g, u, d = (load_expert(wx, e, self.device, self.dtype) for wx in self.W[layer])
+            elif static is not None:
+                g, u, d = static[0][e], static[1][e], static[2][e]
+            else:
+                s = self.slot[(layer, e)]
+                g, u, d = self.slot_g[s], self.slot_u[s], self.slot_d[s]
+            if T == 1:
+                y += swiglu(h, g, u, d) * wk[e]
+            else:
+                tki = tk_d[off[j]:off[j + 1]]
+                y.index_add_(0, tki, swiglu(h[tki], g, u, d) * wt_d[off[j]:off[j + 1], None])
+        return y
 
     def _forward_cpu(self, layer: int, h: torch.Tensor, ids: np.ndarray, w: np.ndarray) -> tuple[torch.Tensor, dict]:
         """forward() when every routed expert is a CPU miss (no device slots, CPU miss policy): inline,

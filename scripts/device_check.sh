@@ -19,8 +19,11 @@ from executor.runner import execute
 from specs.plan import ExpertCache, MissPolicy, Placement, Plan
 
 work = Path(sys.argv[1])
+import os, platform, numba
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
 print("torch", torch.__version__, "cuda", torch.cuda.is_available(),
-      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-", flush=True)
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-", "| numba", numba.__version__,
+      "threads", numba.get_num_threads(), "|", os.cpu_count(), "CPUs:", cpu, flush=True)
 t = time.time()
 tiny = make_model("tiny", work / "tiny.gguf")
 small = make_model("small", work / "small.gguf")
@@ -34,7 +37,8 @@ def plans(n_experts):
         "gpu-dense+cpu-experts": Plan(placement=gpu),
         "gpu-cache-25%+auction": Plan(placement=gpu, expert_cache=ExpertCache(slots=n_experts // 4, policy="decayed-count", swap_every=4),
                                       miss_policy=MissPolicy(kind="auction")),
-        "gpu-cache-100%": Plan(placement=gpu, expert_cache=ExpertCache(slots=n_experts, policy="static")),
+        "gpu-cache-100%": Plan(placement=gpu, expert_cache=ExpertCache(slots=n_experts, policy="static",
+                                                                       release_during_prefill=False)),
         "gpu-copy-misses": Plan(placement=gpu, miss_policy=MissPolicy(kind="copy")),
         "gpu-static-split": Plan(placement=Placement(dense="gpu", engram="none", gpu_expert_layers=[1, 3])),
     }
@@ -55,6 +59,10 @@ for name, path, n_exp, gen in (("tiny", tiny, 4 * 32, 16), ("small", small, 8 * 
                    same_tokens=same, bw_gbs={k: (round(v, 1) if v else v) for k, v in r["bandwidth_gbs"].items()})
         out[f"{name}/{pname}"] = row
         print(f"{name:5s} {pname:24s} {json.dumps(row)}", flush=True)
+for name in ("tiny", "small"):  # decode speed of each plan against the CPU-only path
+    cpu = out[f"{name}/cpu-only"]["decode_tok_s"]
+    print(name, " ".join(f"{k.split('/')[1]} {v['decode_tok_s'] / cpu:.2f}x" for k, v in out.items()
+                         if k.startswith(name + "/")), flush=True)
 (work / "device_check.json").write_text(json.dumps(out, indent=1))
 bad = [k for k, v in out.items() if v["logits_rel_vs_cpu"] > 1e-2]
 print("logits agree (rel <= 1e-2) for all plans" if not bad else f"logits disagree: {bad}")

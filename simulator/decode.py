@@ -119,8 +119,8 @@ class DecodeRun:
         self.lt = m.sim.now
         if self.dense_on_gpu and m.shares_host:
             m.host_dense(w_bytes + kv, lambda: self._routed(layer), tokens=self.ntok)
-        elif self.dense_on_gpu:
-            m.gpu.submit(m.gpu_read_s(w_bytes + kv), lambda: self._routed(layer))
+        elif self.dense_on_gpu:  # the host issues the layer's kernels, the GPU streams its weights
+            m.gpu.submit(m.dense_dispatch_s(self.ntok) + m.gpu_read_s(w_bytes + kv), lambda: self._routed(layer))
         else:
             m.cpu_read(w_bytes + kv, lambda: self._routed(layer), rate=m.cpu_dense_rate,
                        extra_s=m.c.cpu_layer_ms * 1e-3 if layer in self.moe_index else 0.0)
@@ -213,7 +213,13 @@ class DecodeRun:
                 m.gpu.submit(hit_s, lambda: self._join(layer, "gpu"))
             else:
                 self.pending -= 1
-        dl = m.c.device_layer_ms * 1e-3 if (n_h or n_gpu_miss) else 0.0
+        dev_work = bool(n_h or n_gpu_miss)
+        # an engine's fitted host costs (calibration.trace_fit; 0 elsewhere): the device tier's dispatch
+        # per layer; on a discrete GPU, where device work and a CPU job overlap, the host time of the
+        # hand-off (before both sides) and each side's slowdown while they share the host's cores
+        both = dev_work and k_cpu and m.has_gpu and not m.shares_host
+        pre = m.c.overlap_layer_ms * 1e-3 if both else 0.0
+        dl = (pre + m.c.overlap_dev_ms * 1e-3) if both else (m.c.device_layer_ms * 1e-3 if dev_work else 0.0)
         go_gpu = (lambda: m.sim.after(dl, gpu_side)) if dl else gpu_side
         if gate:
             self._after_landing(gate, go_gpu)
@@ -225,6 +231,8 @@ class DecodeRun:
             # a handover when device work runs beside the CPU job (on a host-sharing device the
             # job otherwise runs inline on the same thread)
             ho = self.handover_s if ((n_h or n_gpu_miss) if m.shares_host else m.has_gpu) else 0.0
+            if both:
+                ho += pre + m.c.overlap_cpu_ms * 1e-3
             ram_part = (k_cpu - n_ssd_cpu) * eb
             # the further (token, expert) products of experts routed by several tokens of the step
             extra_s = m.cpu_pairs_s(int(mcnt[:k_cpu].sum()) - k_cpu) if mcnt is not None else 0.0

@@ -30,12 +30,20 @@ class Constants:
     # a decode layer whose dense path runs on the host cores, beyond its bytes and job costs: what
     # alternating attention and expert work costs (calibrate's layer loop), ms
     cpu_layer_ms: float = 0.0
-    # A host-sharing pseudo-GPU (hw.gpu.shares_host): fixed host cost of each layer (Python and torch
-    # dispatch, norms, routing), the rate at which it computes a resident expert (GB/s over the
-    # expert's device bytes) and the bytes per weight its resident copies take (f32 = 4).
+    # An engine's host costs, fitted from its traces (calibration.trace_fit; 0 for engines that
+    # launch a layer as one graph): fixed host time of each layer's dense path (Python and torch
+    # dispatch, norms, routing), on a host-sharing pseudo-GPU or before a discrete GPU's kernels;
+    # the rate at which the device computes a resident expert (GB/s over the expert's device
+    # bytes, dispatch included) and the bytes per weight its resident copies take (f32 = 4).
     layer_overhead_ms: float = 0.0
     token_overhead_ms: float = 0.0  # per layer, per token beyond the first in a step (several streams)
     device_layer_ms: float = 0.0  # host time of a MoE layer's device-tier dispatch (layers with device work)
+    # A discrete GPU's layers where device work and a CPU job overlap (an executor dispatching from
+    # the host cores the CPU job runs on): host time of the hand-off, before both sides; the device
+    # side's and the CPU job's slowdown while they run together, ms
+    overlap_layer_ms: float = 0.0
+    overlap_dev_ms: float = 0.0
+    overlap_cpu_ms: float = 0.0
     dev_expert_gbs: float = 0.0  # 0: VRAM bandwidth x gpu_expert_efficiency
     dev_bytes_per_param: float = 0.0  # 0: the expert's quantised bytes
     engram_row_us: float = 0.0  # host time to gather one cached Engram row inline, µs
@@ -130,12 +138,16 @@ class Machine:
             nbytes, (self.nvme, self.ddr), done, cap=cap, name="nvme"))
 
     # ---- a host-sharing pseudo-GPU: its work holds the device stream and reads host DDR ----------
+    def dense_dispatch_s(self, tokens: int = 1) -> float:
+        """Seconds of host time to issue one layer's dense path for `tokens` tokens (fitted constants)."""
+        return (self.c.layer_overhead_ms + (tokens - 1) * self.c.token_overhead_ms) * 1e-3
+
     def host_dense(self, nbytes: float, done, tokens: int = 1) -> None:
         """One layer's dense path on a host-sharing device: fixed host cost (per layer, and per
         further token of the step), then `nbytes` of weights read at the host kernels' rate for
         the dense format, over DDR."""
         self.moved["gpu"] += nbytes
-        over = (self.c.layer_overhead_ms + (tokens - 1) * self.c.token_overhead_ms) * 1e-3
+        over = self.dense_dispatch_s(tokens)
         if tokens > 1:  # each further token's dense products at the host GEMM rate
             over += (tokens - 1) * self.gpu_flops_s(self.model.dense_flops_per_token / self.model.n_layers)
 
@@ -172,11 +184,12 @@ class Machine:
         return nbytes / self.gpu_bw if self.gpu_bw else 0.0
 
     def gpu_expert_s(self, nbytes: float) -> float:
-        """Seconds for the GPU to run experts of `nbytes` resident in VRAM (GEMV efficiency)."""
+        """Seconds for the GPU to run experts of `nbytes` (quantised) resident in VRAM: their device
+        copies (dev_bytes_per_param, else the same bytes) at dev_expert_gbs (an engine's fitted
+        per-hit rate, dispatch included), else at the VRAM bandwidth x the GEMV efficiency."""
         self.moved["gpu"] += nbytes
-        if self.shares_host:
-            return nbytes / self.model.expert_bytes * self.dev_expert_bytes / self.dev_expert_rate
-        return nbytes / (self.gpu_bw * self.c.gpu_expert_efficiency) if self.gpu_bw else 0.0
+        return nbytes / self.model.expert_bytes * self.dev_expert_bytes / self.dev_expert_rate \
+            if self.dev_expert_rate else 0.0
 
     def gpu_flops_s(self, flops: float) -> float:
         """Seconds for `flops` of fp16 GEMM work on the GPU."""

@@ -12,6 +12,8 @@ import functools
 
 import numpy as np
 
+from specs.loaders import read_text
+
 
 def zipf_popularity(n_experts: int, exponent: float) -> np.ndarray:
     """Route share by rank, p_r proportional to r^-exponent (sums to 1)."""
@@ -245,7 +247,7 @@ class Replay(Routing):
         """Read an executor trace: records {step, phase, layer, routed: [tokens][k]} (one per step
         and layer; `phase` selects decode), or one record per token with 'experts' [layers][k]."""
         per_token, steps = [], {}
-        for line in Path(path).read_text().splitlines():
+        for line in read_text(path).splitlines():
             if not line.strip():
                 continue
             rec = json.loads(line)

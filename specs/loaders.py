@@ -31,6 +31,15 @@ def builtin_hardware() -> list[str]:
     return sorted(p.name[:-5] for p in (_DATA / "hardware").iterdir() if p.name.endswith(".yaml"))
 
 
+def read_text(path: str | os.PathLike) -> str:
+    """A text file's contents (UTF-8), gzip-decompressed when its name ends in .gz."""
+    p = Path(path)
+    if p.suffix == ".gz":
+        import gzip
+        return gzip.decompress(p.read_bytes()).decode()
+    return p.read_text()
+
+
 def read_structured(path: str | os.PathLike, text: str | None = None) -> Any:
     """Parse a YAML or JSON file; malformed input is a SpecError naming the line."""
     path = str(path)

@@ -170,6 +170,25 @@ def _other_model_trace(src: str, dst: Path) -> Path:
     return dst
 
 
+
+def test_a_discrete_gpu_base_keeps_its_gpu_and_reads_dense_at_vram_rate(runs):
+    """On a CUDA host the executor's dense path runs on the GPU: the fit subtracts its weights at the
+    measured VRAM rate (not the host kernels'), the fitted profile keeps the real GPU (no pseudo-GPU)
+    and prices its prefill GEMMs at the executor's measured rate over the datasheet's."""
+    from specs.hardware import GPU
+    path, m, d, out = runs
+    gpu = GPU(name="test-gpu", vram_bytes=Figure(80e9, "assumed"), bw_gbs=Figure(3000.0, "measured", "stand-in"),
+              fp16_tflops=Figure(900.0, "datasheet"), reserved_bytes=Figure(1e9, "assumed"))
+    base = base_profile().model_copy(update={"gpu": gpu})
+    assert trace_fit.base_rates(base, m)[0] == 3000.0
+    hw, f, _ = trace_fit.calibrate_from_traces([r["trace"] for _, _, r in out], str(path), base, log=None)
+    assert hw.gpu.name == "test-gpu" and not hw.gpu.shares_host
+    assert hw.constant("layer_overhead_ms", -1) == f.layer_overhead_ms
+    assert "gemm_efficiency" not in hw.constants  # these traces have no prefill long enough to fit it
+    f.host_gemm_gflops = 45e3
+    fitted = trace_fit.fitted_profile(base, m, f, ["t.jsonl"], "today")
+    assert fitted.constant("gemm_efficiency", -1) == pytest.approx(0.05)  # 45 of the datasheet's 900 TFLOP/s
+
 def test_trace_of_another_model(runs, tmp_path):
     path, m, d, out = runs
     bad = _other_model_trace(out[0][2]["trace"], tmp_path / "other.jsonl")

@@ -203,3 +203,28 @@ def test_device_layer_ms_charges_only_layers_with_device_work():
     run = lambda plan, c: simulate(model, hw, plan, gen_tokens=10, warm_steps=20, constants=c)  # noqa: E731
     assert run(cpu_only, extra).decode_tok_s == run(cpu_only, base).decode_tok_s
     assert run(cached, extra).decode_tok_s < run(cached, base).decode_tok_s
+
+
+def test_layer_overhead_lengthens_each_step_by_its_layers_on_a_discrete_gpu():
+    """An engine's fitted host time per layer (`layer_overhead_ms`, the executor's eager dispatch on a
+    CUDA host) comes before the GPU's kernels: with no other device work, each decode step is longer by
+    exactly n_layers x the constant (here 4 x 0.5 ms)."""
+    from simulator.resources import Constants
+    model, hw, plan = tiny_model(), machine(), tiered(slots=0, kind="cpu")
+    run = lambda c: simulate(model, hw, plan, gen_tokens=10, warm_steps=20, constants=c)  # noqa: E731
+    base, slow = run(Constants()), run(Constants(layer_overhead_ms=0.5))
+    assert 1e3 / slow.decode_tok_s - 1e3 / base.decode_tok_s == pytest.approx(model.n_layers * 0.5, rel=1e-9)
+
+
+def test_fitted_per_hit_rate_prices_resident_experts_on_a_discrete_gpu():
+    """`dev_expert_gbs` (bytes of a hit's device copy / its fitted time) replaces the VRAM roof for
+    resident experts on a discrete GPU too: a slower fitted rate decodes a cached plan slower, an all-CPU
+    plan exactly as fast."""
+    from simulator.resources import Constants
+    model, hw = tiny_model(), machine()
+    roof = hw.gpu.bw_gbs * Constants().gpu_expert_efficiency
+    slow = Constants(dev_expert_gbs=roof / 10, dev_bytes_per_param=4.0)
+    cached, cpu_only = tiered(slots=64, kind="cpu"), tiered(slots=0, kind="cpu")
+    run = lambda plan, c: simulate(model, hw, plan, gen_tokens=10, warm_steps=20, constants=c)  # noqa: E731
+    assert run(cpu_only, slow).decode_tok_s == run(cpu_only, Constants()).decode_tok_s
+    assert run(cached, slow).decode_tok_s < run(cached, Constants()).decode_tok_s
