@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specs.plan import ExpertCache, Placement, Plan, Prefill
+from specs.plan import ExpertCache, MissPolicy, Placement, Plan, Prefill
 
 from . import store
 
@@ -71,6 +71,25 @@ def local_cases(n_layers: int, n_experts: int, n_gen: int = 64, n_prompt: int = 
     ]
     cases += [LocalCase(f"local-ttft-{p}", _plan(p), p, 2, "ttft_s") for p in ttft_prompts]
     return cases
+
+
+def device_check_plans(n_layers: int, n_experts: int) -> dict[str, Plan]:
+    """scripts/device_check.sh's plans, by name: the CPU path, then the CUDA path's tiers (dense on the
+    device with CPU experts; a 25% cache with the auction; a 100% cache; every miss copied; a static
+    split of layers 1 and 3)."""
+    cpu = Placement(dense="cpu", kv="cpu", engram="none")
+    gpu = Placement(dense="gpu", engram="none")
+    total = n_layers * n_experts
+    return {
+        "cpu-only": Plan(placement=cpu),
+        "gpu-dense+cpu-experts": Plan(placement=gpu),
+        "gpu-cache-25%+auction": Plan(placement=gpu, miss_policy=MissPolicy(kind="auction"),
+                                      expert_cache=ExpertCache(slots=total // 4, policy="decayed-count", swap_every=4)),
+        "gpu-cache-100%": Plan(placement=gpu, expert_cache=ExpertCache(slots=total, policy="static",
+                                                                       release_during_prefill=False)),
+        "gpu-copy-misses": Plan(placement=gpu, miss_policy=MissPolicy(kind="copy")),
+        "gpu-static-split": Plan(placement=Placement(dense="gpu", engram="none", gpu_expert_layers=[1, 3])),
+    }
 
 
 def warm_page_cache(path: Path, chunk: int = 16 << 20) -> None:

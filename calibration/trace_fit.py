@@ -64,6 +64,8 @@ class HostFit:
     overlap_layer_ms: float = 0.0
     overlap_dev_ms: float = 0.0
     overlap_cpu_ms: float = 0.0
+    copy_h2d_gbs: float = 0.0  # the base's pageable H2D rate: the executor copies misses from its mmap
+    copy_miss_ms: float = 0.0  # per copied expert beyond its bytes at that rate and a hit
 
 
 def read_trace(path: str | Path) -> list[dict]:
@@ -147,6 +149,9 @@ def _expert_part(r, f: HostFit, ddr_gbs: float, eb: float, dev_eb: float, ho_ms:
     n_h, n_c = len(r["hits"]), len(r["cpu"])
     t_dev = n_h * (f.hit_ms or 0.0) + further[1]
     t_cpu = (f.cpu_job_ms + f.cpu_expert_ms * n_c + further[2]) if n_c else 0.0
+    if f.discrete and r.get("pcie"):  # copied from the mmap at the pageable rate, then computed
+        t_dev += len(r["pcie"]) * (eb / (f.copy_h2d_gbs * 1e6) + (f.hit_ms or 0.0) + f.copy_miss_ms) \
+            if f.copy_h2d_gbs else 0.0
     if n_h and n_c and f.discrete:  # VRAM and DDR apart; both sides slowed while they overlap
         return ho_ms + max(t_dev + f.overlap_dev_ms, t_cpu + f.overlap_cpu_ms)
     if n_h and n_c:
@@ -167,7 +172,7 @@ def _step_means(recs, model, value) -> list[tuple[float, int]]:
 
 
 def fit(traces: dict[str, list[dict]], model, dense_gbs: float, threads: int,
-        c_a_hint: float = 0.0, discrete: bool = False) -> HostFit:
+        c_a_hint: float = 0.0, discrete: bool = False, copy_gbs: float = 0.0) -> HostFit:
     """Fit the host constants on `traces` {name: records} of `model` (dense weights at dense_gbs;
     discrete: the device is a real GPU, not torch on the host's cores)."""
     dec = [r for recs in traces.values() for r in _decode1(recs)]
@@ -208,6 +213,12 @@ def fit(traces: dict[str, list[dict]], model, dense_gbs: float, threads: int,
         f.n["device_layers"] = len(dev_rest)
     if discrete:
         _fit_overlap(f, dec, dev, rest, dense_ms)
+        f.copy_h2d_gbs = copy_gbs
+        copied = [r for r in dec if r.get("pcie") and not r["hits"] and not r["cpu"]]
+        if copied and f.hit_ms and copy_gbs:
+            per = model.expert_bytes / (copy_gbs * 1e6) + f.hit_ms  # ms per copied expert, modelled
+            f.copy_miss_ms = max(0.0, statistics.median(r["t_dev_ms"] / len(r["pcie"]) - per for r in copied))
+            f.n["copied_layers"] = len(copied)
     pre = [r for recs in traces.values() for r in recs if r["phase"] == "prefill" and r["tokens"] >= 64]
     if pre:
         flops = sum(_pairs(r, r["cpu"]) * model.expert_flops for r in pre if r["cpu"])
@@ -271,9 +282,10 @@ def replay_error(recs: list[dict], f: HostFit, model, dense_gbs: float, ddr_gbs:
 
 
 def errors(traces: dict[str, list[dict]], model, dense_gbs: float, ddr_gbs: float, threads: int,
-           handover_ms: float = 0.0, c_a_hint: float = 0.0, discrete: bool = False) -> list[dict]:
+           handover_ms: float = 0.0, c_a_hint: float = 0.0, discrete: bool = False,
+           copy_gbs: float = 0.0) -> list[dict]:
     """Per trace: in-sample error (fit on all) and leave-one-trace-out error (fit on the others)."""
-    full = fit(traces, model, dense_gbs, threads, c_a_hint, discrete)
+    full = fit(traces, model, dense_gbs, threads, c_a_hint, discrete, copy_gbs)
     rows = []
     for name, recs in traces.items():
         ins = replay_error(recs, full, model, dense_gbs, ddr_gbs, handover_ms, threads)
@@ -281,7 +293,7 @@ def errors(traces: dict[str, list[dict]], model, dense_gbs: float, ddr_gbs: floa
         loo = None
         if others:
             try:
-                fo = fit(others, model, dense_gbs, threads, c_a_hint, discrete)
+                fo = fit(others, model, dense_gbs, threads, c_a_hint, discrete, copy_gbs)
                 for k in ("hit_ms", "prefill_gflops_per_core", "host_gemm_gflops"):
                     if getattr(fo, k) is None:  # no record among the others pins it: nothing to predict from
                         setattr(fo, k, getattr(full, k))
@@ -340,6 +352,11 @@ def fitted_profile(base, model, f: HostFit, sources: list[str], date: str):
                                          "the host's, median"),
                       overlap_dev_ms=d(f.overlap_dev_ms, "those layers: t_dev beyond hit_ms per hit, median"),
                       overlap_cpu_ms=d(f.overlap_cpu_ms, "those layers: t_cpu beyond c_a + c_b n, median"))
+        if f.copy_h2d_gbs:
+            consts["copy_h2d_gbs"] = base.constants["pageable_h2d_gbs"]  # measured by calibrate
+        if f.n.get("copied_layers"):
+            consts["copy_miss_ms"] = d(f.copy_miss_ms, "layers of copied misses only: t_dev per copy beyond its "
+                                       "bytes at copy_h2d_gbs and hit_ms, median")
     if f.n.get("engram_records"):  # else the base's value, if any, stands
         consts["engram_row_us"] = d(f.engram_row_us, f"median t_engram_ms / engram_rows over "
                                     f"{f.n['engram_records']} decode records without major faults, in us")
@@ -383,8 +400,9 @@ def calibrate_from_traces(paths: list[str], model_path: str, hw_base, out: str |
         traces[str(p)] = recs
     dense, ddr, ho, ca = base_rates(hw_base, model)
     discrete = hw_base.gpu is not None and not hw_base.gpu.shares_host
-    f = fit(traces, model, dense, hw_base.cpu.threads_used, ca, discrete)
-    errs = errors(traces, model, dense, ddr, hw_base.cpu.threads_used, ho, ca, discrete)
+    copy = float(hw_base.constants.get("pageable_h2d_gbs", 0.0)) if discrete else 0.0
+    f = fit(traces, model, dense, hw_base.cpu.threads_used, ca, discrete, copy)
+    errs = errors(traces, model, dense, ddr, hw_base.cpu.threads_used, ho, ca, discrete, copy)
     hw = fitted_profile(hw_base, model, f, list(traces), today())
     if out is not None:
         write_atomic(out, dump_hardware(hw))

@@ -10,16 +10,17 @@ WORK=${1:-/tmp/moe-offload-devcheck}
 mkdir -p "$WORK"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 timeout 285 "$PY" - "$WORK" <<'EOF'
-import json, sys, time
+import json, os, platform, sys, time
 from pathlib import Path
+import numba
 import numpy as np
 import torch
+from calibration.local import device_check_plans
+from executor.gguf_model import GGUFModel
 from executor.make_model import make_model
 from executor.runner import execute
-from specs.plan import ExpertCache, MissPolicy, Placement, Plan
 
 work = Path(sys.argv[1])
-import os, platform, numba
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
 print("torch", torch.__version__, "cuda", torch.cuda.is_available(),
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-", "| numba", numba.__version__,
@@ -29,24 +30,11 @@ tiny = make_model("tiny", work / "tiny.gguf")
 small = make_model("small", work / "small.gguf")
 print(f"built tiny + small in {time.time() - t:.1f} s", flush=True)
 
-def plans(n_experts):
-    cpu = Placement(dense="cpu", kv="cpu", engram="none")
-    gpu = Placement(dense="gpu", engram="none")
-    return {
-        "cpu-only": Plan(placement=cpu),
-        "gpu-dense+cpu-experts": Plan(placement=gpu),
-        "gpu-cache-25%+auction": Plan(placement=gpu, expert_cache=ExpertCache(slots=n_experts // 4, policy="decayed-count", swap_every=4),
-                                      miss_policy=MissPolicy(kind="auction")),
-        "gpu-cache-100%": Plan(placement=gpu, expert_cache=ExpertCache(slots=n_experts, policy="static",
-                                                                       release_during_prefill=False)),
-        "gpu-copy-misses": Plan(placement=gpu, miss_policy=MissPolicy(kind="copy")),
-        "gpu-static-split": Plan(placement=Placement(dense="gpu", engram="none", gpu_expert_layers=[1, 3])),
-    }
-
 out = {}
-for name, path, n_exp, gen in (("tiny", tiny, 4 * 32, 16), ("small", small, 8 * 32, 24)):
+for name, path, gen in (("tiny", tiny, 16), ("small", small, 24)):
     base = None
-    for pname, plan in plans(n_exp).items():
+    c = GGUFModel(path).cfg
+    for pname, plan in device_check_plans(c.n_layers, c.n_experts).items():
         r = execute(plan, path, 16, gen, trace_path=work / f"{name}-{pname}.jsonl", keep_logits=True)
         lg = np.stack([l[0] for l in r["logits"]])
         if base is None:

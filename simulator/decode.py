@@ -196,7 +196,8 @@ class DecodeRun:
                     self.bytes_by_tier["nvme"] += n_ssd_gpu * eb
                 if self.kind == "copy":
                     after = lambda: m.dma(n_gpu_miss * eb, lambda: m.gpu.submit(
-                        m.gpu_expert_s(n_gpu_miss * eb), lambda: self._join(layer, "pcie_h2d")))
+                        m.gpu_expert_s(n_gpu_miss * eb) + n_gpu_miss * m.c.copy_miss_ms * 1e-3,
+                        lambda: self._join(layer, "pcie_h2d")))
                 else:
                     after = lambda: m.gpu.acquire(lambda: m.sim.after(hit_s, lambda: m.zero_copy(
                         n_gpu_miss * eb, lambda: (m.gpu.release(), self._join(layer, "pcie_h2d")))))

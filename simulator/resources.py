@@ -44,6 +44,11 @@ class Constants:
     overlap_layer_ms: float = 0.0
     overlap_dev_ms: float = 0.0
     overlap_cpu_ms: float = 0.0
+    # An engine copying experts from pageable memory (its mmap) instead of pinned buffers: the rate such
+    # a host-to-device copy attains (0: pcie.h2d_gbs, pinned) and its host time per copied expert
+    # beyond the copy and a hit (separate copies of its tensors, dequantising on the device), ms
+    copy_h2d_gbs: float = 0.0
+    copy_miss_ms: float = 0.0
     dev_expert_gbs: float = 0.0  # 0: VRAM bandwidth x gpu_expert_efficiency
     dev_bytes_per_param: float = 0.0  # 0: the expert's quantised bytes
     engram_row_us: float = 0.0  # host time to gather one cached Engram row inline, µs
@@ -81,7 +86,7 @@ class Machine:
         self.ddr = self.net.link("ddr", hw.memory.usable_gbs * GB)
         self.nvme = self.net.link("nvme", hw.nvme.seq_read_gbs * GB)
         self.zc_rate = (pcie.zero_copy_gbs if pcie else 1.0) * GB * consts.zc_efficiency
-        self.h2d_rate = (pcie.h2d_gbs if pcie else 1.0) * GB
+        self.h2d_rate = (consts.copy_h2d_gbs or (pcie.h2d_gbs if pcie else 1.0)) * GB
         self.cpu_expert_rate = hw.cpu.expert_gbs_for(model.fmt_experts, self.threads) * GB
         from specs.formats import parse_format
         self.cpu_dense_rate = hw.cpu.expert_gbs_for(parse_format(model.dense_format), self.threads) * GB
@@ -101,7 +106,8 @@ class Machine:
         self.net.start(nbytes, (self.pcie, self.ddr), done, cap=self.zc_rate, name="zero-copy")
 
     def dma(self, nbytes: float, done=None) -> None:
-        """Copy-engine H2D copy from pinned RAM (FIFO on the copy engine)."""
+        """Copy-engine H2D copy (FIFO on the copy engine) at the pinned rate, or copy_h2d_gbs for an engine
+        copying from pageable memory."""
         self.moved["copy_engine"] += nbytes
         def go():
             self.net.start(nbytes, (self.pcie, self.ddr), lambda: self._dma_end(done),

@@ -5,6 +5,7 @@ traces (the discrete-GPU form of the fit: dense reads at the VRAM rate, device-o
 layers apart), then every case is simulated with the trace's own routing and compared to what ran."""
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 
@@ -42,7 +43,7 @@ def test_fitted_profile_keeps_the_h200(h200_rows):
 
 
 def test_decode_within_the_fidelity_bars_on_the_h200_host(h200_rows):
-    """Decode tok/s over the 7 plans: median |error| <= 10%, max <= 20% (issue 5's bars; 5.1% and 11.7%
+    """Decode tok/s over the 7 plans: median |error| <= 10%, max <= 20% (issue 5's bars; 6.4% and 12.0%
     when recorded, `python benchmarks/bench_fidelity.py --reuse --base DATA/host-calibrated.yaml
     --store DATA/results-fidelity.csv`)."""
     rows, _ = h200_rows
@@ -57,3 +58,31 @@ def test_ttft_within_the_fidelity_bar_on_the_h200_host(h200_rows):
     rows, _ = h200_rows
     ttft = [abs(r["error"]) for r in rows if r["metric"] == "ttft_s"]
     assert len(ttft) == 2 and statistics.median(ttft) <= 0.15
+
+
+def test_copied_misses_cost_the_pageable_copy_and_the_fitted_extra():
+    """The executor copies a miss from its mmap (pageable memory): with the device check's copy-misses
+    trace in the fit, copy_h2d_gbs is calibrate's pageable rate (6.71 GB/s, not the pinned 54.6) and
+    copy_miss_ms the rest (0.44 ms per expert); that plan is then predicted within 5% of its median
+    step (10.8 tok/s measured; in sample)."""
+    from calibration.local import device_check_plans
+    from simulator.run import simulate
+    from specs.loaders import load_model
+    mp = pytest.MonkeyPatch()
+    mp.chdir(ROOT)
+    try:
+        rows = store.read_rows(DATA / "results-fidelity.csv")
+        dc = DATA / "device-check"
+        traces = [t for r in rows for t in str(r["traces"]).split(";") if t] + [str(dc / "small-gpu-copy-misses.jsonl.gz")]
+        base = load_hardware(str(DATA / "host-calibrated.yaml"))
+        hw, f, _ = calibrate_from_traces(traces, rows[0]["model"], base, log=None)
+        model = load_model(rows[0]["model"])
+        plan = device_check_plans(model.n_layers, model.n_experts)["gpu-copy-misses"]
+        sim = simulate(model, hw, plan, prompt_tokens=16, gen_tokens=24, routing=str(dc / "small-gpu-copy-misses.jsonl.gz"),
+                       warm_steps=0)
+        measured = json.loads((dc / "measured.json").read_text())["small/gpu-copy-misses"]
+    finally:
+        mp.undo()
+    assert hw.constant("copy_h2d_gbs", 0) == float(base.constants["pageable_h2d_gbs"])
+    assert f.copy_miss_ms > 0
+    assert sim.decode_tok_s == pytest.approx(1e3 / measured["itl_p50_ms"], rel=0.05)

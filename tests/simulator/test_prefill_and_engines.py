@@ -228,3 +228,17 @@ def test_fitted_per_hit_rate_prices_resident_experts_on_a_discrete_gpu():
     run = lambda plan, c: simulate(model, hw, plan, gen_tokens=10, warm_steps=20, constants=c)  # noqa: E731
     assert run(cpu_only, slow).decode_tok_s == run(cpu_only, Constants()).decode_tok_s
     assert run(cached, slow).decode_tok_s < run(cached, Constants()).decode_tok_s
+
+
+def test_copied_misses_run_at_the_engines_copy_rate():
+    """`copy_h2d_gbs` (an engine copying misses from pageable memory) replaces the pinned H2D rate: a
+    plan whose misses all cross PCIe decodes slower at a tenth of the rate, an all-CPU plan exactly as
+    fast; `copy_miss_ms` adds host time per copied expert."""
+    from simulator.resources import Constants
+    model, hw = tiny_model(), machine()
+    copy, cpu_only = tiered(slots=0, kind="copy", policy="none"), tiered(slots=0, kind="cpu")
+    slow = Constants(copy_h2d_gbs=hw.pcie.h2d_gbs / 10)
+    run = lambda plan, c: simulate(model, hw, plan, gen_tokens=10, warm_steps=20, constants=c)  # noqa: E731
+    assert run(cpu_only, slow).decode_tok_s == run(cpu_only, Constants()).decode_tok_s
+    assert run(copy, slow).decode_tok_s < run(copy, Constants()).decode_tok_s
+    assert run(copy, Constants(copy_miss_ms=0.5)).decode_tok_s < run(copy, Constants()).decode_tok_s
