@@ -47,7 +47,8 @@ def _plan(n_prompt: int, **upd) -> Plan:
 
 
 def _cache(slots: int) -> ExpertCache:
-    return ExpertCache(slots=slots, policy="decayed-count", release_during_prefill=False)
+    # the executor loads an admitted expert on the host thread between steps: copies on the compute stream
+    return ExpertCache(slots=slots, policy="decayed-count", release_during_prefill=False, copies="sync")
 
 
 def local_cases(n_layers: int, n_experts: int, n_gen: int = 64, n_prompt: int = 16,
@@ -84,8 +85,9 @@ def device_check_plans(n_layers: int, n_experts: int) -> dict[str, Plan]:
         "cpu-only": Plan(placement=cpu),
         "gpu-dense+cpu-experts": Plan(placement=gpu),
         "gpu-cache-25%+auction": Plan(placement=gpu, miss_policy=MissPolicy(kind="auction"),
-                                      expert_cache=ExpertCache(slots=total // 4, policy="decayed-count", swap_every=4)),
-        "gpu-cache-100%": Plan(placement=gpu, expert_cache=ExpertCache(slots=total, policy="static",
+                                      expert_cache=ExpertCache(slots=total // 4, policy="decayed-count", swap_every=4,
+                                                               copies="sync")),
+        "gpu-cache-100%": Plan(placement=gpu, expert_cache=ExpertCache(slots=total, policy="static", copies="sync",
                                                                        release_during_prefill=False)),
         "gpu-copy-misses": Plan(placement=gpu, miss_policy=MissPolicy(kind="copy")),
         "gpu-static-split": Plan(placement=Placement(dense="gpu", engram="none", gpu_expert_layers=[1, 3])),

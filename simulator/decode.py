@@ -141,7 +141,9 @@ class DecodeRun:
             ex, cnt = np.unique(picks, return_counts=True)
         self.reads += ex.size
         gate = None  # in-flight copy batches this layer's device kernel waits for
-        if i in self.static_gpu:
+        if not m.has_gpu:  # no device to hold a resident: every routed expert runs on the CPU
+            hit = np.zeros(ex.size, dtype=bool)
+        elif i in self.static_gpu:
             hit = np.ones(ex.size, dtype=bool)
         else:
             hit = self.cache.res[i, ex]
@@ -214,6 +216,8 @@ class DecodeRun:
                 m.gpu.submit(hit_s, lambda: self._join(layer, "gpu"))
             else:
                 self.pending -= 1
+                if self.pending == 0:
+                    self._join(layer, "gpu", count=False)
         dev_work = bool(n_h or n_gpu_miss)
         # an engine's fitted host costs (calibration.trace_fit; 0 elsewhere): the device tier's dispatch
         # per layer; on a discrete GPU, where device work and a CPU job overlap, the host time of the
@@ -268,12 +272,11 @@ class DecodeRun:
         self.crit[self.last] += self.m.sim.now - self.lt
         self._layer(layer + 1)
 
-    def _step_end(self) -> None:
+    def admit(self, changes) -> None:
+        """Copy the experts a cache step admits [(layer, in, out)] into their slots, as the plan's copies
+        mode says: on the compute stream (sync), a side stream live from the next replan (async), or the
+        copy engine beside the next steps (background)."""
         m = self.m
-        over = m.c.step_overhead_ms * 1e-3
-        changes = self.cache.end_step()
-        if self.cache.replanned and self._pending:  # last replan's side-stream copies go live
-            self._go_live()
         ins = [(c[0], c[1]) for c in changes if c[1] >= 0]
         mode = "sync" if self.cache.stream_ordered else self.copies
         if ins and m.shares_host:  # the host device loads its copies between steps, untimed
@@ -295,6 +298,14 @@ class DecodeRun:
                 batch["mask"][rows, cols] = True
                 self._inflight.append(batch)
                 m.dma(nbytes, lambda: self._batch_landed(batch, rows, cols))
+
+    def _step_end(self) -> None:
+        m = self.m
+        over = m.c.step_overhead_ms * 1e-3
+        changes = self.cache.end_step()
+        if self.cache.replanned and self._pending:  # last replan's side-stream copies go live
+            self._go_live()
+        self.admit(changes)
         self.context += self.committed
         self.step_idx += 1
         if over:

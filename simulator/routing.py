@@ -103,6 +103,10 @@ class Routing:
     def new_context(self, rng) -> None:
         """A new request starts (a new prompt): models with a context forget it."""
 
+    def prompt_routes(self, n_tokens: int, rng) -> np.ndarray:
+        """Routes [n, L, k] of a prompt's n tokens, the start of the request's context."""
+        return self.sample(n_tokens, rng)
+
 
 class Uniform(Routing):
     """Every expert equally likely; k distinct per token and layer."""
@@ -234,19 +238,21 @@ class Drifting(Routing):
 class Replay(Routing):
     """Replays a recorded trace: a list of [L, k] arrays or an array [T, L, k]; wraps around."""
 
-    def __init__(self, routes, n_experts: int):
+    def __init__(self, routes, n_experts: int, prompt=None):
         arr = np.asarray([np.asarray(r) for r in routes], dtype=np.int32)
         if arr.ndim != 3:
             raise ValueError("a routing trace is [tokens, layers, k] expert ids")
         self.trace, self.n_experts = arr, n_experts
         self.n_layers, self.k = arr.shape[1], arr.shape[2]
         self._pos = 0
+        # the recorded prompt's routes [P, L, k] (an executor trace's prefill), if any
+        self.prompt = np.asarray(prompt, dtype=np.int32).reshape(-1, self.n_layers, self.k) if prompt else None
 
     @classmethod
     def from_jsonl(cls, path: str | Path, n_experts: int, phase: str = "decode") -> "Replay":
         """Read an executor trace: records {step, phase, layer, routed: [tokens][k]} (one per step
         and layer; `phase` selects decode), or one record per token with 'experts' [layers][k]."""
-        per_token, steps = [], {}
+        per_token, steps, pre = [], {}, {}
         for line in read_text(path).splitlines():
             if not line.strip():
                 continue
@@ -254,14 +260,20 @@ class Replay(Routing):
             if "routed" in rec:
                 if rec.get("phase", phase) == phase:
                     steps.setdefault(rec["step"], {})[rec["layer"]] = rec["routed"]
+                elif rec.get("phase") == "prefill":
+                    pre.setdefault(rec["step"], {})[rec["layer"]] = rec["routed"]
             elif "experts" in rec or "routes" in rec:
                 per_token.append(rec.get("experts", rec.get("routes")))
-        for step in sorted(steps):
-            layers = steps[step]
-            order = sorted(layers)
-            for t in range(len(layers[order[0]])):
-                per_token.append([layers[layer][t] for layer in order])
-        return cls(per_token, n_experts)
+        n_layers = max((len(v) for v in steps.values()), default=0)
+        pre = {k: v for k, v in pre.items() if len(v) == n_layers}  # whole prefill steps only
+        return cls(_tokens(steps, per_token), n_experts, prompt=_tokens(pre, []))
+
+    def prompt_routes(self, n_tokens, rng):
+        """The recorded prompt's routes (at most n tokens; none when the trace holds no prefill): the
+        decode routes replay from where they were, untouched."""
+        if self.prompt is None:
+            return np.zeros((0, self.n_layers, self.k), dtype=np.int32)
+        return self.prompt[:n_tokens]
 
     @property
     def popularity(self):
@@ -274,6 +286,17 @@ class Replay(Routing):
         idx = (self._pos + np.arange(n_tokens)) % len(self.trace)
         self._pos = int((self._pos + n_tokens) % len(self.trace))
         return self.trace[idx]
+
+
+def _tokens(steps: dict, per_token: list) -> list:
+    """Per-token routes [layers][k] from {step: {layer: [tokens][k]}} records, steps in order (a
+    step of several tokens, all the streams' or a prefill's, in the record's token order)."""
+    for step in sorted(steps):
+        layers = steps[step]
+        order = sorted(layers)
+        for t in range(len(layers[order[0]])):
+            per_token.append([layers[layer][t] for layer in order])
+    return per_token
 
 
 # Drifting's constants, fitted by `python -m calibration.routing_fit` to the published facts for a

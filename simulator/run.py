@@ -135,6 +135,14 @@ def _serve(model, hw, plan, consts, rt, cache, page, rng, prompt_tokens, gen_tok
         state["t_prefill"] = sim.now
         if prompt_tokens and plan.expert_cache.release_during_prefill:
             cache.release()
+        elif prompt_tokens and cache.slots and m.has_gpu and getattr(cache, "hot", None) is None:
+            # the prompt's routing reaches the cache as the engine's prefill ran it (a shipped hot list
+            # does not look), and the prefill's step end admits experts before the first token
+            routes = rt.prompt_routes(prompt_tokens * streams, rng)  # [P, L, k]
+            if len(routes):
+                for i in range(model.n_moe_layers):
+                    cache.observe(i, routes[:, i].ravel())
+                dec.admit(cache.end_step())
         dec.start(n_steps, lambda: state.setdefault("t_end", sim.now))
 
     if prompt_tokens and plan.expert_cache.release_during_prefill:

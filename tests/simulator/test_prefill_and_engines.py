@@ -242,3 +242,18 @@ def test_copied_misses_run_at_the_engines_copy_rate():
     assert run(cpu_only, slow).decode_tok_s == run(cpu_only, Constants()).decode_tok_s
     assert run(copy, slow).decode_tok_s < run(copy, Constants()).decode_tok_s
     assert run(copy, Constants(copy_miss_ms=0.5)).decode_tok_s < run(copy, Constants()).decode_tok_s
+
+
+def test_the_prompt_warms_a_cache_that_keeps_its_residents_through_prefill():
+    """The prompt's routing reaches the cache as the engine's prefill ran it, and the prefill's step end
+    admits experts: with release_during_prefill off and no warm-up, the first decode step already hits
+    (a 32-token prompt), where without a prompt nothing was seen and it cannot."""
+    model, hw = tiny_model(), machine()
+    plan = tiered(slots=32, kind="cpu", policy="lru")
+    plan = plan.model_copy(update={"expert_cache": plan.expert_cache.model_copy(
+        update={"release_during_prefill": False, "copies": "sync"})})
+    run = lambda p: simulate(model, hw, plan, prompt_tokens=p, gen_tokens=1, warm_steps=0, routing="fitted")  # noqa: E731
+    assert run(0).cache_hit_rate == 0.0
+    warm = run(32)
+    assert warm.cache_hit_rate > 0.0
+    assert warm.bytes_by_tier["fills"] > 0

@@ -87,7 +87,8 @@ def test_replay_list_and_jsonl(tmp_path):
 
 def test_replay_executor_trace_format(tmp_path):
     """The executor writes one record per (step, layer) with routed ids per token; replay turns
-    them into per-token [layers, k] routes in step order (prefill records skipped)."""
+    them into per-token [layers, k] routes in step order (prefill records apart: a step missing
+    layers is no prompt)."""
     recs = [{"step": 0, "phase": "prefill", "layer": 0, "tokens": 1, "routed": [[9, 9]]}]
     for step in range(2):
         for layer in range(3):
@@ -99,3 +100,17 @@ def test_replay_executor_trace_format(tmp_path):
     assert rp.trace.shape == (4, 3, 2)
     assert rp.trace[0].tolist() == [[0, 0], [0, 1], [0, 2]]
     assert rp.trace[1].tolist() == [[0, 4], [1, 4], [2, 4]]
+    assert rp.prompt is None and len(rp.prompt_routes(4, None)) == 0
+
+
+def test_replay_keeps_the_recorded_prompt_apart(tmp_path):
+    """A whole prefill step's routes are the prompt's (`prompt_routes`), in token order; taking them
+    leaves the decode replay where it was."""
+    recs = [{"step": 0, "phase": "prefill", "layer": layer, "tokens": 2, "routed": [[layer, 1], [layer, 2]]}
+            for layer in range(3)]
+    recs += [{"step": 1, "phase": "decode", "layer": layer, "tokens": 1, "routed": [[7, layer]]} for layer in range(3)]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in recs))
+    rp = Replay.from_jsonl(path, 8)
+    assert rp.prompt_routes(5, None).tolist() == [[[0, 1], [1, 1], [2, 1]], [[0, 2], [1, 2], [2, 2]]]
+    assert rp.sample(1, None).tolist() == [[[7, 0], [7, 1], [7, 2]]]
