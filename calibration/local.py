@@ -84,12 +84,12 @@ def device_check_plans(n_layers: int, n_experts: int) -> dict[str, Plan]:
     return {
         "cpu-only": Plan(placement=cpu),
         "gpu-dense+cpu-experts": Plan(placement=gpu),
-        "gpu-cache-25%+auction": Plan(placement=gpu, miss_policy=MissPolicy(kind="auction"),
+        "gpu-cache-25%+auction": Plan(placement=gpu, miss_policy=MissPolicy(kind="auction", gpu_path="copy"),
                                       expert_cache=ExpertCache(slots=total // 4, policy="decayed-count", swap_every=4,
                                                                copies="sync")),
         "gpu-cache-100%": Plan(placement=gpu, expert_cache=ExpertCache(slots=total, policy="static", copies="sync",
                                                                        release_during_prefill=False)),
-        "gpu-copy-misses": Plan(placement=gpu, miss_policy=MissPolicy(kind="copy")),
+        "gpu-copy-misses": Plan(placement=gpu, miss_policy=MissPolicy(kind="copy"), expert_cache=ExpertCache(copies="sync")),
         "gpu-static-split": Plan(placement=Placement(dense="gpu", engram="none", gpu_expert_layers=[1, 3])),
     }
 

@@ -2,6 +2,9 @@
 dequantised torch tensors), CPU misses (numba kernels in place from the mmap, on a worker thread
 so they overlap the device's work), PCIe misses (quantised bytes copied to the device, dequantised
 there and thrown away). The cache replacement and the miss auction come from simulator.policies.
+Every copy here blocks the host thread (pageable memory, the compute stream): a plan describing this
+executor says expert_cache.copies="sync" and, for the auction, miss_policy.gpu_path="copy"; a
+zero-copy miss is served as a copy too (no kernel here reads mapped host memory).
 """
 from __future__ import annotations
 

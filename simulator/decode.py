@@ -187,19 +187,23 @@ class DecodeRun:
         eb = self.eb
         self.bytes_by_tier["vram"] += n_h * eb
         n_gpu_miss = n_m - k_cpu
+        copying = self.kind == "copy" or (self.kind == "auction" and mp.gpu_path == "copy")
 
         # GPU side: resident experts, then zero-copy or copied misses (after any copy they wait on)
         def gpu_side():
             hit_s = m.gpu_expert_s(n_h * eb)
             if n_gpu_miss:
-                tier = "copy" if self.kind == "copy" else "zero_copy"
+                tier = "copy" if copying else "zero_copy"
                 self.bytes_by_tier[tier] += n_gpu_miss * eb
                 if n_ssd_gpu:
                     self.bytes_by_tier["nvme"] += n_ssd_gpu * eb
-                if self.kind == "copy":
+                compute_s = m.gpu_expert_s(n_gpu_miss * eb) + n_gpu_miss * m.c.copy_miss_ms * 1e-3
+                if copying and self.copies == "sync":  # on the compute stream: the GPU waits for the copy
+                    after = lambda: m.gpu.acquire(lambda: m.dma(n_gpu_miss * eb, lambda: (
+                        m.gpu.release(), m.gpu.submit(compute_s, lambda: self._join(layer, "pcie_h2d")))))
+                elif copying:  # the copy engine beside the hits
                     after = lambda: m.dma(n_gpu_miss * eb, lambda: m.gpu.submit(
-                        m.gpu_expert_s(n_gpu_miss * eb) + n_gpu_miss * m.c.copy_miss_ms * 1e-3,
-                        lambda: self._join(layer, "pcie_h2d")))
+                        compute_s, lambda: self._join(layer, "pcie_h2d")))
                 else:
                     after = lambda: m.gpu.acquire(lambda: m.sim.after(hit_s, lambda: m.zero_copy(
                         n_gpu_miss * eb, lambda: (m.gpu.release(), self._join(layer, "pcie_h2d")))))
@@ -207,7 +211,7 @@ class DecodeRun:
                     m.nvme_read(n_ssd_gpu * eb, after)
                 else:
                     after()
-                if self.kind == "copy":
+                if copying:
                     m.gpu.submit(hit_s)
             elif m.shares_host and n_h:  # the host device computes its residents beside the CPU job
                 extra = int(cnt[hit].sum()) - n_h if cnt is not None else 0

@@ -60,8 +60,8 @@ class ExpertCache(_Strict):
     fill: Literal["every-step", "at-replan"] = "every-step"
     warmup_steps: int = Field(default=0, ge=0)  # steps after start before the slot pool exists
     # Where admitted experts are copied: "background" on the copy engine, live once landed;
-    # "sync" on the compute stream (decode waits; DSV41_EC_ASYNC=0); "async" on a side stream,
-    # live from the next replan (DSV41_EC_ASYNC=1)
+    # "sync" on the compute stream (decode waits; DSV41_EC_ASYNC=0; copied misses wait there too,
+    # as the executor's do); "async" on a side stream, live from the next replan (DSV41_EC_ASYNC=1)
     copies: Literal["background", "sync", "async"] = "background"
 
 
@@ -77,6 +77,9 @@ class MissPolicy(_Strict):
     # auction (DSV41_CT_TOK); at most max_cpu misses go to the CPU (DSV41_CT_MAXN)
     c_tok: float = Field(default=0.0, ge=0)
     max_cpu: int | None = Field(default=None, ge=0)
+    # how the auction serves the misses it leaves to the device: zero-copy reads of pinned host
+    # memory (dsv41-flash-offload) or a copy into a staging slot, then compute (the executor)
+    gpu_path: Literal["zero-copy", "copy"] = "zero-copy"
 
 
 class Prefill(_Strict):

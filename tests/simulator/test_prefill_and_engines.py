@@ -257,3 +257,31 @@ def test_the_prompt_warms_a_cache_that_keeps_its_residents_through_prefill():
     warm = run(32)
     assert warm.cache_hit_rate > 0.0
     assert warm.bytes_by_tier["fills"] > 0
+
+
+def test_an_auction_that_copies_pays_the_copy_not_a_zero_copy_read():
+    """MissPolicy.gpu_path: the executor's auction copies the misses it keeps on the device into a
+    staging slot (gpu_path="copy"); dsv41's reads them zero-copy. With CPU experts priced high
+    (c_b 5 ms) the auction keeps misses on the device: their bytes cross as copies or as zero-copy
+    reads, and only the copying auction slows when copies do."""
+    from simulator.resources import Constants
+    model, hw = tiny_model(), machine()
+    zc = tiered(slots=8, kind="auction")
+    zc = zc.model_copy(update={"miss_policy": zc.miss_policy.model_copy(update={"c_b_ms": 5.0})})
+    cp = zc.model_copy(update={"miss_policy": zc.miss_policy.model_copy(update={"gpu_path": "copy"})})
+    run = lambda plan, c=Constants(): simulate(model, hw, plan, gen_tokens=10, warm_steps=20, constants=c)  # noqa: E731
+    a, b = run(zc), run(cp)
+    assert a.bytes_by_tier["zero_copy"] > 0 and a.bytes_by_tier["copy"] == 0
+    assert b.bytes_by_tier["copy"] == a.bytes_by_tier["zero_copy"] and b.bytes_by_tier["zero_copy"] == 0
+    assert run(cp, Constants(copy_h2d_gbs=hw.pcie.h2d_gbs / 10)).decode_tok_s < b.decode_tok_s
+
+
+def test_sync_copies_of_misses_hold_the_compute_stream():
+    """With copies on the compute stream (expert_cache.copies="sync", as the executor's blocking
+    copies), a copied miss and the layer's hits no longer overlap: never faster than copies on the
+    copy engine beside the hits, and slower when a layer has both."""
+    model, hw = tiny_model(), machine()
+    bg = tiered(slots=8, kind="copy")
+    sync = bg.model_copy(update={"expert_cache": bg.expert_cache.model_copy(update={"copies": "sync"})})
+    run = lambda plan: simulate(model, hw, plan, gen_tokens=10, warm_steps=20)  # noqa: E731
+    assert run(sync).decode_tok_s < run(bg).decode_tok_s
