@@ -190,7 +190,7 @@ def fit(traces: dict[str, list[dict]], model, dense_gbs: float, threads: int,
         c_b = float(np.median((ts - c_a) / ns))
     else:
         raise SpecError(", ".join(traces), "cpu", "no inline CPU expert jobs (run an all-CPU plan)")
-    hit = [r for r in dec if r["hits"] and not r["cpu"]]
+    hit = [r for r in dec if r["hits"] and not r["cpu"] and not r.get("pcie")]  # t_dev: hits alone
     hit_ms = statistics.median(r["t_dev_ms"] / len(r["hits"]) for r in hit) if hit else None
     f = HostFit(0.0, 0.0, c_a, c_b, hit_ms, None, None,
                 n={"decode_records": len(dec), "inline_cpu": len(inl), "hit_only": len(hit)})

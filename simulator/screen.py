@@ -65,27 +65,40 @@ def _cpu_count(nh: int, nm: int, plan, has_gpu: bool, memo: dict, m: float = 1.0
 
 
 def _layer_ms(n, h, t_hit, t_zc, t_copy, t_cpu, t_ssd, ssd_frac, handover, plan, has_gpu, memo, job=0.0,
-              m=1.0, t_pair=0.0):
+              m=1.0, t_pair=0.0, c: Constants | None = None, discrete: bool = False):
     """Expected ms of one MoE layer with n distinct experts, hit probability h (binomial); each routed
-    by m tokens, a CPU expert's m - 1 further products cost t_pair ms each."""
+    by m tokens, a CPU expert's m - 1 further products cost t_pair ms each; `c`'s fitted host costs
+    of the device's layers as decode.py charges them (discrete: a real GPU, where hits beside a CPU job
+    pay the overlap costs; t_copy holds a copy's copy_miss_ms)."""
+    c = c or Constants()
     j = np.arange(n + 1)
     p = binom_pmf(n, h)
     out = np.zeros((n + 1, 3))  # per j: gpu side, cpu side, pcie part
+    mp = plan.miss_policy
+    copying = mp.kind == "copy" or (mp.kind == "auction" and mp.gpu_path == "copy")
+    sync = plan.expert_cache.copies == "sync"
     for nh in j:
         nm = n - nh
         kc = _cpu_count(nh, nm, plan, has_gpu, memo, m)
         ng = nm - kc
         ssd_c, ssd_g = kc * ssd_frac, ng * ssd_frac
         gpu = nh * t_hit + ng * t_zc + ssd_g * t_ssd if has_gpu else 0.0
-        if plan.miss_policy.kind == "copy":  # copy engine runs beside the hits, then GEMVs
+        if copying and has_gpu and sync:  # copies on the compute stream: after the hits, then GEMVs
+            gpu = nh * t_hit + ng * t_copy + ssd_g * t_ssd + ng * t_hit
+        elif copying and has_gpu:  # copy engine runs beside the hits, then GEMVs
             gpu = max(nh * t_hit, ng * t_copy + ssd_g * t_ssd) + ng * t_hit
+        both = discrete and (nh or ng) and kc
+        pre = c.overlap_layer_ms if both else 0.0
+        if has_gpu and (nh or ng):
+            gpu += (pre + c.overlap_dev_ms) if both else c.device_layer_ms
         cpu = 0.0
         if kc:
             tail = min(ssd_c, 1.0)  # pages stream in while the CPU computes; one expert trails
             cpu = job + (handover if has_gpu else 0.0) + max((kc - tail) * t_cpu, ssd_c * t_ssd) + tail * t_cpu
+            cpu += (pre + c.overlap_cpu_ms) if both else 0.0
             if m > 1:  # the further (token, expert) products, on any machine (decode.py: cpu_pairs_s)
                 cpu += kc * (m - 1) * t_pair
-        out[nh] = (gpu, cpu, ng * t_zc)
+        out[nh] = (gpu, cpu, ng * (t_copy if copying else t_zc))
     per_j = out[:, :2].max(axis=1)
     return float(p @ per_j), p @ out
 
@@ -103,9 +116,12 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
     gpu_bw = hw.gpu.bw_gbs * GB * c.gpu_bw_efficiency if has_gpu else 0.0
     cpu_rate = hw.cpu.expert_gbs_for(model.fmt_experts, threads) * GB
     zc = hw.pcie.zero_copy_gbs * GB * c.zc_efficiency if hw.pcie else 1.0
-    t_hit = eb / (gpu_bw * c.gpu_expert_efficiency) * 1e3 if has_gpu else 0.0
+    dev_eb = model.params_per_expert * c.dev_bytes_per_param if c.dev_bytes_per_param else eb
+    dev_rate = c.dev_expert_gbs * GB if c.dev_expert_gbs else gpu_bw * c.gpu_expert_efficiency
+    t_hit = dev_eb / dev_rate * 1e3 if has_gpu and dev_rate else 0.0
     t_zc = eb / zc * 1e3
-    t_copy = eb / (hw.pcie.h2d_gbs * GB) * 1e3 if hw.pcie else t_zc
+    copy_gbs = c.copy_h2d_gbs or (hw.pcie.h2d_gbs if hw.pcie else 0.0)
+    t_copy = (eb / (copy_gbs * GB) * 1e3 if copy_gbs else t_zc) + c.copy_miss_ms
     t_cpu = eb / min(cpu_rate, hw.memory.usable_gbs * GB) * 1e3
     t_ssd = eb / (hw.nvme.seq_read_gbs * GB) * 1e3
     ssd_frac = 0.0
@@ -122,14 +138,14 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
     m = _tokens_per_expert(ntok, k, n)
     t_pair = cpu_pair_s(model, c, threads) * 1e3
     lay, parts = _layer_ms(n, h, t_hit, t_zc, t_copy, t_cpu, t_ssd, ssd_frac, c.handover_ms, plan, has_gpu, memo,
-                           c.cpu_job_ms, m, t_pair)
+                           c.cpu_job_ms, m, t_pair, c, has_gpu and not hw.gpu.shares_host)
     gpu_layers = set(plan.placement.gpu_expert_layers)
     n_static = sum(1 for x in model.layers_moe if x in gpu_layers)
     n_dyn = model.n_moe_layers - n_static
     ctx = prompt_tokens
     dense_b = model.dense_bytes_per_token + model.kv_bytes_per_token(plan.kv.dtype) * ctx * ntok
-    if has_gpu and plan.placement.dense == "gpu":
-        dense_ms = dense_b / gpu_bw * 1e3
+    if has_gpu and plan.placement.dense == "gpu":  # the host issues each layer, the GPU streams its weights
+        dense_ms = dense_b / gpu_bw * 1e3 + model.n_layers * (c.layer_overhead_ms + (ntok - 1) * c.token_overhead_ms)
     else:
         from specs.formats import parse_format
         dense_ms = (dense_b / (hw.cpu.expert_gbs_for(parse_format(model.dense_format), threads) * GB) * 1e3

@@ -86,3 +86,20 @@ def test_copied_misses_cost_the_pageable_copy_and_the_fitted_extra():
     assert hw.constant("copy_h2d_gbs", 0) == float(base.constants["pageable_h2d_gbs"])
     assert f.copy_miss_ms > 0
     assert sim.decode_tok_s == pytest.approx(1e3 / measured["itl_p50_ms"], rel=0.05)
+
+
+def test_the_screen_tracks_the_simulation_on_the_h200_profile(h200_rows):
+    """The planner's closed-form screen charges the fitted host costs as the event simulation does
+    (dispatch per layer, the per-hit rate, overlapped layers, copies on the compute stream): on the
+    device check's six plans it lands within 20% of the simulation (0 to 19% when recorded)."""
+    from calibration.local import device_check_plans
+    from simulator.run import simulate
+    from simulator.screen import screen
+    from specs.loaders import load_model
+    _, hw = h200_rows
+    model = load_model(str(ROOT / DATA / "small.yaml"))
+    for name, plan in device_check_plans(model.n_layers, model.n_experts).items():
+        routing = str(ROOT / DATA / "device-check" / f"small-{name}.jsonl.gz")
+        sim = simulate(model, hw, plan, prompt_tokens=16, gen_tokens=64, routing=routing, warm_steps=0)
+        sc = screen(model, hw, plan, prompt_tokens=16, routing=routing, hit_rate=sim.cache_hit_rate)
+        assert sc.decode_tok_s == pytest.approx(sim.decode_tok_s, rel=0.20), name
