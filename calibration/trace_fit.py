@@ -21,6 +21,18 @@ Each constant is read off the records that isolate it (no joint fudge):
                                gather the same rows (orders x heads), so a fixed part is not
                                separable there and is charged per row, as the simulator charges it
 
+On a discrete GPU (the base profile's `gpu` is a real one, not torch on the host's cores) the
+dense weights are read at its VRAM rate, and these are read off the records:
+
+    device_layer_ms            from layers with device hits and no CPU job only
+    overlap_layer_ms           layers whose hits run beside a CPU job (on the worker thread): their
+                               rest beyond the host's own; overlap_dev_ms and overlap_cpu_ms, each
+                               side's time beyond its one-sided model (the dispatching thread and the
+                               CPU job share the cores)
+    copy_miss_ms               layers of copied misses only: per copy, t_dev beyond its bytes at the
+                               base's measured pageable H2D rate (copy_h2d_gbs: the executor copies
+                               from its mmap) and a hit
+
 t_dense_ms holds no Engram time (traces before t_engram_ms did: read as 0 rows, 0 ms), so the
 per-layer constants do not absorb it.
 
@@ -371,8 +383,9 @@ def fitted_profile(base, model, f: HostFit, sources: list[str], date: str):
                                    f"expert bytes / c_b {f.cpu_expert_ms:.3f} ms")
     cpu = base.cpu.model_copy(update={"expert_gbs": eg})
     gpu = base.gpu
-    if gpu is not None and not gpu.shares_host and f.host_gemm_gflops:  # a discrete GPU: its datasheet
-        consts["gemm_efficiency"] = d(min(1.0, f.host_gemm_gflops / (float(gpu.fp16_tflops) * 1e3)),  # rate stays
+    if gpu is not None and not gpu.shares_host and f.host_gemm_gflops:
+        # a discrete GPU keeps its datasheet rate; the executor's prefill GEMMs reach this share of it
+        consts["gemm_efficiency"] = d(min(1.0, f.host_gemm_gflops / (float(gpu.fp16_tflops) * 1e3)),
                                       f"prefill dense FLOPs / time {f.host_gemm_gflops:.0f} GFLOP/s over "
                                       f"gpu.fp16_tflops {float(gpu.fp16_tflops):.0f}")
     if gpu is None or gpu.shares_host:

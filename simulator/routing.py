@@ -246,7 +246,8 @@ class Replay(Routing):
         self.n_layers, self.k = arr.shape[1], arr.shape[2]
         self._pos = 0
         # the recorded prompt's routes [P, L, k] (an executor trace's prefill), if any
-        self.prompt = np.asarray(prompt, dtype=np.int32).reshape(-1, self.n_layers, self.k) if prompt else None
+        self.prompt = (np.asarray(prompt, dtype=np.int32).reshape(-1, self.n_layers, self.k)
+                       if prompt is not None and len(prompt) else None)
 
     @classmethod
     def from_jsonl(cls, path: str | Path, n_experts: int, phase: str = "decode") -> "Replay":
