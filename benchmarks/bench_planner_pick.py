@@ -34,11 +34,12 @@ def main(argv=None) -> int:
     model, hw = load_model(str(path)), load_hardware(a.hw)
     hw = hw.model_copy(update={"gpu": hw.gpu.model_copy(update={"vram_bytes": hw.gpu.vram_bytes.with_value(a.budget_gb * 1e9)})})
     pick, pred, rows, _ = search(model, hw, "decode", context=4096, top=4)
-    print(f"planner pick: {pick.engine}, miss {pick.miss_policy.kind}, cache {pick.expert_cache.policy} "
+    print(f"planner pick: {pick.engine}, dense on {pick.placement.dense}, miss {pick.miss_policy.kind}, cache {pick.expert_cache.policy} "
           f"{pick.expert_cache.slots} slots, device layers {pick.placement.gpu_expert_layers}; "
           f"predicted {pred.decode_tok_s:.1f} tok/s")
     n, L, E = 16, model.n_layers, model.n_experts
-    picked = _plan(n, placement=Placement(engram="none", gpu_expert_layers=pick.placement.gpu_expert_layers),
+    picked = _plan(n, placement=Placement(dense=pick.placement.dense, kv=pick.placement.kv, engram="none",
+                                          gpu_expert_layers=pick.placement.gpu_expert_layers),
                    expert_cache=pick.expert_cache.model_copy(update={"release_during_prefill": False}),
                    miss_policy=pick.miss_policy)
     cands = [LocalCase("planner-pick", picked, n, a.gen, "decode_tok_s"),

@@ -55,7 +55,8 @@ def candidate_plans(model: ModelSpec, hw: HardwareSpec, context: int | None = No
     fit_context(model, context)  # a context the model cannot take is the user's error, not a misfit
     out: list[Plan] = []
     why = "no engine's plan could be sized"
-    engines = ["tiered-cache", "llamacpp", "strata"] if hw.gpu is not None else ["custom"]
+    host_only = None
+    engines = ["tiered-cache", "llamacpp", "strata", "custom"] if hw.gpu is not None else ["custom"]
     for engine in engines:
         try:
             base = base_plan(model, hw, context=context, engine=engine)
@@ -79,11 +80,16 @@ def candidate_plans(model: ModelSpec, hw: HardwareSpec, context: int | None = No
                 variants.append(_with(base, placement=base.placement.model_copy(update={"gpu_expert_layers": layers})))
         elif engine == "strata":
             variants.append(size_cache(model, hw, _with(base, expert_cache=ExpertCache(policy="static"))))
-        else:
+        elif hw.gpu is None:
             variants.append(base)
+        else:  # the device left unused: dense path, KV and experts on the host (an overhead-bound engine's best)
+            host_only = _with(base, placement=Placement(dense="cpu", kv="cpu", engram=base.placement.engram,
+                                                        expert_ram_bytes=base.placement.expert_ram_bytes),
+                              expert_cache=ExpertCache())
+            variants.append(host_only)
         for v in variants:
             for strategy, chunk, ub in PREFILLS:
-                if strategy != "cpu" and hw.gpu is None:
+                if strategy != "cpu" and (hw.gpu is None or v is host_only):
                     continue
                 out.append(_with(v, prefill=v.prefill.model_copy(update={
                     "strategy": strategy, "chunk_tokens": chunk, "ubatch_tokens": ub})))

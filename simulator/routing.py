@@ -72,12 +72,30 @@ def _pl_sample(pop: np.ndarray, n_tokens: int, k: int, rng, rows: np.ndarray | N
     out = draw(row_of)
     for j in range(1, k):
         dup = (out[:, :, j:j + 1] == out[:, :, :j]).any(axis=2)
+        tries = 0
         while dup.any():
             t_idx, l_idx = np.nonzero(dup)
+            if tries == _REDRAWS:  # a heavy head keeps colliding: draw the rest from what is left
+                out[t_idx, l_idx, j] = _draw_left(pop, rows[t_idx, l_idx], out[t_idx, l_idx, :j], rng)
+                break
             out[t_idx, l_idx, j] = draw(rows[t_idx, l_idx].astype(float))
             dup = np.zeros_like(dup)
             dup[t_idx, l_idx] = (out[t_idx, l_idx, j][:, None] == out[t_idx, l_idx, :j]).any(axis=1)
+            tries += 1
     return out.astype(np.int32)
+
+
+_REDRAWS = 16  # redraw rounds before the exact conditional draw (same law; rarely reached but for heavy skew)
+
+
+def _draw_left(pop: np.ndarray, rows: np.ndarray, picked: np.ndarray, rng) -> np.ndarray:
+    """One pick per row from popularity row `rows` [m] with the experts already `picked` [m, j]
+    removed: the law a redraw-until-new converges to, in one draw."""
+    w = pop[rows].astype(float)  # [m, E]
+    np.put_along_axis(w, picked.astype(np.int64), 0.0, axis=1)
+    cdf = np.cumsum(w, axis=1)
+    u = rng.random(len(rows)) * cdf[:, -1]
+    return np.minimum((cdf <= u[:, None]).sum(axis=1), pop.shape[1] - 1)
 
 
 class Routing:

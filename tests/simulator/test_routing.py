@@ -114,3 +114,16 @@ def test_replay_keeps_the_recorded_prompt_apart(tmp_path):
     rp = Replay.from_jsonl(path, 8)
     assert rp.prompt_routes(5, None).tolist() == [[[0, 1], [1, 1], [2, 1]], [[0, 2], [1, 2], [2, 2]]]
     assert rp.sample(1, None).tolist() == [[[7, 0], [7, 1], [7, 2]]]
+
+
+def test_heavy_head_sampling_stays_plackett_luce_and_fast():
+    """With one expert taking 97% of the mass, redraw-until-new would loop for long: past
+    _REDRAWS rounds the rest is drawn from the experts left, the same law. Given the head first,
+    the second pick is uniform over the three others; no token repeats an expert."""
+    from simulator.routing import _pl_sample
+    pop = np.array([[0.97, 0.01, 0.01, 0.01]])
+    out = _pl_sample(pop, 30000, 2, np.random.default_rng(0))  # [T, 1, 2]
+    assert (out[:, 0, 0] != out[:, 0, 1]).all()
+    second = out[out[:, 0, 0] == 0][:, 0, 1]
+    share = np.bincount(second, minlength=4)[1:] / len(second)
+    assert np.allclose(share, 1 / 3, atol=0.02)
