@@ -54,14 +54,14 @@ def candidate_plans(model: ModelSpec, hw: HardwareSpec, context: int | None = No
 
     fit_context(model, context)  # a context the model cannot take is the user's error, not a misfit
     out: list[Plan] = []
-    why = "no engine's plan could be sized"
+    whys: list[str] = []  # why plans did not fit, the engine default's first: the one a user would try
     host_only = None
     engines = ["tiered-cache", "llamacpp", "strata", "custom"] if hw.gpu is not None else ["custom"]
     for engine in engines:
         try:
             base = base_plan(model, hw, context=context, engine=engine)
         except SpecError as e:
-            why = e.reason
+            whys.append(e.reason)
             continue
         base = _with(base, streams=streams)
         variants = []
@@ -98,10 +98,11 @@ def candidate_plans(model: ModelSpec, hw: HardwareSpec, context: int | None = No
         try:
             memory_map(model, hw, p).check_fits()
         except SpecError as e:
-            why = e.reason
+            whys.append(e.reason)
             continue
         fitting.append(p)
     if not fitting:
+        why = whys[0] if whys else "no engine's plan could be sized"
         raise SpecError(None, "--model", f"{model.name} does not fit on {hw.name} with any placement: {why}")
     return fitting
 
