@@ -16,16 +16,18 @@ def fit_context(model: ModelSpec, context: int | None) -> int:
     return context or min(model.context_length or 32768, 32768)
 
 
-def base_plan(model: ModelSpec, hw: HardwareSpec, context: int | None = None, engine: str | None = None) -> Plan:
+def base_plan(model: ModelSpec, hw: HardwareSpec, context: int | None = None, engine: str | None = None,
+              host_only: bool = False) -> Plan:
     """The engine's template for this machine: KV context set, cache sized to free VRAM, experts
-    beyond RAM left on NVMe (bytes accounted by specs.memory)."""
+    beyond RAM left on NVMe (bytes accounted by specs.memory); host_only (or no GPU): dense path, KV
+    and experts on the host, the device left unused."""
     ctx = fit_context(model, context)
     if engine is None:
         engine = "tiered-cache" if hw.gpu is not None else "custom"
     plan = plan_template(engine)
     kv = KVCache(context=ctx, dtype=plan.kv.dtype if engine == "tiered-cache" else "f16")
     plan = plan.model_copy(update={"kv": kv})
-    if hw.gpu is None:
+    if hw.gpu is None or host_only:
         plan = plan.model_copy(update={"placement": Placement(dense="cpu", kv="cpu"),
                                        "expert_cache": plan.expert_cache.model_copy(update={"policy": "none", "slots": 0})})
     mm = memory_map(model, hw, plan)
@@ -59,7 +61,9 @@ def candidate_plans(model: ModelSpec, hw: HardwareSpec, context: int | None = No
     engines = ["tiered-cache", "llamacpp", "strata", "custom"] if hw.gpu is not None else ["custom"]
     for engine in engines:
         try:
-            base = base_plan(model, hw, context=context, engine=engine)
+            # "custom" beside a GPU: the device left unused (an overhead-bound engine's best)
+            base = base_plan(model, hw, context=context, engine=engine,
+                             host_only=engine == "custom" and hw.gpu is not None)
         except SpecError as e:
             whys.append(e.reason)
             continue
@@ -80,13 +84,9 @@ def candidate_plans(model: ModelSpec, hw: HardwareSpec, context: int | None = No
                 variants.append(_with(base, placement=base.placement.model_copy(update={"gpu_expert_layers": layers})))
         elif engine == "strata":
             variants.append(size_cache(model, hw, _with(base, expert_cache=ExpertCache(policy="static"))))
-        elif hw.gpu is None:
+        else:
             variants.append(base)
-        else:  # the device left unused: dense path, KV and experts on the host (an overhead-bound engine's best)
-            host_only = _with(base, placement=Placement(dense="cpu", kv="cpu", engram=base.placement.engram,
-                                                        expert_ram_bytes=base.placement.expert_ram_bytes),
-                              expert_cache=ExpertCache())
-            variants.append(host_only)
+            host_only = base if hw.gpu is not None else None
         for v in variants:
             for strategy, chunk, ub in PREFILLS:
                 if strategy != "cpu" and (hw.gpu is None or v is host_only):

@@ -66,12 +66,29 @@ def test_plan_path_imports_neither_torch_nor_numba():
     assert r.returncode == 0 and r.stderr.strip() == "False False"
 
 
-def test_model_that_fits_nowhere_is_one_line_with_the_accounting(capsys):
-    """DeepSeek's 7.7 GiB dense path plus a 262k KV cache overflow a 12 GiB card under every engine."""
-    code = main(["plan", "--hw", "rtx5070-64g", "--model", "deepseek-v4.1-flash", "--context", "262144"])
+def test_a_model_that_overflows_the_card_runs_with_the_card_unused(capsys):
+    """DeepSeek's 7.7 GiB dense path plus a 262k KV cache overflow a 12 GiB card under every GPU
+    engine; with the device left unused (dense, KV and experts in the 64 GB of RAM, the experts that
+    do not fit read from NVMe) it runs, NVMe-bound."""
+    s = plan_json(capsys, "--hw", "rtx5070-64g", "--model", "deepseek-v4.1-flash", "--context", "262144")
+    assert (s["plan"]["placement"]["dense"], s["plan"]["placement"]["kv"]) == ("cpu", "cpu")
+    assert s["plan"]["placement"]["expert_ram_bytes"] < s["model"]["routed_experts"] * s["model"]["expert_bytes"]
+    assert s["predicted"]["bottleneck"] == "nvme"
+
+
+def test_model_that_fits_nowhere_is_one_line_with_the_accounting(capsys, tmp_path):
+    """With 16 GB of RAM the host cannot hold DeepSeek's dense path and a 262k KV cache either: one
+    line with the engine default's reason (the card) and its accounting, exit 2."""
+    import yaml
+    from specs.loaders import load_hardware
+    hw = load_hardware("rtx5070-64g").to_yaml_dict()
+    hw["memory"]["capacity_bytes"] = {"value": 16e9, "source": "assumed", "ref": "test"}
+    (tmp_path / "small-ram.yaml").write_text(yaml.safe_dump(hw))
+    code = main(["plan", "--hw", str(tmp_path / "small-ram.yaml"), "--model", "deepseek-v4.1-flash",
+                 "--context", "262144"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
-    assert "does not fit on rtx5070-64g with any placement: plan does not fit in VRAM" in err
+    assert "with any placement: plan does not fit in VRAM" in err
 
 
 def test_pareto_objective_lists_the_front(capsys):
