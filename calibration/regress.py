@@ -106,3 +106,20 @@ def summary(rows: list[dict]) -> dict:
 
 def to_json(rows: list[dict]) -> str:
     return json.dumps({"summary": summary(rows), "cases": rows}, indent=2)
+
+
+def run_against_model(result: dict, plan, model_path: str, hw) -> dict:
+    """One executor run (execute()'s result) beside the simulator: each tier's roof (GB/s) and the
+    decode tok/s and TTFT (s) simulated for the same plan, prompt and length, on the run's own routing."""
+    from simulator.ceilings import tier_roofs_gbs
+    from simulator.run import simulate
+    from specs.loaders import load_model
+
+    model = load_model(model_path)
+    if plan.placement.engram != "none":
+        model = with_engram(model, model_path)
+    sim = simulate(model, hw, plan, prompt_tokens=int(result["prompt_tokens"]), gen_tokens=int(result["gen_tokens"]),
+                   routing=result["trace"], warm_steps=0)
+    return {"roof_gbs": tier_roofs_gbs(model, hw, plan),
+            "predicted": {"decode_tok_s": sim.decode_tok_s, "ttft_s": sim.ttft_s, "bottleneck": sim.bottleneck,
+                          "profile": hw.name}}

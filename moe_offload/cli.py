@@ -205,6 +205,9 @@ def _cmd_execute(a) -> int:
                     progress=not a.json and sys.stderr.isatty())
     except SpecError as e:  # the executor names the plan "plan": give the user its file
         raise SpecError(a.plan if e.file == "plan" else e.file, e.field, e.reason) from None
+    if a.hw:  # the bandwidth each tier achieved beside the simulator's roof for it, and its prediction
+        from calibration.regress import run_against_model
+        r.update(run_against_model(r, plan, a.model, _hw(a.hw)))
     if a.json:
         print(json.dumps({k: v for k, v in r.items() if k != "logits"}, indent=2, default=str))
     else:
@@ -382,6 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-tokens", type=int, default=32)
     p.add_argument("--streams", type=int, default=None)
     p.add_argument("--trace", help="trace JSONL path (default runs/trace-*.jsonl)")
+    p.add_argument("--hw", help="a profile of this machine: each tier's roof beside what it achieved, and "
+                   "the simulator's prediction of the run")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_execute)
 

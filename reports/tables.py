@@ -158,21 +158,25 @@ def render_provenance(rows: list[tuple[str, str, str, str]], name: str, console:
 
 
 def render_execution(r: dict, console: Console | None = None) -> None:
-    """Print an executor run: speeds, then achieved bandwidth per tier next to the roof."""
+    """Print an executor run: speeds, then achieved bandwidth per tier next to the simulator's roof
+    (when the run was given a profile) and the simulator's prediction of the run."""
     c = console or Console()
     c.print(f"decode {r['decode_tok_s']:.2f} tok/s (ITL p50 {r['itl_p50_ms']:.2f} ms); TTFT {r['ttft_s']:.3f} s; "
             f"{r.get('streams', 1)} stream(s) on {r.get('device', '?')}; trace {r['trace']}")
-    tiers = r.get("bandwidth") or r.get("tiers") or {}
-    if isinstance(tiers, dict) and tiers:
-        t = Table(title="Achieved bandwidth per tier")
-        t.add_column("tier")
-        keys = sorted({k for v in tiers.values() if isinstance(v, dict) for k in v})
-        for k in keys:
-            t.add_column(k, justify="right")
-        for name, v in tiers.items():
-            if isinstance(v, dict):
-                t.add_row(name, *[f"{v.get(k, 0):.3g}" if isinstance(v.get(k), (int, float)) else str(v.get(k, "")) for k in keys])
-        c.print(t)
+    got, roofs, moved = r.get("bandwidth_gbs") or {}, r.get("roof_gbs") or {}, r.get("bytes") or {}
+    t = Table(title="Expert tiers: bandwidth achieved (bytes read / time in the tier)")
+    for col in ("tier", "bytes read", "achieved GB/s", "roof GB/s", "of the roof"):
+        t.add_column(col, justify="left" if col == "tier" else "right")
+    for name in ("cpu", "device"):
+        a, roof = got.get(name), roofs.get(name)
+        t.add_row(name, f"{moved.get(name, 0) / 1e9:.3f} GB", f"{a:.1f}" if a else "-", f"{roof:.1f}" if roof else "-",
+                  f"{100 * a / roof:.0f}%" if a and roof else "-")
+    c.print(t)
+    pred = r.get("predicted")
+    if pred:
+        c.print(f"simulated on {pred['profile']} (the run's own routing): decode {pred['decode_tok_s']:.2f} tok/s "
+                f"({100 * (pred['decode_tok_s'] / r['decode_tok_s'] - 1):+.1f}%), TTFT {pred['ttft_s']:.3f} s "
+                f"({100 * (pred['ttft_s'] / r['ttft_s'] - 1):+.1f}%), bottleneck {pred['bottleneck']}")
 
 
 def render_loo(rows: list[dict], unfitted: float, loo: float, values: dict, console: Console | None = None) -> None:

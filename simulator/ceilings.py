@@ -65,3 +65,18 @@ def dense_time_ms(model: ModelSpec, hw: HardwareSpec) -> float:
     """Time to read the dense path once from VRAM (or DDR without a GPU), ms (upper estimate)."""
     bw = float(hw.gpu.bw_gbs) if hw.gpu is not None else hw.memory.usable_gbs
     return model.dense_bytes_per_token / (bw * 1e9) * 1e3
+
+
+def tier_roofs_gbs(model: ModelSpec, hw: HardwareSpec, plan) -> dict[str, float]:
+    """The rate (GB/s over the bytes each tier reads, as an executor trace counts them) at which the
+    simulator runs each expert tier of `plan` on `hw`: CPU experts at the profile's kernel rate for
+    the format and threads, capped by DDR; resident experts at the fitted per-hit rate or the VRAM
+    roof x GEMV efficiency (over their device copies); copies at the engine's copy rate."""
+    from .resources import Constants
+    c = Constants.from_hw(hw)
+    threads = int(plan.cpu_threads or hw.cpu.threads_used)
+    out = {"cpu": min(hw.cpu.expert_gbs_for(model.fmt_experts, threads), hw.memory.usable_gbs)}
+    if hw.gpu is not None:
+        out["device"] = c.dev_expert_gbs or float(hw.gpu.bw_gbs) * c.gpu_bw_efficiency * c.gpu_expert_efficiency
+        out["pcie"] = c.copy_h2d_gbs or (float(hw.pcie.h2d_gbs) if hw.pcie else 0.0)
+    return out

@@ -49,3 +49,22 @@ def test_hw_auto_reports_this_machines_cores_memory_and_no_gpu(capsys):
     total = int(open("/proc/meminfo").read().split("MemTotal:")[1].split()[0]) * 1024
     assert hw["memory"]["capacity_bytes"]["value"] == pytest.approx(total, rel=0.01)
     assert hw["memory"]["capacity_bytes"]["source"] == "measured"
+
+
+def test_execute_reports_each_tier_beside_the_simulators_roof(tiny, capsys):
+    """`execute --hw HW`: the bandwidth each expert tier achieved beside the rate the simulator runs it
+    at on that profile (the CPU tier: the profile's Q8_0 kernel rate for its threads, capped by DDR),
+    and the run simulated on its own routing; the same fields in --json."""
+    from specs.loaders import load_hardware, load_model
+    plan = tiny / "cpu.json"
+    plan.write_text(json.dumps({"placement": {"dense": "cpu", "kv": "cpu", "engram": "none"}, "cpu_threads": 2}))
+    args = ["execute", "--plan", str(plan), "--model", str(tiny / "tiny.gguf"), "--gen-tokens", "4",
+            "--prompt-tokens", "4", "--trace", str(tiny / "t.jsonl"), "--hw", "epyc8ch-3090"]
+    assert main(args + ["--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    hw, model = load_hardware("epyc8ch-3090"), load_model(str(tiny / "tiny.gguf"))
+    assert r["roof_gbs"]["cpu"] == pytest.approx(min(hw.cpu.expert_gbs_for(model.fmt_experts, 2), hw.memory.usable_gbs))
+    assert r["bandwidth_gbs"]["cpu"] > 0 and r["predicted"]["decode_tok_s"] > 0
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "roof GB/s" in out and "simulated on epyc8ch-3090" in out
