@@ -35,7 +35,7 @@ def main(argv=None) -> int:
 
     data, dc = Path(a.data), Path(a.data) / "device-check"
     rows = store.read_rows(data / "results-fidelity.csv")
-    traces = [t for r in rows for t in str(r["traces"]).split(";") if t]
+    traces = store.traces_of(rows)
     if a.with_copy:
         traces.append(str(dc / "small-gpu-copy-misses.jsonl.gz"))
     model_path = rows[0]["model"]

@@ -22,12 +22,12 @@ def leave_one_case_out(rows: list[dict], model: str, base, store_path: str) -> d
     """Per case: the simulator's error when the constants come from the other cases' traces only."""
     import tempfile
 
-    from calibration import regress
+    from calibration import regress, store
     from calibration.trace_fit import calibrate_from_traces
     from specs.errors import SpecError
     out: dict[str, float | None] = {}
     for r in rows:
-        others = [t for x in rows if x["case"] != r["case"] for t in str(x["traces"]).split(";") if t]
+        others = store.traces_of([x for x in rows if x["case"] != r["case"]])
         with tempfile.TemporaryDirectory() as d:
             try:
                 calibrate_from_traces(others, model, base, out=f"{d}/hw.yaml", log=None)
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
         rows = list(latest.values())
     else:
         rows = local.measure_local("small", store_path=a.store, rounds=a.rounds, n_gen=a.gen)
-    traces = [t for r in rows for t in str(r["traces"]).split(";") if t]
+    traces = store.traces_of(rows)
     model = rows[0]["model"] if a.reuse else local.ensure_model("small")  # reused: the runs' own model
     print(f"\ntrace fit over {len(traces)} traces (base {base_path}):")
     calibrate_from_traces(traces, str(model), base, out=a.out)

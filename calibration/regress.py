@@ -33,7 +33,7 @@ def published_rows(names: list[str] | None = None) -> list[dict]:
 def local_rows(store: str | Path, hw_path: str, latest_only: bool = True) -> list[dict]:
     """Predicted against measured for the store's runs on this machine (profile `hw_path`)."""
     from simulator.run import simulate
-    from specs.loaders import load_hardware, load_model
+    from specs.loaders import load_hardware
     from specs.plan import Plan
 
     hw = load_hardware(hw_path)
@@ -45,9 +45,7 @@ def local_rows(store: str | Path, hw_path: str, latest_only: bool = True) -> lis
     for r in runs:
         plan = Plan.model_validate_json(r["plan"])
         try:
-            model = load_model(r["model"])
-            if plan.placement.engram != "none":
-                model = with_engram(model, r["model"])
+            model = run_model(r["model"], plan)
         except SpecError:
             continue  # the model file of an old run is gone
         n_prompt, n_gen = int(float(r.get("n_prompt") or 0)), int(float(r.get("n_gen") or 0) or 64)
@@ -75,6 +73,14 @@ def _check_host_profile(hw, path) -> None:
             if k not in hw.constants:
                 raise SpecError(str(path), f"constants.{k}", "missing: fit it with `moe-offload calibrate "
                                 "--from-trace TRACE... --model GGUF --hw-base HW --out HW.yaml`")
+
+
+def run_model(model_path: str, plan):
+    """The ModelSpec a run of `plan` on `model_path` read: its GGUF header, with the Engram sidecar's
+    table when the plan reads one."""
+    from specs.loaders import load_model
+    model = load_model(model_path)
+    return with_engram(model, model_path) if plan.placement.engram != "none" else model
 
 
 def with_engram(model, gguf_path: str):
@@ -113,11 +119,8 @@ def run_against_model(result: dict, plan, model_path: str, hw) -> dict:
     decode tok/s and TTFT (s) simulated for the same plan, prompt and length, on the run's own routing."""
     from simulator.ceilings import tier_roofs_gbs
     from simulator.run import simulate
-    from specs.loaders import load_model
 
-    model = load_model(model_path)
-    if plan.placement.engram != "none":
-        model = with_engram(model, model_path)
+    model = run_model(model_path, plan)
     sim = simulate(model, hw, plan, prompt_tokens=int(result["prompt_tokens"]), gen_tokens=int(result["gen_tokens"]),
                    routing=result["trace"], warm_steps=0)
     return {"roof_gbs": tier_roofs_gbs(model, hw, plan),

@@ -167,3 +167,8 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, str]]:
             return [dict(r) for r in csv.DictReader(f, restval="")]
     except FileNotFoundError:
         return []
+
+
+def traces_of(rows: list[dict]) -> list[str]:
+    """The executor trace paths the rows' runs kept (a row's `traces`: paths joined by ';')."""
+    return [t for r in rows for t in str(r.get("traces") or "").split(";") if t]

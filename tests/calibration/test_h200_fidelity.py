@@ -26,7 +26,7 @@ def h200_rows(tmp_path_factory):
     mp.chdir(ROOT)
     try:
         rows = store.read_rows(DATA / "results-fidelity.csv")
-        traces = [t for r in rows for t in str(r["traces"]).split(";") if t]
+        traces = store.traces_of(rows)
         out = tmp_path_factory.mktemp("h200") / "fitted.yaml"
         base = load_hardware(str(DATA / "host-calibrated.yaml"))
         calibrate_from_traces(traces, rows[0]["model"], base, out=out, log=None)
@@ -73,7 +73,7 @@ def test_copied_misses_cost_the_pageable_copy_and_the_fitted_extra():
     try:
         rows = store.read_rows(DATA / "results-fidelity.csv")
         dc = DATA / "device-check"
-        traces = [t for r in rows for t in str(r["traces"]).split(";") if t] + [str(dc / "small-gpu-copy-misses.jsonl.gz")]
+        traces = store.traces_of(rows) + [str(dc / "small-gpu-copy-misses.jsonl.gz")]
         base = load_hardware(str(DATA / "host-calibrated.yaml"))
         hw, f, _ = calibrate_from_traces(traces, rows[0]["model"], base, log=None)
         model = load_model(rows[0]["model"])
