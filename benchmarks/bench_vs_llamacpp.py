@@ -1,14 +1,15 @@
 """The executor against llama.cpp's CPU decode on the same GGUF with the same threads, side by side.
 
     python benchmarks/bench_vs_llamacpp.py --llama-bench PATH/llama-bench [--model FILE.gguf | --shape fixture]
-        [--threads 2] [--rounds 5] [--store runs/results-llamacpp.csv]
+        [--threads 2] [--rounds 5] [--repack 1 0] [--store runs/results-llamacpp.csv]
 
 --shape fixture writes the shape of the llama-bench fixture (tests/fixtures/llama-bench: qwen3moe,
 hidden 512, 4 layers, 32 experts of width 256, top-4, Q8_0), where per-token overheads, not bytes,
 decide the speed; the default is the `small` preset (1.37 GB, memory-bound decode).
 
-Rounds alternate: llama-bench (pp64 and tg32, one repetition after its own warm-up), then
-`execute` on an all-CPU plan (64-token prompt, 32 generated). Prints each engine's median tok/s
+Rounds alternate: llama-bench (pp64 and tg32, one repetition after its own warm-up; with
+`--repack 1 0` once with its load-time repacking and once reading in place), then `execute` on an
+all-CPU plan (64-token prompt, 32 generated). Prints each engine's median tok/s
 and the ratio; with --store the llama-bench records are appended to a results store, so that
 `moe-offload regress --store STORE --hw PROFILE --local-only` predicts llama.cpp's runs on this
 machine with the simulator. llama.cpp is not a dependency: build `llama-bench` yourself (e.g.
@@ -27,10 +28,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def llama_bench(exe: str, model: Path, threads: int, out: Path) -> dict[str, float]:
-    """One llama-bench run (pp64 + tg32, -r 1) as {test: tok/s}; its JSON is kept at `out`."""
+def llama_bench(exe: str, model: Path, threads: int, out: Path, repack: int | None = None) -> dict[str, float]:
+    """One llama-bench run (pp64 + tg32, -r 1) as {test: tok/s}; its JSON is kept at `out`. repack: its
+    `--repack` (1, its default: Q4_0 / Q4_K / IQ4_NL / MXFP4 weights copied at load into an interleaved
+    layout; 0: read in place from the mmap, as the executor reads them)."""
+    extra = ["--repack", str(repack)] if repack is not None else []
     res = subprocess.run([exe, "-m", str(model), "-t", str(threads), "-p", "64", "-n", "32", "-r", "1",
-                          "-o", "json"], capture_output=True, text=True, check=True)
+                          "-o", "json", *extra], capture_output=True, text=True, check=True)
     out.write_text(res.stdout)
     return {("pp" if r["n_prompt"] else "tg"): float(r["avg_ts"]) for r in json.loads(res.stdout)}
 
@@ -55,6 +59,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--store", help="append llama-bench's records to this results store")
+    ap.add_argument("--repack", type=int, choices=(0, 1), nargs="+", default=[1],
+                    help="llama-bench --repack values to run each round (e.g. 1 0: both, side by side)")
     a = ap.parse_args(argv)
     import executor  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads OpenMP)
     from executor.make_model import make_model
@@ -70,17 +76,22 @@ def main(argv=None) -> int:
         make_model("small", model)
     work = Path(tempfile.mkdtemp(prefix="vs-llamacpp-"))
     ours(model, a.threads, work / "warm.jsonl")  # kernel compile and page cache, not counted
-    ll, me, files = [], [], []
+    ll: dict[int, list[dict]] = {rp: [] for rp in a.repack}
+    me, files = [], []
     for i in range(a.rounds):
-        files.append(work / f"llama-bench-{i}.json")
-        ll.append(llama_bench(a.llama_bench, model, a.threads, files[-1]))
+        for rp in a.repack:
+            files.append(work / f"llama-bench-{i}-repack{rp}.json")
+            ll[rp].append(llama_bench(a.llama_bench, model, a.threads, files[-1], rp if a.repack != [1] else None))
         me.append(ours(model, a.threads, work / f"trace-{i}.jsonl"))
-        print(f"round {i + 1}: llama.cpp pp64 {ll[-1]['pp']:.1f} tg32 {ll[-1]['tg']:.1f} | "
-              f"executor pp64 {me[-1]['pp']:.1f} tg32 {me[-1]['tg']:.1f} tok/s", flush=True)
+        print(f"round {i + 1}: " + " | ".join(f"llama.cpp repack {rp} pp64 {ll[rp][-1]['pp']:.1f} tg32 {ll[rp][-1]['tg']:.1f}"
+                                              for rp in a.repack)
+              + f" | executor pp64 {me[-1]['pp']:.1f} tg32 {me[-1]['tg']:.1f} tok/s", flush=True)
     for t, name in (("tg", "decode tg32"), ("pp", "prefill pp64")):
-        lm, em = statistics.median(r[t] for r in ll), statistics.median(r[t] for r in me)
-        print(f"{name}: llama.cpp {lm:.1f} tok/s, executor {em:.1f} tok/s, executor / llama.cpp {em / lm:.2f} "
-              f"(medians of {a.rounds}, {a.threads} threads, {model.name})")
+        em = statistics.median(r[t] for r in me)
+        for rp in a.repack:
+            lm = statistics.median(r[t] for r in ll[rp])
+            print(f"{name}: llama.cpp (repack {rp}) {lm:.1f} tok/s, executor {em:.1f} tok/s, executor / llama.cpp "
+                  f"{em / lm:.2f} (medians of {a.rounds}, {a.threads} threads, {model.name})")
     if a.store:
         from calibration.ingest import ingest_runs
         rows = ingest_runs([str(f) for f in files], str(model), "", a.store)

@@ -49,7 +49,8 @@ _FIELD_FLAGS = (("n_gpu_layers", "-ngl"), ("n_cpu_moe", "--n-cpu-moe"), ("n_ubat
 # Markdown column names llama-bench uses for the same fields
 _MD_COLUMNS = {"ngl": "n_gpu_layers", "n_cpu_moe": "n_cpu_moe", "n_ubatch": "n_ubatch",
                "n_batch": "n_batch", "threads": "n_threads", "ot": "tensor_buft_overrides",
-               "nopo": "no_op_offload", "backend": "backends", "model": "model_type", "test": "test"}
+               "nopo": "no_op_offload", "backend": "backends", "model": "model_type", "test": "test",
+               "rpk": "repack"}
 
 
 def _flags(rec: dict, path: str) -> tuple[str, ...]:
@@ -66,6 +67,8 @@ def _flags(rec: dict, path: str) -> tuple[str, ...]:
             out += ["-ot", item]
     if str(rec.get("no_op_offload", "0")).lower() in ("1", "true"):
         out.append("--no-op-offload")
+    if str(rec.get("repack", "true")).lower() in ("0", "false"):
+        out.append("--no-repack")
     return tuple(out)
 
 

@@ -37,6 +37,13 @@ def _pmadd(builder, a, b):
     return builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", V(I32, 8), [V(I16, 16), V(I16, 16)]), [a, b])
 
 
+def hsum8(builder, a):
+    """<8 x float> -> the sum of its lanes, halving: (0..3 + 4..7), then pairs, then the last two."""
+    s = builder.fadd(_slice(builder, a, 0, 4), _slice(builder, a, 4, 4))
+    s = builder.fadd(_slice(builder, s, 0, 2), _slice(builder, s, 2, 2))
+    return builder.fadd(builder.extract_element(s, ir.Constant(I32, 0)), builder.extract_element(s, ir.Constant(I32, 1)))
+
+
 def _splat(builder, v, n):
     """Scalar v -> <n x v>."""
     t = builder.insert_element(ir.Constant(V(v.type, n), ir.Undefined), v, ir.Constant(I32, 0))
@@ -178,11 +185,7 @@ def _rows_f16(NR: int):
                 builder.store(builder.fadd(builder.load(accs[k]), builder.fmul(wv, xv)), accs[k])
         for k in range(NR):
             a = builder.load(accs[k])
-            s = builder.fadd(_slice(builder, a, 0, 8), _slice(builder, a, 8, 8))
-            s = builder.fadd(_slice(builder, s, 0, 4), _slice(builder, s, 4, 4))
-            s = builder.fadd(_slice(builder, s, 0, 2), _slice(builder, s, 2, 2))
-            v = builder.fadd(builder.extract_element(s, ir.Constant(I32, 0)),
-                             builder.extract_element(s, ir.Constant(I32, 1)))
+            v = hsum8(builder, builder.fadd(_slice(builder, a, 0, 8), _slice(builder, a, 8, 8)))
             builder.store(v, builder.gep(rd, [builder.add(roff, ir.Constant(I64, k))]))
         return context.get_dummy_value()
 

@@ -3,6 +3,8 @@
 llama.cpp places each tensor once at load (DESIGN.md "Static placement"): `-ngl` puts layers on
 the GPU, `--cpu-moe` / `--n-cpu-moe N` keep the experts of all / the first N layers in RAM, and
 `-ot REGEX=DEVICE` overrides per tensor. Expert granularity is a whole layer's projection.
+CPU weights of the formats its kernels repack are copied at load into anonymous memory unless
+`--no-repack` (Plan.cpu_repack): experts that must stream from NVMe need that flag.
 It has no expert cache, no miss auction and no stream-all prefill: `closest_static` says what a
 plan loses on the way.
 """
@@ -67,10 +69,12 @@ def closest_static(plan: Plan, model: ModelSpec) -> tuple[Plan, list[str]]:
     if plan.kv.dtype == "fp8":
         lost.append("fp8 KV cache (q8_0 instead)")
     if p.expert_ram_bytes is not None:
-        lost.append("an expert RAM budget (llama.cpp mmaps the file; the page cache decides)")
-    static = Plan(engine="llamacpp",
+        lost.append("an expert RAM budget (no llama.cpp flag: its mmap's page cache holds about as many experts)")
+    # experts read from NVMe through the mmap must not be copied at load (--no-repack)
+    repack = plan.cpu_repack if plan.engine == "llamacpp" else p.expert_ram_bytes is None
+    static = Plan(engine="llamacpp", cpu_repack=repack,
                   placement=Placement(dense=p.dense, kv=p.kv, gpu_expert_layers=sorted(gpu_layers),
-                                      engram=p.engram),
+                                      engram=p.engram, expert_ram_bytes=p.expert_ram_bytes),
                   prefill=prefill, streams=plan.streams, cpu_threads=plan.cpu_threads,
                   kv=KVCache(context=plan.kv.context, dtype="q8_0" if plan.kv.dtype == "fp8" else plan.kv.dtype))
     return static, lost
@@ -99,6 +103,8 @@ def emit(plan: Plan, model: ModelSpec, model_path: str = "MODEL.gguf") -> Emitte
     argv += ["-b", str(static.prefill.chunk_tokens), "-ub", str(static.prefill.ubatch_tokens)]
     if static.prefill.strategy == "cpu" and p.dense == "gpu":
         argv += ["--no-op-offload"]
+    if not static.cpu_repack:
+        argv += ["--no-repack"]
     if static.cpu_threads:
         argv += ["-t", str(static.cpu_threads)]
     if static.streams > 1:
@@ -110,7 +116,7 @@ _VALUE_FLAGS = {"-m", "--model", "-c", "--ctx-size", "-ngl", "--gpu-layers", "--
                 "-ncmoe", "-ot", "--override-tensor", "-b", "--batch-size", "-ub", "--ubatch-size", "-t",
                 "--threads", "-np", "--parallel", "-ctk", "--cache-type-k", "-ctv", "--cache-type-v",
                 "--device", "-dev", "--host", "--port", "-fa", "--flash-attn", "-n", "-p"}
-_BOOL_FLAGS = {"--cpu-moe", "-cmoe", "--no-op-offload", "--mlock", "--no-mmap", "--jinja", "-fa"}
+_BOOL_FLAGS = {"--cpu-moe", "-cmoe", "--no-op-offload", "--mlock", "--no-mmap", "--jinja", "-fa", "--no-repack", "-nr"}
 
 
 def _int(flag: str, v: str, lo: int = 0) -> int:
@@ -212,4 +218,5 @@ def parse(argv: list[str] | str, model: ModelSpec, has_gpu: bool = True) -> Plan
         kv=KVCache(context=_int("-c", get("-c", "--ctx-size") or "4096", lo=1), dtype=KV_TYPES[ctk]),
         cpu_threads=_int("-t", threads, lo=1) if threads else None,
         streams=_int("-np", get("-np", "--parallel") or "1", lo=1),
+        cpu_repack=not flags & {"--no-repack", "-nr"},
     )

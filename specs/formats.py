@@ -66,3 +66,20 @@ def parse_format(name: str) -> WeightFormat:
         return WeightFormat(name=f"{kind}:{m['bits']}", block_weights=0, block_bytes=0, bits=bits,
                             codebook=kind in ("EXL3", "IQMIX"))
     return gguf_format(name)
+
+
+# llama.cpp's CPU backend copies weights of these types at load into blocks of 8 (ARM: 4) rows
+# interleaved (its CPU_REPACK buffer: anonymous memory, not the mmap) when the CPU has one of the
+# listed instruction sets (ggml-cpu/repack.cpp, ggml_repack_get_optimal_repack_type; llama.cpp
+# 0.3.36's vendored ggml; ARM: dotprod, cpuinfo flag `asimddp`). `--no-repack` turns it off.
+LLAMACPP_REPACK_ISA: dict[str, tuple[str, ...]] = {
+    "Q4_0": ("avx2", "asimddp"), "Q4_K": ("avx2", "asimddp"), "IQ4_NL": ("avx2", "asimddp"),
+    "MXFP4": ("avx2", "asimddp"), "Q2_K": ("avx512f",), "Q5_K": ("asimddp",), "Q6_K": ("asimddp",),
+    "Q8_0": ("asimddp",),
+}
+
+
+def llamacpp_repacks(fmt: WeightFormat, isa: list[str]) -> bool:
+    """Whether llama.cpp copies CPU weights of `fmt` at load into its interleaved CPU_REPACK layout on a
+    CPU with instruction sets `isa` (cpuinfo flag names), unless run with --no-repack."""
+    return any(f in isa for f in LLAMACPP_REPACK_ISA.get(fmt.name, ()))

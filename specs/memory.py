@@ -4,11 +4,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import SpecError
+from .formats import llamacpp_repacks
 from .hardware import HardwareSpec
 from .model import ModelSpec
 from .plan import Plan
 
 GIB = 2**30
+REPACKED = "experts (repacked at load)"  # RAM part of a plan whose engine copies CPU experts at load
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,10 @@ class MemoryMap:
             used = sum(parts.values())
             if used > cap:
                 detail = " + ".join(f"{k} {v / GIB:.2f}" for k, v in parts.items() if v)
-                raise SpecError(plan_file, tier.lower(),
-                                f"plan does not fit in {tier}: {detail} = {used / GIB:.2f} GiB > {cap / GIB:.2f} GiB")
+                hint = ("; llama.cpp's --no-repack leaves them in the mmap, to be read from NVMe"
+                        if parts.get(REPACKED) else "")
+                raise SpecError(plan_file, tier.lower(), f"plan does not fit in {tier}: {detail} = "
+                                f"{used / GIB:.2f} GiB > {cap / GIB:.2f} GiB{hint}")
 
 
 def memory_map(model: ModelSpec, hw: HardwareSpec, plan: Plan) -> MemoryMap:
@@ -98,7 +102,11 @@ def memory_map(model: ModelSpec, hw: HardwareSpec, plan: Plan) -> MemoryMap:
     if p.engram == "ram":
         ram["engram"] = model.engram_table_bytes
     nvme: dict[str, float] = {}
-    if p.experts_home == "nvme":
+    if cpu_side and plan.cpu_repack and llamacpp_repacks(model.fmt_experts, hw.cpu.isa):
+        # copied into anonymous memory at load, all of them: nothing streams from NVMe (llama.cpp
+        # fails to load when the copy does not fit; the file's pages it read stay reclaimable cache)
+        ram[REPACKED] = cpu_side
+    elif p.experts_home == "nvme":
         nvme["experts"] = cpu_side
         ram["experts (page cache)"] = min(cpu_side, float(p.expert_ram_bytes or 0))
     elif p.expert_ram_bytes is not None and p.expert_ram_bytes < cpu_side:

@@ -131,6 +131,10 @@ class Plan(_Strict):
     mtp: MTP = Field(default_factory=MTP)
     experts_per_token: int | None = Field(default=None, ge=1)  # run fewer than top-k (Strata Faster)
     cpu_threads: int | None = Field(default=None, ge=1)  # None = all cores of the profile
+    # The engine copies CPU-resident weights of the formats it can at load into its own layout in
+    # anonymous memory (llama.cpp's CPU_REPACK, on unless --no-repack; specs.formats.llamacpp_repacks):
+    # such experts must fit in RAM, since a copy cannot be paged in from the file on NVMe.
+    cpu_repack: bool = False
     # VRAM the engine keeps for CUDA graphs, activations and DMA staging (bytes), beyond weights
     gpu_workspace_bytes: int = Field(default=0, ge=0)
     note: str = ""
@@ -146,7 +150,7 @@ def plan_template(engine: str) -> Plan:
     """The Plan an engine uses by default, before sizing to a machine (cache slots are 0)."""
     if engine == "llamacpp":
         # Static placement at load; experts in RAM (`--cpu-moe`), op offload for prefill.
-        return Plan(engine="llamacpp", miss_policy=MissPolicy(kind="cpu"),
+        return Plan(engine="llamacpp", miss_policy=MissPolicy(kind="cpu"), cpu_repack=True,
                     prefill=Prefill(strategy="op-offload", chunk_tokens=2048, ubatch_tokens=512),
                     gpu_workspace_bytes=2**30)  # compute buffers at -ub 512 (assumed)
     if engine == "tiered-cache":

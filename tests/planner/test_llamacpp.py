@@ -27,7 +27,7 @@ def static_plans(draw):
                 kv=KVCache(context=draw(st.integers(1, 262144)),
                            dtype=draw(st.sampled_from(["f16", "q8_0", "q4_0"])) if dense == "gpu" else "f16"),
                 cpu_threads=draw(st.none() | st.integers(1, 64)),
-                streams=draw(st.integers(1, 8)))
+                streams=draw(st.integers(1, 8)), cpu_repack=draw(st.booleans()))
 
 
 @settings(max_examples=200, deadline=None)
@@ -83,3 +83,32 @@ def test_a_flag_set_llamacpp_would_reject_names_the_flag(argv, flag):
     with pytest.raises(SpecError) as e:
         parse(argv, QWEN)
     assert e.value.field == flag
+
+
+def test_repacking_is_on_unless_no_repack_is_given():
+    """llama.cpp copies repackable CPU weights at load by default; -nr / --no-repack leaves them in the mmap."""
+    assert parse("llama-server -m M.gguf --cpu-moe", QWEN).cpu_repack
+    assert not parse("llama-server -m M.gguf --cpu-moe -nr", QWEN).cpu_repack
+    assert not parse("llama-server -m M.gguf --cpu-moe --no-repack", QWEN).cpu_repack
+
+
+def test_experts_streamed_from_nvme_get_no_repack_in_the_command():
+    """DeepSeek-V4.1-Flash in Q4_K (a type ggml repacks on AVX2) overflows rtx5070-64g's RAM: the
+    llama.cpp plan reads experts from NVMe through the mmap, which needs --no-repack (without it llama.cpp
+    allocates the whole copy and fails to load: llama.cpp issue #23603)."""
+    from planner.search import base_plan
+    from specs.loaders import load_hardware
+    m, hw = load_model("deepseek-v4.1-flash").model_copy(update={"expert_format": "Q4_K"}), load_hardware("rtx5070-64g")
+    plan = base_plan(m, hw, engine="llamacpp")
+    assert plan.placement.expert_ram_bytes is not None and not plan.cpu_repack
+    assert "--no-repack" in emit(plan, m).argv
+    # a custom plan streaming from NVMe says the same when written as llama.cpp flags
+    custom = base_plan(m, hw, engine="custom", host_only=True)
+    assert "--no-repack" in emit(custom, m).argv
+
+
+def test_a_plan_whose_experts_fit_in_ram_keeps_llamacpps_default():
+    from planner.search import base_plan
+    from specs.loaders import load_hardware
+    plan = base_plan(QWEN, load_hardware("epyc8ch-3090"), engine="llamacpp")
+    assert plan.cpu_repack and "--no-repack" not in emit(plan, QWEN).argv

@@ -1,12 +1,34 @@
 """The memory map: bytes per tier, cache slots and KV tokens (DESIGN.md, run D107)."""
+import re
+from pathlib import Path
+
 import pytest
 
 from specs.errors import SpecError
 from specs.loaders import load_hardware, load_model
-from specs.memory import memory_map, size_cache
+from specs.memory import REPACKED, memory_map, size_cache
+from specs.model import AttentionSpec, ModelSpec
 from specs.plan import KVCache, Placement, Plan, plan_template
 
 GIB = 2**30
+LLAMA_BENCH = Path(__file__).parent.parent / "fixtures" / "llama-bench"
+
+
+def _small(expert_format: str) -> ModelSpec:
+    """moe-offload's `small` / `small-q4` make-model presets (executor/make_model.py PRESETS)."""
+    return ModelSpec(name=f"small {expert_format}", arch="qwen3moe", n_layers=8, hidden=2048, n_experts=32, top_k=8,
+                     expert_ffn=768, vocab=8192, attention=AttentionSpec(n_heads=8, n_kv_heads=4, head_dim=64),
+                     expert_format=expert_format)
+
+
+def _repack_mib(log: str) -> float | None:
+    """The CPU_REPACK buffer llama.cpp's load log reports, MiB (None: none)."""
+    m = re.search(r"CPU_REPACK model buffer size =\s+([\d.]+) MiB", (LLAMA_BENCH / log).read_text())
+    return float(m[1]) if m else None
+
+
+def _cpu_only(hw):
+    return hw.model_copy(update={"gpu": None, "pcie": None})
 
 
 def test_tiered_cache_at_64k_context_leaves_709_slots_8_76_GiB():
@@ -71,3 +93,43 @@ def test_plan_over_the_drive_is_rejected():
     plan = Plan(placement=Placement(expert_ram_bytes=50_000_000_000), kv=KVCache(context=4096))
     with pytest.raises(SpecError, match="does not fit in NVMe: experts"):
         memory_map(m, small_drive, plan).check_fits()
+
+
+def test_llamacpp_repacks_small_q4s_experts_into_the_648_MiB_its_load_log_reports():
+    """llama-bench -v on small-q4.gguf, this EPYC (AVX2), 2026-11-30: `CPU_REPACK model buffer size =
+    648.00 MiB` (tests/fixtures/llama-bench/small-q4-load.log) = every Q4_0 expert, in anonymous RAM."""
+    hw = _cpu_only(load_hardware("epyc8ch-3090"))
+    plan = plan_template("llamacpp").model_copy(update={"placement": Placement(dense="cpu", kv="cpu")})
+    mm = memory_map(_small("Q4_0"), hw, plan)
+    assert mm.ram[REPACKED] / 2**20 == pytest.approx(_repack_mib("small-q4-load.log"), abs=0.005)
+    assert "experts" not in mm.ram
+
+
+def test_q8_0_experts_stay_in_the_mmap_on_x86_as_llamacpp_loads_them():
+    """small.gguf (Q8_0 experts): no CPU_REPACK buffer in its load log; the map keeps them as mapped experts."""
+    hw = _cpu_only(load_hardware("epyc8ch-3090"))
+    plan = plan_template("llamacpp").model_copy(update={"placement": Placement(dense="cpu", kv="cpu")})
+    mm = memory_map(_small("Q8_0"), hw, plan)
+    assert _repack_mib("small-load.log") is None
+    assert REPACKED not in mm.ram and mm.ram["experts"] == pytest.approx(_small("Q8_0").routed_bytes)
+
+
+def test_repacked_experts_cannot_be_read_from_nvme():
+    """A copy made at load must fit in RAM whole: DeepSeek-V4.1-Flash in Q4_K on rtx5070-64g (64 GB) does
+    not fit repacked, and the error names --no-repack; without repacking the same plan streams from NVMe."""
+    m, hw = load_model("deepseek-v4.1-flash").model_copy(update={"expert_format": "Q4_K"}), load_hardware("rtx5070-64g")
+    streaming = plan_template("llamacpp").model_copy(update={
+        "placement": Placement(expert_ram_bytes=40 * GIB), "kv": KVCache(context=4096)})
+    with pytest.raises(SpecError, match="--no-repack"):
+        memory_map(m, hw, streaming).check_fits()
+    mm = memory_map(m, hw, streaming.model_copy(update={"cpu_repack": False}))
+    mm.check_fits()
+    assert mm.nvme["experts"] == pytest.approx(m.routed_bytes - 40 * GIB)
+
+
+def test_no_repack_on_a_cpu_without_the_instruction_set():
+    """Q4_K is repacked with AVX2 only: a CPU without it keeps the experts in the mmap."""
+    hw = _cpu_only(load_hardware("epyc8ch-3090"))
+    hw = hw.model_copy(update={"cpu": hw.cpu.model_copy(update={"isa": ["sse4_2"]})})
+    plan = plan_template("llamacpp").model_copy(update={"placement": Placement(dense="cpu", kv="cpu")})
+    assert REPACKED not in memory_map(_small("Q4_0"), hw, plan).ram
