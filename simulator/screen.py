@@ -64,13 +64,50 @@ def _cpu_count(nh: int, nm: int, plan, has_gpu: bool, memo: dict, m: float = 1.0
     return memo[nh, nm]
 
 
-def _layer_ms(n, h, t_hit, t_zc, t_copy, t_cpu, t_ssd, ssd_frac, handover, plan, has_gpu, memo, job=0.0,
-              m=1.0, t_pair=0.0, c: Constants | None = None, discrete: bool = False):
+@dataclass(frozen=True)
+class ExpertTimes:
+    """What one expert costs each tier in a decode step, ms (ssd_frac: share of CPU-side experts that
+    come from NVMe; job and handover: per CPU job; pair: a CPU expert's product for a further token)."""
+
+    hit: float  # a resident expert on the device (dispatch included where fitted)
+    zc: float  # a zero-copy read over PCIe
+    copy: float  # a copy into a staging slot (copy_miss_ms included)
+    cpu: float  # a CPU expert, at the kernel rate capped by DDR
+    ssd: float  # an expert read from NVMe
+    ssd_frac: float
+    job: float
+    handover: float
+    pair: float
+
+
+def expert_times(model, hw, plan, c: Constants, threads: int) -> ExpertTimes:
+    """Per-expert tier costs of `model` under `plan` on `hw` (the rates decode.py charges), ms."""
+    eb = model.expert_bytes
+    has_gpu = hw.gpu is not None
+    gpu_bw = hw.gpu.bw_gbs * GB * c.gpu_bw_efficiency if has_gpu else 0.0
+    cpu_rate = hw.cpu.expert_gbs_for(model.fmt_experts, threads) * GB
+    zc = hw.pcie.zero_copy_gbs * GB * c.zc_efficiency if hw.pcie else 1.0
+    dev_eb = model.params_per_expert * c.dev_bytes_per_param if c.dev_bytes_per_param else eb
+    dev_rate = c.dev_expert_gbs * GB if c.dev_expert_gbs else gpu_bw * c.gpu_expert_efficiency
+    t_zc = eb / zc * 1e3
+    copy_gbs = c.copy_h2d_gbs or (hw.pcie.h2d_gbs if hw.pcie else 0.0)
+    ssd_frac = 0.0
+    ram = plan.placement.expert_ram_bytes
+    if ram is not None and ram < model.routed_bytes:
+        off_gpu = model.routed_experts - plan.expert_cache.slots
+        ssd_frac = max(0.0, 1 - (ram // eb) / max(off_gpu, 1))
+    return ExpertTimes(hit=dev_eb / dev_rate * 1e3 if has_gpu and dev_rate else 0.0, zc=t_zc,
+                       copy=(eb / (copy_gbs * GB) * 1e3 if copy_gbs else t_zc) + c.copy_miss_ms,
+                       cpu=eb / min(cpu_rate, hw.memory.usable_gbs * GB) * 1e3,
+                       ssd=eb / (hw.nvme.seq_read_gbs * GB) * 1e3, ssd_frac=ssd_frac,
+                       job=c.cpu_job_ms, handover=c.handover_ms, pair=cpu_pair_s(model, c, threads) * 1e3)
+
+
+def _layer_ms(n, h, t: ExpertTimes, plan, has_gpu, discrete, c: Constants, memo, m=1.0):
     """Expected ms of one MoE layer with n distinct experts, hit probability h (binomial); each routed
-    by m tokens, a CPU expert's m - 1 further products cost t_pair ms each; `c`'s fitted host costs
-    of the device's layers as decode.py charges them (discrete: a real GPU, where hits beside a CPU job
-    pay the overlap costs; t_copy holds a copy's copy_miss_ms)."""
-    c = c or Constants()
+    by m tokens, a CPU expert's m - 1 further products cost t.pair each; `c`'s fitted host costs of the
+    device's layers as decode.py charges them (discrete: a real GPU, where hits beside a CPU job pay
+    the overlap costs) -> (ms, expected [gpu side, cpu side, pcie part])."""
     j = np.arange(n + 1)
     p = binom_pmf(n, h)
     out = np.zeros((n + 1, 3))  # per j: gpu side, cpu side, pcie part
@@ -81,12 +118,12 @@ def _layer_ms(n, h, t_hit, t_zc, t_copy, t_cpu, t_ssd, ssd_frac, handover, plan,
         nm = n - nh
         kc = _cpu_count(nh, nm, plan, has_gpu, memo, m)
         ng = nm - kc
-        ssd_c, ssd_g = kc * ssd_frac, ng * ssd_frac
-        gpu = nh * t_hit + ng * t_zc + ssd_g * t_ssd if has_gpu else 0.0
+        ssd_c, ssd_g = kc * t.ssd_frac, ng * t.ssd_frac
+        gpu = nh * t.hit + ng * t.zc + ssd_g * t.ssd if has_gpu else 0.0
         if copying and has_gpu and sync:  # copies on the compute stream: after the hits, then GEMVs
-            gpu = nh * t_hit + ng * t_copy + ssd_g * t_ssd + ng * t_hit
+            gpu = nh * t.hit + ng * t.copy + ssd_g * t.ssd + ng * t.hit
         elif copying and has_gpu:  # copy engine runs beside the hits, then GEMVs
-            gpu = max(nh * t_hit, ng * t_copy + ssd_g * t_ssd) + ng * t_hit
+            gpu = max(nh * t.hit, ng * t.copy + ssd_g * t.ssd) + ng * t.hit
         both = discrete and (nh or ng) and kc
         pre = c.overlap_layer_ms if both else 0.0
         if has_gpu and (nh or ng):
@@ -94,11 +131,11 @@ def _layer_ms(n, h, t_hit, t_zc, t_copy, t_cpu, t_ssd, ssd_frac, handover, plan,
         cpu = 0.0
         if kc:
             tail = min(ssd_c, 1.0)  # pages stream in while the CPU computes; one expert trails
-            cpu = job + (handover if has_gpu else 0.0) + max((kc - tail) * t_cpu, ssd_c * t_ssd) + tail * t_cpu
+            cpu = t.job + (t.handover if has_gpu else 0.0) + max((kc - tail) * t.cpu, ssd_c * t.ssd) + tail * t.cpu
             cpu += (pre + c.overlap_cpu_ms) if both else 0.0
             if m > 1:  # the further (token, expert) products, on any machine (decode.py: cpu_pairs_s)
-                cpu += kc * (m - 1) * t_pair
-        out[nh] = (gpu, cpu, ng * (t_copy if copying else t_zc))
+                cpu += kc * (m - 1) * t.pair
+        out[nh] = (gpu, cpu, ng * (t.copy if copying else t.zc))
     per_j = out[:, :2].max(axis=1)
     return float(p @ per_j), p @ out
 
@@ -110,25 +147,10 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
     c = constants or Constants.from_hw(hw)
     streams = int(streams or plan.streams)
     k = plan.experts_per_token or model.top_k
-    eb = model.expert_bytes
     has_gpu = hw.gpu is not None
     threads = plan.cpu_threads or hw.cpu.threads_used
     gpu_bw = hw.gpu.bw_gbs * GB * c.gpu_bw_efficiency if has_gpu else 0.0
-    cpu_rate = hw.cpu.expert_gbs_for(model.fmt_experts, threads) * GB
-    zc = hw.pcie.zero_copy_gbs * GB * c.zc_efficiency if hw.pcie else 1.0
-    dev_eb = model.params_per_expert * c.dev_bytes_per_param if c.dev_bytes_per_param else eb
-    dev_rate = c.dev_expert_gbs * GB if c.dev_expert_gbs else gpu_bw * c.gpu_expert_efficiency
-    t_hit = dev_eb / dev_rate * 1e3 if has_gpu and dev_rate else 0.0
-    t_zc = eb / zc * 1e3
-    copy_gbs = c.copy_h2d_gbs or (hw.pcie.h2d_gbs if hw.pcie else 0.0)
-    t_copy = (eb / (copy_gbs * GB) * 1e3 if copy_gbs else t_zc) + c.copy_miss_ms
-    t_cpu = eb / min(cpu_rate, hw.memory.usable_gbs * GB) * 1e3
-    t_ssd = eb / (hw.nvme.seq_read_gbs * GB) * 1e3
-    ssd_frac = 0.0
-    ram = plan.placement.expert_ram_bytes
-    if ram is not None and ram < model.routed_bytes:
-        off_gpu = model.routed_experts - plan.expert_cache.slots
-        ssd_frac = max(0.0, 1 - (ram // eb) / max(off_gpu, 1))
+    t = expert_times(model, hw, plan, c, threads)
     h = expected_hit_rate(model, plan, routing) if hit_rate is None else hit_rate
     verify = mtp_tokens(plan.mtp.tokens_per_step, plan.mtp.acceptance) if plan.mtp.enabled else 1
     committed = plan.mtp.tokens_per_step if plan.mtp.enabled else 1.0
@@ -136,9 +158,7 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
     n = int(round(distinct_per_layer(ntok, model.n_experts, k)))
     memo: dict = {}
     m = _tokens_per_expert(ntok, k, n)
-    t_pair = cpu_pair_s(model, c, threads) * 1e3
-    lay, parts = _layer_ms(n, h, t_hit, t_zc, t_copy, t_cpu, t_ssd, ssd_frac, c.handover_ms, plan, has_gpu, memo,
-                           c.cpu_job_ms, m, t_pair, c, has_gpu and not hw.gpu.shares_host)
+    lay, parts = _layer_ms(n, h, t, plan, has_gpu, has_gpu and not hw.gpu.shares_host, c, memo, m)
     gpu_layers = set(plan.placement.gpu_expert_layers)
     n_static = sum(1 for x in model.layers_moe if x in gpu_layers)
     n_dyn = model.n_moe_layers - n_static
@@ -158,7 +178,7 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
     elif model.engram is not None and plan.placement.engram == "nvme" and cold[1] > 0:
         pages = ntok * model.engram_bytes_per_token(hw.page_bytes) * cold[1]
         eng_ms = hw.nvme.latency_us * 1e-3 + pages / (hw.nvme.rand_4k_iops * hw.page_bytes) * 1e3
-    step = {"gpu": dense_ms + n_static * n * t_hit + c.step_overhead_ms,
+    step = {"gpu": dense_ms + n_static * n * t.hit + c.step_overhead_ms,
             "pcie_h2d": n_dyn * float(parts[2]),
             "cpu": n_dyn * (lay - float(parts[2])) if parts[1] >= parts[0] else 0.0}
     step["gpu"] += n_dyn * lay - step["pcie_h2d"] - step["cpu"]
@@ -166,7 +186,7 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
         step["cpu (dense path)"] = step.pop("gpu")
     if gather_ms:
         step["nvme (Engram gather)"] = gather_ms
-    step_ms = dense_ms + n_static * n * t_hit + n_dyn * lay + c.step_overhead_ms + gather_ms
+    step_ms = dense_ms + n_static * n * t.hit + n_dyn * lay + c.step_overhead_ms + gather_ms
     step_ms = max(step_ms, eng_ms)
     tok_s = streams * committed / step_ms * 1e3
     ttft = (prefill_s(model, hw, plan, prompt_tokens, c, cold[0]) * streams + step_ms / 1e3 if prompt_tokens
