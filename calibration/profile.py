@@ -31,6 +31,37 @@ def _m(value: float, method: str, date: str) -> Figure:
     return Figure(float(value), "measured", f"{date}, {method}")
 
 
+def derived_block_rates(measured: dict[str, float], names: list[str], date: str, suffix: str = "") -> dict[str, Figure]:
+    """cpu.expert_gbs for the GGUF block formats `names` that calibrate does not time (K-quants, BF16):
+    each at the weights/s of the timed block format nearest in bits per weight (`measured`: {format:
+    GB/s}), times its own bits. Plain block formats decode alike (a scale or two per block, then
+    integer products), so weights/s carries over between them; bytes/s does not, since bits differ."""
+    from specs.formats import parse_format
+    timed = {f: (parse_format(f).bits, gbs) for f, gbs in measured.items() if _is_block_key(f)}
+    out: dict[str, Figure] = {}
+    if not timed:  # the toy kernel: nothing to carry over
+        return out
+    for name in names:
+        fmt = parse_format(name)
+        if name in timed or fmt.codebook or not fmt.block_weights:
+            continue
+        src = min(timed, key=lambda f: (abs(timed[f][0] - fmt.bits), f))
+        bits, gbs = timed[src]
+        gw = gbs * 8 / bits
+        out[name + suffix] = Figure(gw * fmt.bits / 8, "derived",
+                                    f"{date}: {src}{suffix}'s measured {gbs:.1f} GB/s = {gw:.1f} G weights/s at "
+                                    f"{bits:.3g} bits (the timed block format nearest in bits), at {fmt.bits:.4g} bits")
+    return out
+
+
+def _is_block_key(key: str) -> bool:
+    from specs.formats import parse_format
+    try:
+        return bool(parse_format(key).block_weights)
+    except ValueError:
+        return False
+
+
 def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> HardwareSpec:
     """`base` with every figure the benchmarks measured replaced by its measurement."""
     date = date or today()
@@ -75,6 +106,11 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
             eg[f"{fmt}@1t"] = _m(f.expert_gbs, f.method(), date)
         if default in r.kernels_1t:
             eg["default@1t"] = _m(r.kernels_1t[default].expert_gbs, f"as {default}: " + r.kernels_1t[default].method(), date)
+        # the base's other block formats (an assumed table) from this machine's timed ones
+        others = [k for k in eg if "@" not in k and _is_block_key(k)]
+        eg.update(derived_block_rates({f: k.expert_gbs for f, k in fits.items()}, others, date))
+        if r.kernels_1t:
+            eg.update(derived_block_rates({f: k.expert_gbs for f, k in r.kernels_1t.items()}, others, date, "@1t"))
         consts["c_a_ms"] = _m(d.c_a_ms, f"as {default}: " + d.method(), date)
         consts["c_b_ms"] = _m(d.c_b_ms, f"as {default}: " + d.method(), date)
         data["cpu"]["expert_gbs"] = eg

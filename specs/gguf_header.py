@@ -95,7 +95,11 @@ def model_from_gguf(path: str | Path) -> ModelSpec:
     n_experts = int(_field(r, f"{arch}.expert_count", exps[0].shape[-1]))
     shared_ffn = int(_field(r, f"{arch}.expert_shared_feed_forward_length", 0) or 0)
     n_shared = int(_field(r, f"{arch}.expert_shared_count", 1 if shared_ffn else 0) or 0)
-    # the format of the first expert tensor names the file; mixed types are averaged in routed_bytes
+    # the type holding most expert bytes names the file (a Q4_K_M file: Q4_K, with some ffn_down in
+    # Q6_K); mixed types are averaged in routed_bytes
+    by_type: dict[str, int] = {}
+    for t in exps:
+        by_type[t.type] = by_type.get(t.type, 0) + t.bytes
     spec = dict(
         name=str(_field(r, "general.name", Path(path).stem)), arch=str(arch), source=path,
         n_layers=n_layers, moe_layers=None if len(moe_layers) == n_layers else moe_layers,
@@ -104,7 +108,7 @@ def model_from_gguf(path: str | Path) -> ModelSpec:
         shared_ffn=shared_ffn, vocab=vocab or 1,
         context_length=_field(r, f"{arch}.context_length"),
         attention=dict(n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim),
-        expert_format=exps[0].type,
+        expert_format=max(by_type, key=lambda k: (by_type[k], k)),
         dense_format=next((t.type for t in tensors if t.name.endswith("attn_q.weight")), "F16"),
         embedding_format=next((t.type for t in tensors if t.group == "embedding"), None),
         tensors=[t.model_dump() for t in tensors],

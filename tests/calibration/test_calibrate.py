@@ -247,3 +247,18 @@ def test_unwritable_output_is_a_spec_error_before_benchmarks(tmp_path, monkeypat
         cal.calibrate(True, tmp_path / "hw.yaml", None, False, settings=TINY, store_path=blocker / "r.csv")
     assert "results store" in e.value.line()
     assert not ran and not (tmp_path / "hw.yaml").exists()
+
+
+def test_untimed_block_formats_take_the_nearest_timed_formats_weights_per_second():
+    """calibrate times Q4_0, Q8_0 and F16; Q4_K (4.5 bits) gets Q4_0's weights/s, Q6_K (6.5625) Q8_0's
+    (1.94 bits away against 2.06), BF16 F16's; each `derived`, with its source format named; codebook
+    formats and timed ones are left alone."""
+    from calibration.profile import derived_block_rates
+    timed = {"Q4_0": 27.0, "Q8_0": 34.0, "F16": 30.0}
+    out = derived_block_rates(timed, ["Q4_K", "Q6_K", "BF16", "IQ3_S", "Q4_0"], "2026-11-30")
+    assert set(out) == {"Q4_K", "Q6_K", "BF16"}
+    assert float(out["Q4_K"]) == pytest.approx(27.0)  # same bits as Q4_0
+    assert float(out["Q6_K"]) == pytest.approx(34.0 * 8 / 8.5 * 6.5625 / 8)
+    assert float(out["BF16"]) == pytest.approx(30.0)
+    assert all(f.source == "derived" for f in out.values()) and "Q8_0" in out["Q6_K"].ref
+    assert derived_block_rates({"toy-f32": 5.0}, ["Q4_K"], "2026-11-30") == {}

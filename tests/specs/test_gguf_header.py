@@ -24,6 +24,19 @@ def test_gguf_byte_counts_equal_the_sum_of_its_tensors(gguf_file):
     assert m.dense_resident_bytes == sum(v for k, v in written.items() if "_exps" not in k and "per_layer" not in k)
 
 
+def test_mixed_expert_types_are_named_by_the_one_holding_most_bytes(gguf_file):
+    """conftest's file: layer 0 Q4_0 gate/up, layer 1 all Q8_0, layer 2 Q4_K gate/up, every down Q8_0:
+    Q8_0 holds most expert bytes, so it names the file (as Q4_K names a Q4_K_M file whose first
+    expert tensor, blk.0.ffn_down_exps, is Q6_K), not the first tensor's Q4_0."""
+    m = load_model(str(gguf_file[0]))
+    by_type: dict[str, int] = {}
+    for t in m.tensors:
+        if t.group == "experts":
+            by_type[t.type] = by_type.get(t.type, 0) + t.bytes
+    assert m.expert_format == max(by_type, key=by_type.get) == "Q8_0"
+    assert next(t.type for t in m.tensors if t.group == "experts") == "Q4_0"
+
+
 def test_gguf_shape_metadata(gguf_file):
     m = load_model(str(gguf_file[0]))
     assert (m.n_layers, m.hidden, m.n_experts, m.top_k, m.expert_ffn) == (L, H, E, 2, F)
