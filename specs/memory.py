@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import SpecError
-from .formats import llamacpp_repacks
+from .formats import llamacpp_repacks, parse_format
 from .hardware import HardwareSpec
 from .model import ModelSpec
 from .plan import Plan
@@ -65,6 +65,18 @@ class MemoryMap:
                                 f"{used / GIB:.2f} GiB > {cap / GIB:.2f} GiB{hint}")
 
 
+def repacked_bytes(model: ModelSpec, isa: list[str], group: str = "experts") -> float:
+    """Bytes of `model`'s `group` tensors ("experts" or "dense") llama.cpp copies into its CPU_REPACK
+    buffer on a CPU with `isa`: per tensor for a GGUF header (a repacked type, rows a multiple of 8:
+    ggml's condition), else the expert or dense format's for all of them."""
+    if model.tensors:
+        return float(sum(t.bytes for t in model.tensors if t.group == group and len(t.shape) > 1
+                         and t.shape[1] % 8 == 0 and llamacpp_repacks(parse_format(t.type), isa)))
+    if group == "experts":
+        return model.routed_bytes if llamacpp_repacks(model.fmt_experts, isa) else 0.0
+    return model.dense_resident_bytes if llamacpp_repacks(parse_format(model.dense_format), isa) else 0.0
+
+
 def memory_map(model: ModelSpec, hw: HardwareSpec, plan: Plan) -> MemoryMap:
     """Where each byte of `model` lives under `plan` on `hw` (VRAM, RAM, NVMe, in bytes)."""
     p = plan.placement
@@ -102,11 +114,15 @@ def memory_map(model: ModelSpec, hw: HardwareSpec, plan: Plan) -> MemoryMap:
     if p.engram == "ram":
         ram["engram"] = model.engram_table_bytes
     nvme: dict[str, float] = {}
-    if cpu_side and plan.cpu_repack and llamacpp_repacks(model.fmt_experts, hw.cpu.isa):
-        # copied into anonymous memory at load, all of them: nothing streams from NVMe (llama.cpp
-        # fails to load when the copy does not fit; the file's pages it read stay reclaimable cache)
-        ram[REPACKED] = cpu_side
-    elif p.experts_home == "nvme":
+    if cpu_side and plan.cpu_repack:
+        # copied into anonymous memory at load (the CPU side's share of the repacked types): these
+        # cannot stream from NVMe, and llama.cpp fails to load when the copy does not fit; the file's
+        # pages it read stay behind as reclaimable cache. The rest stays in the mmap, as below.
+        rep = cpu_side * repacked_bytes(model, hw.cpu.isa) / model.routed_bytes
+        if rep:
+            ram[REPACKED] = rep
+            cpu_side -= rep
+    if p.experts_home == "nvme":
         nvme["experts"] = cpu_side
         ram["experts (page cache)"] = min(cpu_side, float(p.expert_ram_bytes or 0))
     elif p.expert_ram_bytes is not None and p.expert_ram_bytes < cpu_side:

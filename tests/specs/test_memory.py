@@ -6,7 +6,7 @@ import pytest
 
 from specs.errors import SpecError
 from specs.loaders import load_hardware, load_model
-from specs.memory import REPACKED, memory_map, size_cache
+from specs.memory import REPACKED, memory_map, repacked_bytes, size_cache
 from specs.model import AttentionSpec, ModelSpec
 from specs.plan import KVCache, Placement, Plan, plan_template
 
@@ -102,7 +102,7 @@ def test_llamacpp_repacks_small_q4s_experts_into_the_648_MiB_its_load_log_report
     plan = plan_template("llamacpp").model_copy(update={"placement": Placement(dense="cpu", kv="cpu")})
     mm = memory_map(_small("Q4_0"), hw, plan)
     assert mm.ram[REPACKED] / 2**20 == pytest.approx(_repack_mib("small-q4-load.log"), abs=0.005)
-    assert "experts" not in mm.ram
+    assert mm.ram.get("experts", 0.0) == 0.0
 
 
 def test_q8_0_experts_stay_in_the_mmap_on_x86_as_llamacpp_loads_them():
@@ -133,3 +133,18 @@ def test_no_repack_on_a_cpu_without_the_instruction_set():
     hw = hw.model_copy(update={"cpu": hw.cpu.model_copy(update={"isa": ["sse4_2"]})})
     plan = plan_template("llamacpp").model_copy(update={"placement": Placement(dense="cpu", kv="cpu")})
     assert REPACKED not in memory_map(_small("Q4_0"), hw, plan).ram
+
+
+def test_repacked_bytes_of_a_q4_k_m_file_match_llamacpps_load_log():
+    """llama-quantize's Q4_K_M of `small` (its header: small-q4km-model.json): llama.cpp's load log
+    reports a 552.38 MiB CPU_REPACK buffer = the Q4_K expert tensors (540.00) + the Q4_K dense ones
+    (12.38); the Q6_K down projections and the Q4_K token_embd (read by row, not multiplied) stay in
+    the mmap. The map's repacked experts are that 540 MiB, the Q6_K ones stay as mapped experts."""
+    m = ModelSpec.model_validate_json((LLAMA_BENCH / "small-q4km-model.json").read_text())
+    isa = load_hardware("epyc8ch-3090").cpu.isa
+    both = repacked_bytes(m, isa, "experts") + repacked_bytes(m, isa, "dense")
+    assert both / 2**20 == pytest.approx(_repack_mib("small-q4km-load.log"), abs=0.005)
+    plan = plan_template("llamacpp").model_copy(update={"placement": Placement(dense="cpu", kv="cpu")})
+    mm = memory_map(m, _cpu_only(load_hardware("epyc8ch-3090")), plan)
+    assert mm.ram[REPACKED] == repacked_bytes(m, isa) and mm.ram[REPACKED] / 2**20 == pytest.approx(540.0)
+    assert mm.ram["experts"] + mm.ram[REPACKED] == pytest.approx(m.routed_bytes)
