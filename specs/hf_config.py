@@ -1,4 +1,5 @@
-"""ModelSpec from a Hugging Face config.json: Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3."""
+"""ModelSpec from a Hugging Face config.json: Mixtral, gpt-oss, OLMoE, Qwen2/Qwen3-MoE (and Qwen3-Next),
+DeepSeek-V2/V3 (and GLM-4.5, Kimi K2: the same keys), Llama 4 (its text_config)."""
 from __future__ import annotations
 
 from typing import Any
@@ -17,30 +18,54 @@ def _need(cfg: dict, key: str, path: str) -> Any:
 
 def _family(cfg: dict) -> str:
     mt = str(cfg.get("model_type", "")).lower()
+    if mt.startswith("llama4"):
+        return "llama4"
     if "n_routed_experts" in cfg or mt.startswith("deepseek"):
         return "deepseek"
-    if "num_local_experts" in cfg or mt == "mixtral":
+    if "num_local_experts" in cfg or mt in ("mixtral", "gpt_oss"):
         return "mixtral"
-    if "num_experts" in cfg or mt in ("qwen2_moe", "qwen3_moe"):
+    if mt == "olmoe":  # num_experts of width intermediate_size, no shared expert
+        return "olmoe"
+    if "num_experts" in cfg or mt in ("qwen2_moe", "qwen3_moe", "qwen3_next"):
         return "qwen"
     return ""
 
 
 def _default_format(cfg: dict) -> str:
     q = cfg.get("quantization_config") or {}
-    if str(q.get("quant_method", "")).lower() == "fp8":
+    method = str(q.get("quant_method", "")).lower()
+    if method == "fp8":
         return "BPW:8"
+    if method == "mxfp4":  # gpt-oss: the experts in MXFP4 (32 values and one E8M0 scale in 17 bytes)
+        return "MXFP4"
     return "BF16" if str(cfg.get("torch_dtype", "bfloat16")) == "bfloat16" else "F16"
+
+
+def _kv_layers(cfg: dict, n_layers: int) -> int | None:
+    """Layers whose KV cache grows with the context: the full-attention ones of a hybrid model
+    (`layer_types`: gpt-oss's sliding windows, Qwen3-Next's linear attention; or Qwen3-Next's
+    `full_attention_interval`); None when every layer is full attention. A sliding layer's window
+    (gpt-oss: 128 tokens) and a linear layer's fixed state are left out."""
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        full = sum(1 for t in types if str(t) == "full_attention")
+        return None if full == len(types) else full
+    every = int(cfg.get("full_attention_interval") or 1)
+    return n_layers // every if every > 1 else None
 
 
 def model_from_config(cfg: Any, path: str, expert_format: str | None = None) -> ModelSpec:
     """Read the expert count, width, top-k and attention shape from a config.json mapping."""
     if not isinstance(cfg, dict):
         raise SpecError(path, None, "expected a JSON object")
+    if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):  # a multimodal wrapper (Llama 4)
+        cfg = {**cfg["text_config"], "_name_or_path": cfg.get("_name_or_path") or cfg["text_config"].get("_name_or_path"),
+               "torch_dtype": cfg["text_config"].get("torch_dtype", cfg.get("torch_dtype", "bfloat16"))}
     fam = _family(cfg)
     if not fam:
         raise SpecError(path, "model_type", f"not a supported MoE config ({cfg.get('model_type')!r}; "
-                        "supported: Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3)")
+                        "supported: Mixtral, gpt-oss, OLMoE, Qwen2/3-MoE, Qwen3-Next, DeepSeek-V2/V3, "
+                        "GLM-4.5, Llama 4)")
     n_layers = _need(cfg, "num_hidden_layers", path)
     hidden = _need(cfg, "hidden_size", path)
     heads = _need(cfg, "num_attention_heads", path)
@@ -54,11 +79,21 @@ def model_from_config(cfg: Any, path: str, expert_format: str | None = None) -> 
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         context_length=cfg.get("max_position_embeddings"),
         expert_format=fmt, dense_format=fmt if fmt in ("BF16", "F16") else "BF16",
-        attention=dict(n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim),
+        attention=dict(n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim,
+                       kv_layers=_kv_layers(cfg, n_layers) if isinstance(n_layers, int) else None),
     )
     if fam == "mixtral":
         spec.update(n_experts=_need(cfg, "num_local_experts", path),
                     expert_ffn=_need(cfg, "intermediate_size", path))
+    elif fam == "olmoe":
+        spec.update(n_experts=_need(cfg, "num_experts", path), expert_ffn=_need(cfg, "intermediate_size", path))
+    elif fam == "llama4":  # MoE every interleave_moe_layer_step-th layer, each with one shared expert
+        step = int(cfg.get("interleave_moe_layer_step", 1) or 1)
+        moe = [i for i in range(n_layers) if (i + 1) % step == 0]
+        ffn = _need(cfg, "intermediate_size", path)
+        spec.update(n_experts=_need(cfg, "num_local_experts", path), expert_ffn=ffn,
+                    moe_layers=None if len(moe) == n_layers else moe, n_shared_experts=1, shared_ffn=ffn,
+                    dense_ffn=int(cfg.get("intermediate_size_mlp") or 0))
     elif fam == "qwen":
         step = int(cfg.get("decoder_sparse_step", 1) or 1)
         mlp_only = set(cfg.get("mlp_only_layers") or [])

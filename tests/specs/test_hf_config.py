@@ -75,3 +75,70 @@ def test_missing_key_is_named(tmp_path):
     del cfg["moe_intermediate_size"]
     with pytest.raises(SpecError, match="config.json: moe_intermediate_size: missing"):
         _load(tmp_path, cfg)
+
+
+# openai/gpt-oss-120b and -20b config.json (the keys the loader reads); model card: 116.83B total
+# and 5.13B active parameters (120b), 20.91B and 3.61B (20b)
+GPT_OSS_120B = {"model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 36,
+                "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 128,
+                "num_experts_per_tok": 4, "vocab_size": 201088, "tie_word_embeddings": False,
+                "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 18,
+                "quantization_config": {"quant_method": "mxfp4"}, "torch_dtype": "bfloat16"}
+GPT_OSS_20B = {**GPT_OSS_120B, "num_hidden_layers": 24, "num_local_experts": 32,
+               "layer_types": ["sliding_attention", "full_attention"] * 12}
+
+
+def _total_and_active(m):
+    """(total, active) parameters: routed + dense path + the input embedding; active reads top-k experts."""
+    dense = m.dense_params_per_token + m.vocab * m.hidden
+    return m.routed_params + dense, m.n_moe_layers * m.top_k * m.params_per_expert + dense - m.vocab * m.hidden
+
+
+@pytest.mark.parametrize("cfg, total, active", [(GPT_OSS_120B, 116.8, 5.13), (GPT_OSS_20B, 20.9, 3.61)],
+                         ids=["gpt-oss-120b", "gpt-oss-20b"])
+def test_gpt_oss_parameters_and_mxfp4_experts_as_its_model_card(tmp_path, cfg, total, active):
+    """Experts in MXFP4 (4.25 bits), attention in BF16; half the layers slide over 128 tokens, so only
+    the full-attention half holds a KV cache that grows with the context."""
+    m = _load(tmp_path, cfg)
+    t, a = _total_and_active(m)
+    assert round(t / 1e9, 1) == total and round(a / 1e9, 2) == active
+    assert m.expert_format == "MXFP4" and m.fmt_experts.bits == 4.25 and m.dense_format == "BF16"
+    assert m.kv_bytes_per_token("f16") == 2 * 8 * 64 * (cfg["num_hidden_layers"] // 2) * 2
+
+
+# meta-llama/Llama-4-Maverick-17B-128E: its text_config (the keys the loader reads); MoE every second
+# layer with one shared expert, the other layers dense of width intermediate_size_mlp; "400B total"
+LLAMA4_MAVERICK = {"model_type": "llama4", "text_config": {
+    "model_type": "llama4_text", "hidden_size": 5120, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+    "num_hidden_layers": 48, "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+    "num_local_experts": 128, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "vocab_size": 202048,
+    "torch_dtype": "bfloat16"}}
+
+
+def test_llama4_reads_its_text_config_with_interleaved_moe_layers(tmp_path):
+    m = _load(tmp_path, LLAMA4_MAVERICK)
+    assert m.n_moe_layers == 24 and m.moe_layers == list(range(1, 48, 2))
+    assert (m.n_experts, m.top_k, m.n_shared_experts, m.dense_ffn) == (128, 1, 1, 16384)
+    assert _total_and_active(m)[0] / 1e9 == pytest.approx(400, rel=0.005)
+
+
+# allenai/OLMoE-1B-7B-0924: experts of width intermediate_size; "6.9B total"
+OLMOE = {"model_type": "olmoe", "hidden_size": 2048, "intermediate_size": 1024, "num_hidden_layers": 16,
+         "num_attention_heads": 16, "num_key_value_heads": 16, "num_experts": 64, "num_experts_per_tok": 8,
+         "vocab_size": 50304}
+
+
+def test_olmoe_experts_are_intermediate_size_wide(tmp_path):
+    m = _load(tmp_path, OLMOE)
+    assert (m.n_experts, m.expert_ffn, m.top_k) == (64, 1024, 8)
+    assert round(_total_and_active(m)[0] / 1e9, 1) == 6.9
+
+
+def test_qwen3_next_caches_kv_in_one_layer_of_four(tmp_path):
+    """Qwen3-Next: full attention every 4th layer, linear attention (a fixed state) in the others."""
+    cfg = {"model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 16,
+           "num_key_value_heads": 2, "head_dim": 256, "num_experts": 512, "num_experts_per_tok": 10,
+           "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "full_attention_interval": 4,
+           "vocab_size": 151936}
+    m = _load(tmp_path, cfg)
+    assert m.attention.kv_layers == 12 and m.kv_bytes_per_token("f16") == 2 * 2 * 256 * 12 * 2
