@@ -67,6 +67,22 @@ def tensor_infos(reader: gguf.GGUFReader, path: str) -> list[TensorInfo]:
     return out
 
 
+def _kv_layers(r: gguf.GGUFReader, arch: str, n_layers: int) -> int | None:
+    """Layers whose KV cache grows with the context, as llama.cpp reads them (None: all): one in
+    `full_attention_interval` (Qwen3-Next's linear-attention hybrid), or the non-sliding layers of
+    `attention.sliding_window_pattern` (a flag per layer, true = sliding; or every n-th layer full;
+    gpt-oss's default is 2, llama.cpp's models/openai-moe.cpp)."""
+    every = _field(r, f"{arch}.full_attention_interval")
+    if every and int(every) > 1:
+        return n_layers // int(every)
+    if _field(r, f"{arch}.attention.sliding_window") is None:
+        return None
+    pat = _field(r, f"{arch}.attention.sliding_window_pattern", 2 if arch == "gpt-oss" else None)
+    if isinstance(pat, list):
+        return sum(1 for x in pat if not x)
+    return n_layers // int(pat) if pat else None
+
+
 def model_from_gguf(path: str | Path) -> ModelSpec:
     """Read shape metadata and tensor bytes from a GGUF header into a ModelSpec."""
     path = str(path)
@@ -83,6 +99,7 @@ def model_from_gguf(path: str | Path) -> ModelSpec:
 
     tensors = tensor_infos(r, path)
     n_layers, hidden = int(need("block_count")), int(need("embedding_length"))
+    kv_layers = _kv_layers(r, str(arch), n_layers)
     heads = int(need("attention.head_count"))
     kv_heads = int(_field(r, f"{arch}.attention.head_count_kv", heads))
     head_dim = int(_field(r, f"{arch}.attention.key_length", hidden // heads))
@@ -107,7 +124,7 @@ def model_from_gguf(path: str | Path) -> ModelSpec:
         expert_ffn=int(need("expert_feed_forward_length")), n_shared_experts=n_shared,
         shared_ffn=shared_ffn, vocab=vocab or 1,
         context_length=_field(r, f"{arch}.context_length"),
-        attention=dict(n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim),
+        attention=dict(n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim, kv_layers=kv_layers),
         expert_format=max(by_type, key=lambda k: (by_type[k], k)),
         dense_format=next((t.type for t in tensors if t.name.endswith("attn_q.weight")), "F16"),
         embedding_format=next((t.type for t in tensors if t.group == "embedding"), None),

@@ -14,10 +14,13 @@ def _raw(rng, qtype, shape):
     return rng.integers(0, 256, size=byte_shape, dtype=np.uint8)
 
 
-def write_moe_gguf(path, engram_rows=1000):
-    """A small qwen3moe GGUF: experts in Q4_0 / Q8_0 / Q4_K, F16 attention, IQ4_NL table as raw bytes."""
+def write_moe_gguf(path, engram_rows=1000, arch="qwen3moe", extra_kv=None):
+    """A small qwen3moe GGUF: experts in Q4_0 / Q8_0 / Q4_K, F16 attention, IQ4_NL table as raw bytes.
+    arch, extra_kv ({key without the arch prefix: value}): the same tensors under another architecture."""
     rng = np.random.default_rng(0)
-    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    w = gguf.GGUFWriter(str(path), arch)
+    for k, v in (extra_kv or {}).items():
+        w.add_key_value(f"{arch}.{k}", v, gguf.GGUFValueType.UINT32 if isinstance(v, int) else gguf.GGUFValueType.BOOL)
     w.add_block_count(L); w.add_embedding_length(H); w.add_context_length(4096)
     w.add_expert_count(E); w.add_expert_used_count(2); w.add_expert_feed_forward_length(F)
     w.add_head_count(4); w.add_head_count_kv(2); w.add_key_length(16); w.add_value_length(16)
@@ -51,3 +54,9 @@ def moe_gguf(tmp_path_factory):
     """(path, {tensor name: bytes}) of a 3-layer qwen3moe GGUF with mixed expert types."""
     path = tmp_path_factory.mktemp("gguf") / "moe.gguf"
     return path, write_moe_gguf(path)
+
+
+@pytest.fixture
+def write_gguf():
+    """write_moe_gguf, for tests that write the same tensors under another architecture or metadata."""
+    return write_moe_gguf

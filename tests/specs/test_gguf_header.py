@@ -59,3 +59,17 @@ def test_non_gguf_file_is_rejected(tmp_path):
     bad.write_bytes(b"NOPE" + b"\0" * 100)
     with pytest.raises(SpecError, match="not a GGUF file"):
         load_model(str(bad))
+
+
+@pytest.mark.parametrize("arch, kv, full", [
+    ("gpt-oss", {"attention.sliding_window": 128}, L // 2),  # llama.cpp's default pattern for gpt-oss: 2
+    ("qwen3next", {"full_attention_interval": 3}, 1),
+    ("qwen3moe", {}, None),
+], ids=["gpt-oss", "qwen3next", "all-layers"])
+def test_kv_cache_layers_of_a_hybrid_gguf(tmp_path, write_gguf, arch, kv, full):
+    """Only full-attention layers hold a KV cache that grows with the context."""
+    path = tmp_path / f"{arch}.gguf"
+    write_gguf(path, arch=arch, extra_kv=kv)
+    m = load_model(str(path))
+    assert m.attention.kv_layers == full
+    assert m.kv_bytes_per_token("f16") == 2 * 2 * 16 * (L if full is None else full) * 2
