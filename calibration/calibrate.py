@@ -10,7 +10,9 @@ one, over what `detect_hardware` reads off this machine. Constants for the simul
                     and `c_a_ms.<FMT>` / `c_b_ms.<FMT>` for every benchmarked format
     cpu_prefill_gflops_per_core  the same kernel on a prefill batch (64 tokens, default format)
     cpu_layer_ms    a CPU-only decode layer (attention block, then the experts) timed in a loop, less
-                    its bytes at the kernels' rates and its two job costs: what alternating costs
+                    its bytes at the kernels' rates and its two job costs: what alternating costs; on
+                    two layer sizes, split into a fixed part and `cpu_layer_ms_per_mb` (per MB the
+                    layer reads: the kernels run slower between attention blocks than back to back)
     dense_gbs       the dense path's matrix-vector bandwidth on the torch device
     pagecache_4k_us a 4 KiB read served from the page cache
     t_miss_ms       (CUDA) copy one expert from pinned RAM and compute it
@@ -127,6 +129,8 @@ class Results:
     kernels_1t: dict[str, KernelFit] = field(default_factory=dict)  # the same on one thread
     prefill: PrefillResult | None = None
     layer_loop: LayerLoop | None = None
+    layer_loop_small: LayerLoop | None = None  # the same loop on a small layer (hidden 512): the fixed part
+    llc_bytes: int | None = None  # last-level cache of this machine (sysfs), when readable
     hit: HitResult | None = None
     dense: DenseResult | None = None
     h2d: H2DResult | None = None
@@ -212,7 +216,8 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
     """Run every benchmark once (numba kernels before torch: torch's OpenMP threads spin after
     each op and would steal the cores the numba kernels measure)."""
     import torch
-    r = Results(settings=s)
+    from .detect import llc_bytes
+    r = Results(settings=s, llc_bytes=llc_bytes())
     l0 = _loadavg()
     threads = list(s.threads or default_thread_counts())
     maxt = max(threads)
@@ -233,7 +238,7 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
         kbenches: dict[str, KernelBench] = {}
         ticks: dict[str, Callable[[], None]] = {}
         budgets: dict[str, float] = {}
-        loop = None
+        loop = small = None
         k_first, l_first = (s.kernel_repeats + 1) // 2, (s.prefill_repeats + 1) // 2
         n1 = max(3, s.kernel_repeats // 3)
         n1_first = (n1 + 1) // 2
@@ -279,8 +284,14 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                 ticks["layers"] = pg.stage(f"CPU decode layer loop {lf}", s.prefill_repeats)
                 loop = LayerLoopBench(lf, threads=numba.get_num_threads(), hidden=s.kernel_hidden,
                                       ffn=s.kernel_ffn, n_experts=s.prefill_experts, top_k=s.prefill_top_k)
+                # and on a layer a sixth of the bytes: what a layer costs beyond its bytes has a fixed part
+                # and a part that grows with them (the kernels run slower between attention blocks)
+                small = LayerLoopBench(lf, threads=numba.get_num_threads(), hidden=max(32, s.kernel_hidden // 4),
+                                       ffn=max(32, s.kernel_ffn // 3), n_experts=s.prefill_experts,
+                                       top_k=max(1, s.prefill_top_k // 2))
                 budgets["layers"] = bud.take("layers", s.prefill_budget_s)
                 loop.sample(l_first, budgets["layers"] * l_first / s.prefill_repeats, ticks["layers"])
+                small.sample(l_first, budgets["layers"] * l_first / s.prefill_repeats / 4)
                 r.wall_s["layer loop"] = time.perf_counter() - t0
         finally:
             numba.set_num_threads(prev)
@@ -343,7 +354,8 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                 if s.prefill_repeats > l_first:
                     loop.sample(s.prefill_repeats - l_first, budgets["layers"] * (1 - l_first / s.prefill_repeats),
                                 ticks["layers"])
-                r.layer_loop = loop.result()
+                    small.sample(s.prefill_repeats - l_first, budgets["layers"] * (1 - l_first / s.prefill_repeats) / 4)
+                r.layer_loop, r.layer_loop_small = loop.result(), small.result()
         finally:
             numba.set_num_threads(prev)
         kbenches.clear()

@@ -61,6 +61,21 @@ def _assumed(value: float, why: str) -> Figure:
 # probes (each returns plain data; None when nothing is readable)
 # ---------------------------------------------------------------------------------------------
 
+def llc_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """Size of cpu0's last-level cache in bytes (the highest-level cache sysfs lists), or None."""
+    best = None
+    for d in sorted(Path(root).glob("index*")):
+        level, size = _read(str(d / "level")), _read(str(d / "size"))
+        if not level or not size:
+            continue
+        m = re.fullmatch(r"(\d+)([KMG]?)", size.strip())
+        if m:
+            n = int(m[1]) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m[2]]
+            if best is None or int(level) > best[0] or (int(level) == best[0] and n > best[1]):
+                best = (int(level), n)
+    return best[1] if best else None
+
+
 def cpu_info(cpuinfo: str | None = None) -> dict:
     """Model, logical CPUs usable by this process, physical cores, sockets and ISA flags."""
     text = cpuinfo if cpuinfo is not None else (_read("/proc/cpuinfo") or "")

@@ -23,6 +23,7 @@ def noise_of(r: Results) -> list[tuple[str, Noise]]:
     out += [(f"kernel {k} 1 thread", f.noise) for k, f in r.kernels_1t.items()]
     out += [("prefill", r.prefill.noise)] if r.prefill else []
     out += [("layer loop", r.layer_loop.noise)] if r.layer_loop else []
+    out += [("small layer loop", r.layer_loop_small.noise)] if r.layer_loop_small else []
     out += [(n, x.noise) for n, x in (("hit", r.hit), ("dense", r.dense), ("handover", r.handover)) if x]
     return out + [(f"disk {k}", n) for k, n in (r.disk.noise.items() if r.disk else ())]
 
@@ -62,6 +63,16 @@ def _is_block_key(key: str) -> bool:
         return False
 
 
+def _kernel_read_floor(r: Results) -> tuple[float, str] | None:
+    """(GB/s, format) of the fastest CPU expert kernel of the run when its pool of experts is at least
+    4x the last-level cache (so it read from DRAM): the memory delivers at least that much, whatever
+    the memory benchmark's lower quintile says; None when the cache size is unknown or too large."""
+    if not r.kernels or not r.llc_bytes or r.settings.kernel_pool_bytes < 4 * r.llc_bytes:
+        return None
+    fmt, f = max(r.kernels.items(), key=lambda kv: kv[1].expert_gbs)
+    return f.expert_gbs, fmt
+
+
 def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> HardwareSpec:
     """`base` with every figure the benchmarks measured replaced by its measurement."""
     date = date or today()
@@ -72,6 +83,14 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
 
     if r.mem:
         t, read = r.mem.figure("read")
+        source = r.mem.method("read", t)
+        floor = _kernel_read_floor(r)
+        if floor and floor[0] > read:  # the kernels read more than that from DRAM in this very run
+            source = (f"the {floor[1]} CPU expert kernel of this run, reading a pool of experts "
+                      f"{r.settings.kernel_pool_bytes / r.llc_bytes:.0f}x the last-level cache (above the "
+                      f"{read:.2f} GB/s of {source})")
+            read = floor[0]
+            notes.append(f"memory.efficiency raised to the {floor[1]} kernel's {read:.2f} GB/s read from DRAM")
         channels, mts = int(mem["channels"]), float(mem["mts"]["value"])
         peak = channels * mts * 8 / 1000.0
         ratio = read / peak
@@ -84,7 +103,7 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
                                 f"({channels} ch x {mts:g} MT/s); MT/s raised so the peak equals the measurement")
             ratio = 1.0
         mts_now = float(mem["mts"]) if isinstance(mem["mts"], Figure) else mts
-        mem["efficiency"] = _m(ratio, f"{r.mem.method('read', t)}: {read:.2f} GB/s / peak "
+        mem["efficiency"] = _m(ratio, f"{source}: {read:.2f} GB/s / peak "
                                       f"{channels} ch x {mts_now:g} MT/s = {channels * mts_now * 8 / 1000:.1f} GB/s "
                                       f"(channels/MT/s {how})", date)
         notes.append(f"memory.efficiency = measured read {read:.2f} GB/s ({t} threads; rounds at the start and "
@@ -118,13 +137,23 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
         notes.append(f"@ cpu.threads_used: measured: {date}, the threads the CPU expert kernel benchmark ran on")
     if r.prefill:
         consts["cpu_prefill_gflops_per_core"] = _m(r.prefill.gflops_per_core, r.prefill.method(), date)
-    ll = r.layer_loop
-    if ll and ll.fmt in r.kernels and "F16" in r.kernels:
-        f, fd = r.kernels[ll.fmt], r.kernels["F16"]
-        roof = ll.dense_bytes / (fd.expert_gbs * 1e6) + ll.expert_bytes / (f.expert_gbs * 1e6) + fd.c_a_ms + f.c_a_ms
-        consts["cpu_layer_ms"] = _m(max(ll.t_layer_ms - roof, 0.0),
-                                    f"{ll.method()}; less {roof:.3f} ms = its bytes at the F16 and {ll.fmt} kernel "
-                                    f"rates of this run plus their job costs", date)
+    if r.layer_loop and r.layer_loop.fmt in r.kernels and "F16" in r.kernels:
+        f, fd = r.kernels[r.layer_loop.fmt], r.kernels["F16"]
+
+        def rest(ll) -> tuple[float, float]:  # (MB the layer reads, ms beyond its bytes and job costs)
+            roof = ll.dense_bytes / (fd.expert_gbs * 1e6) + ll.expert_bytes / (f.expert_gbs * 1e6) + fd.c_a_ms + f.c_a_ms
+            return (ll.dense_bytes + ll.expert_bytes) / 1e6, ll.t_layer_ms - roof
+        (mb, ms), how = rest(r.layer_loop), r.layer_loop.method()
+        per_mb = 0.0
+        if r.layer_loop_small is not None:
+            mb0, ms0 = rest(r.layer_loop_small)
+            per_mb = max(0.0, (ms - ms0) / (mb - mb0)) if mb > mb0 else 0.0
+            how += (f"; and {r.layer_loop_small.method()}: {ms:.3f} ms beyond {mb:.1f} MB and {ms0:.3f} beyond "
+                    f"{mb0:.1f} MB, split into a fixed part and one per MB")
+            consts["cpu_layer_ms_per_mb"] = _m(per_mb, how, date)
+        consts["cpu_layer_ms"] = _m(max(ms - per_mb * mb, 0.0),
+                                    f"{how}; less its bytes at the F16 and {r.layer_loop.fmt} kernel rates of this "
+                                    f"run plus their job costs", date)
     if r.hit:
         consts["t_hit_ms"] = _m(r.hit.t_hit_ms, r.hit.method(), date)
     if r.dense:
@@ -192,9 +221,9 @@ def store_rows(r: Results) -> list[dict]:
     for fmt, f in r.kernels_1t.items():
         add(f"cpu_kernel_{fmt}_1t", "expert_gbs", f.expert_gbs, threads=1, size_bytes=f.expert_bytes, kernel=kv,
             method=f.method())
-    if r.layer_loop:
-        add("cpu_layer_loop", "t_layer_ms", r.layer_loop.t_layer_ms, threads=r.layer_loop.threads, kernel=kv,
-            method=r.layer_loop.method())
+    for case, ll in (("cpu_layer_loop", r.layer_loop), ("cpu_layer_loop_small", r.layer_loop_small)):
+        if ll:
+            add(case, "t_layer_ms", ll.t_layer_ms, threads=ll.threads, kernel=kv, method=ll.method())
     if r.prefill:
         pf = r.prefill
         add("cpu_prefill", "gflops_per_core", pf.gflops_per_core, threads=pf.threads, kernel=kv,

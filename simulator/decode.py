@@ -122,8 +122,9 @@ class DecodeRun:
         elif self.dense_on_gpu:  # the host issues the layer's kernels, the GPU streams its weights
             m.gpu.submit(m.dense_dispatch_s(self.ntok) + m.gpu_read_s(w_bytes + kv), lambda: self._routed(layer))
         else:
+            alt = (m.c.cpu_layer_ms + m.c.cpu_layer_ms_per_mb * (w_bytes + kv) / 1e6) * 1e-3
             m.cpu_read(w_bytes + kv, lambda: self._routed(layer), rate=m.cpu_dense_rate,
-                       extra_s=m.c.cpu_layer_ms * 1e-3 if layer in self.moe_index else 0.0)
+                       extra_s=alt if layer in self.moe_index else 0.0)
 
     def _routed(self, layer: int) -> None:
         m = self.m
@@ -245,6 +246,8 @@ class DecodeRun:
             ram_part = (k_cpu - n_ssd_cpu) * eb
             # the further (token, expert) products of experts routed by several tokens of the step
             extra_s = m.cpu_pairs_s(int(mcnt[:k_cpu].sum()) - k_cpu) if mcnt is not None else 0.0
+            if not self.dense_on_gpu:  # experts read between attention blocks on the same cores
+                extra_s += m.c.cpu_layer_ms_per_mb * k_cpu * eb / 1e9
             if n_ssd_cpu:  # pages stream in while the CPU computes; one expert's work trails
                 self.bytes_by_tier["nvme"] += n_ssd_cpu * eb
                 self.sub = 2

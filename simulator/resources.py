@@ -30,6 +30,7 @@ class Constants:
     # a decode layer whose dense path runs on the host cores, beyond its bytes and job costs: what
     # alternating attention and expert work costs (calibrate's layer loop), ms
     cpu_layer_ms: float = 0.0
+    cpu_layer_ms_per_mb: float = 0.0  # the same, further per MB such a layer reads on the host cores
     # An engine's host costs, fitted from its traces (calibration.trace_fit; 0 for engines that
     # launch a layer as one graph): fixed host time of each layer's dense path (Python and torch
     # dispatch, norms, routing), on a host-sharing pseudo-GPU or before a discrete GPU's kernels;

@@ -78,6 +78,7 @@ class ExpertTimes:
     job: float
     handover: float
     pair: float
+    alt: float = 0.0  # a CPU expert read between attention blocks on the same cores (cpu_layer_ms_per_mb)
 
 
 def expert_times(model, hw, plan, c: Constants, threads: int) -> ExpertTimes:
@@ -100,7 +101,8 @@ def expert_times(model, hw, plan, c: Constants, threads: int) -> ExpertTimes:
                        copy=(eb / (copy_gbs * GB) * 1e3 if copy_gbs else t_zc) + c.copy_miss_ms,
                        cpu=eb / min(cpu_rate, hw.memory.usable_gbs * GB) * 1e3,
                        ssd=eb / (hw.nvme.seq_read_gbs * GB) * 1e3, ssd_frac=ssd_frac,
-                       job=c.cpu_job_ms, handover=c.handover_ms, pair=cpu_pair_s(model, c, threads) * 1e3)
+                       job=c.cpu_job_ms, handover=c.handover_ms, pair=cpu_pair_s(model, c, threads) * 1e3,
+                       alt=c.cpu_layer_ms_per_mb * eb / 1e6 if not (has_gpu and plan.placement.dense == "gpu") else 0.0)
 
 
 def _layer_ms(n, h, t: ExpertTimes, plan, has_gpu, discrete, c: Constants, memo, m=1.0):
@@ -131,7 +133,8 @@ def _layer_ms(n, h, t: ExpertTimes, plan, has_gpu, discrete, c: Constants, memo,
         cpu = 0.0
         if kc:
             tail = min(ssd_c, 1.0)  # pages stream in while the CPU computes; one expert trails
-            cpu = t.job + (t.handover if has_gpu else 0.0) + max((kc - tail) * t.cpu, ssd_c * t.ssd) + tail * t.cpu
+            cpu = (t.job + (t.handover if has_gpu else 0.0) + max((kc - tail) * t.cpu, ssd_c * t.ssd) + tail * t.cpu
+                   + kc * t.alt)
             cpu += (pre + c.overlap_cpu_ms) if both else 0.0
             if m > 1:  # the further (token, expert) products, on any machine (decode.py: cpu_pairs_s)
                 cpu += kc * (m - 1) * t.pair
@@ -170,7 +173,8 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
         from specs.formats import parse_format
         dense_ms = (dense_b / (hw.cpu.expert_gbs_for(parse_format(model.dense_format), threads) * GB) * 1e3
                     + model.n_layers * c.cpu_job_ms  # one CPU job per layer, as the event simulation
-                    + model.n_moe_layers * c.cpu_layer_ms)  # attention and experts alternating on the cores
+                    # attention and experts alternating on the cores
+                    + model.n_moe_layers * (c.cpu_layer_ms + c.cpu_layer_ms_per_mb * dense_b / model.n_layers / 1e6))
     eng_ms = gather_ms = 0.0
     cold = engram_cold_fractions(model, hw, plan, engram_text, prompt_tokens)
     if gathers_inline(model, plan):

@@ -262,3 +262,46 @@ def test_untimed_block_formats_take_the_nearest_timed_formats_weights_per_second
     assert float(out["BF16"]) == pytest.approx(30.0)
     assert all(f.source == "derived" for f in out.values()) and "Q8_0" in out["Q6_K"].ref
     assert derived_block_rates({"toy-f32": 5.0}, ["Q4_K"], "2026-11-30") == {}
+
+
+def _fit(fmt_gbs: float, expert_bytes: int = 1_000_000, threads: int = 2):
+    from calibration.bench_kernel import KernelFit
+    c_b = expert_bytes / (fmt_gbs * 1e9) * 1e3
+    return KernelFit(label="synthetic", expert_bytes=expert_bytes, ks=[1, 2], t_ms=[c_b, 2 * c_b], c_a_ms=0.0,
+                     c_b_ms=c_b, residuals_ms=[0.0, 0.0], rms_rel=0.0, threads=threads, repeats=1)
+
+
+def _mem(read_gbs: float):
+    return MemBandwidth(array_bytes=1 << 30, repeats=1, low={"read": {2: read_gbs}}, best={"read": {2: read_gbs}},
+                        median={"read": {2: read_gbs}})
+
+
+@pytest.mark.parametrize("pool, llc, usable", [(128 << 20, 32 << 20, 30.0), (64 << 20, 32 << 20, 21.0),
+                                               (128 << 20, None, 21.0)], ids=["4x-llc", "2x-llc", "llc-unknown"])
+def test_memory_is_at_least_what_a_kernel_read_from_dram(pool, llc, usable):
+    """The memory benchmark's lower quintile (21 GB/s) below what the Q8_0 kernel read (30 GB/s) from a
+    pool of experts >= 4x the last-level cache: the profile's DDR rate is raised to 30 (the simulator caps
+    CPU experts by it); a pool that may sit in the cache, or an unknown cache, leaves it."""
+    s = replace(cal.QUICK, kernel_pool_bytes=pool)
+    r = cal.Results(settings=s, llc_bytes=llc)
+    r.mem = _mem(21.0)
+    r.kernels = {"Q8_0": _fit(30.0), "Q4_0": _fit(24.0)}
+    hw = cal.build_profile(r, load_hardware("epyc8ch-3090"))
+    assert hw.memory.usable_gbs == pytest.approx(usable)
+
+
+def test_layer_cost_splits_into_a_fixed_part_and_one_per_mb():
+    """Two layer loops (46.4 MB and 2.1 MB a layer) left 0.412 and 0.025 ms beyond their bytes:
+    cpu_layer_ms_per_mb = 0.387 / 44.3 MB, cpu_layer_ms the rest of the big layer's."""
+    from calibration.bench_kernel import LayerLoop
+    r = cal.Results(settings=cal.QUICK)
+    r.kernels = {"Q8_0": _fit(30.0), "F16": _fit(30.0)}  # 30 GB/s = 0.0333 ms/MB, no job cost
+    mb = lambda ms, dense, expert: ms + (dense + expert) / 30e6  # noqa: E731  (layer time = rest + bytes at 30 GB/s)
+    r.layer_loop = LayerLoop(t_layer_ms=mb(0.412, 6_300_000, 40_100_000), dense_bytes=6_300_000,
+                             expert_bytes=40_100_000, fmt="Q8_0", threads=2, repeats=7)
+    r.layer_loop_small = LayerLoop(t_layer_ms=mb(0.025, 400_000, 1_700_000), dense_bytes=400_000,
+                                   expert_bytes=1_700_000, fmt="Q8_0", threads=2, repeats=7)
+    c = cal.build_profile(r, load_hardware("epyc8ch-3090")).constants
+    per = (0.412 - 0.025) / (46.4 - 2.1)
+    assert float(c["cpu_layer_ms_per_mb"]) == pytest.approx(per)
+    assert float(c["cpu_layer_ms"]) == pytest.approx(0.412 - per * 46.4)

@@ -181,3 +181,14 @@ def test_assumed_cpu_expert_rates_follow_isa_and_bits():
     assert float(vnni["Q8_0"]) / float(vnni["default"]) == pytest.approx(8.5 / 4.5)
     assert float(assumed_expert_gbs(6, ["avx2"])["default"]) < float(vnni["default"])
     assert all(f.source == "assumed" and "G weights/s" in f.ref for f in vnni.values())
+
+
+def test_last_level_cache_is_the_highest_level_sysfs_lists(tmp_path):
+    from calibration.detect import llc_bytes
+    for i, (level, size) in enumerate([(1, "32K"), (1, "32K"), (2, "512K"), (3, "32768K")]):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(f"{level}\n")
+        (d / "size").write_text(f"{size}\n")
+    assert llc_bytes(str(tmp_path)) == 32 << 20
+    assert llc_bytes(str(tmp_path / "none")) is None

@@ -90,18 +90,39 @@ def test_host_device_and_cpu_tier_take_turns_on_the_cores():
     assert max(ends.values()) == pytest.approx(t_dev + t_cpu, rel=1e-6)
 
 
-def test_cpu_layer_cost_is_paid_once_per_moe_layer_in_both_models():
-    """calibrate's cpu_layer_ms (alternating attention and experts on the host cores) adds exactly
-    that much per MoE layer to a CPU-only step, in the event simulation and in the closed form."""
+def _step_ms(model, hw, plan, c: Constants) -> float:
+    """One uncontended decode step of `plan` (uniform routing, a cold start), ms."""
+    return 1e3 / simulate(model, hw, plan, gen_tokens=1, routing="uniform", warm_steps=0, constants=c).decode_tok_s
+
+
+def _cpu_only_step_with(extra: Constants):
+    """(model, hw, plan, ms the constants `extra` add to a CPU-only step, extra) on the tiny model."""
     model = tiny_model()
     hw = machine().model_copy(update={"gpu": None, "pcie": None})
     plan = tiered(slots=0, kind="cpu")
     plan = plan.model_copy(update={"placement": plan.placement.model_copy(update={"dense": "cpu", "kv": "cpu"})})
-    base, extra = Constants(), Constants(cpu_layer_ms=0.25)
-    s0, s1 = (simulate(model, hw, plan, gen_tokens=1, routing="uniform", warm_steps=0, constants=c) for c in (base, extra))
-    step_ms = lambda r: 1e3 / r.decode_tok_s  # noqa: E731
-    assert step_ms(s1) - step_ms(s0) == pytest.approx(model.n_moe_layers * 0.25, rel=1e-6)
-    assert screen(model, hw, plan, constants=extra).decode_tok_s == pytest.approx(s1.decode_tok_s, rel=1e-9)
+    return model, hw, plan, _step_ms(model, hw, plan, extra) - _step_ms(model, hw, plan, Constants()), extra
+
+
+def test_cpu_layer_cost_is_paid_once_per_moe_layer_in_both_models():
+    """calibrate's cpu_layer_ms (alternating attention and experts on the host cores) adds exactly
+    that much per MoE layer to a CPU-only step, in the event simulation and in the closed form."""
+    model, hw, plan, added_ms, extra = _cpu_only_step_with(Constants(cpu_layer_ms=0.25))
+    assert added_ms == pytest.approx(model.n_moe_layers * 0.25, rel=1e-6)
+    assert screen(model, hw, plan, constants=extra).decode_tok_s == pytest.approx(
+        simulate(model, hw, plan, gen_tokens=1, routing="uniform", warm_steps=0, constants=extra).decode_tok_s, rel=1e-9)
+
+
+def test_cpu_layer_cost_per_mb_grows_with_what_the_layer_reads_in_both_models():
+    """cpu_layer_ms_per_mb: a CPU-only MoE layer pays it per MB of its dense bytes and of the experts it
+    computes (the kernels run slower between attention blocks); the step grows by exactly that in
+    the event simulation (uniform routing, one token: top-k distinct experts a layer), and the
+    closed form agrees."""
+    model, hw, plan, added_ms, extra = _cpu_only_step_with(Constants(cpu_layer_ms_per_mb=0.01))
+    per_layer_mb = (model.dense_bytes_per_token / model.n_layers + model.top_k * model.expert_bytes) / 1e6
+    assert added_ms == pytest.approx(model.n_moe_layers * 0.01 * per_layer_mb, rel=1e-6)
+    assert screen(model, hw, plan, constants=extra).decode_tok_s == pytest.approx(1e3 / (_step_ms(
+        model, hw, plan, Constants()) + added_ms), rel=1e-9)
 
 
 @pytest.mark.parametrize("text", ["seen", "new"])
