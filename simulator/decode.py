@@ -122,7 +122,8 @@ class DecodeRun:
         elif self.dense_on_gpu:  # the host issues the layer's kernels, the GPU streams its weights
             m.gpu.submit(m.dense_dispatch_s(self.ntok) + m.gpu_read_s(w_bytes + kv), lambda: self._routed(layer))
         else:
-            alt = (m.c.cpu_layer_ms + m.c.cpu_layer_ms_per_mb * (w_bytes + kv) / 1e6) * 1e-3
+            # the layer's own dense bytes alternate with its experts (the head is one stream at the end)
+            alt = (m.c.cpu_layer_ms + m.c.cpu_layer_ms_per_mb * (self.model.layer_dense_bytes + kv) / 1e6) * 1e-3
             m.cpu_read(w_bytes + kv, lambda: self._routed(layer), rate=m.cpu_dense_rate,
                        extra_s=alt if layer in self.moe_index else 0.0)
 

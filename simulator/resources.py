@@ -55,10 +55,12 @@ class Constants:
     engram_row_us: float = 0.0  # host time to gather one cached Engram row inline, µs
 
     @classmethod
-    def from_hw(cls, hw, **override) -> "Constants":
-        """Defaults, then the profile's fitted `constants`, then explicit overrides."""
+    def from_hw(cls, hw, engine: str | None = None, **override) -> "Constants":
+        """Defaults, then the profile's fitted `constants`, then explicit overrides. calibrate's c_a_ms
+        (the executor's cost of one kernel call) stands for cpu_job_ms unless one is fitted, except
+        for llama.cpp (`engine`), whose graph runs a token's ops on a persistent thread pool."""
         vals = {f.name: hw.constant(f.name, getattr(cls(), f.name)) for f in fields(cls)}
-        if "cpu_job_ms" not in hw.constants and "c_a_ms" in hw.constants:
+        if "cpu_job_ms" not in hw.constants and "c_a_ms" in hw.constants and engine != "llamacpp":
             vals["cpu_job_ms"] = float(hw.constants["c_a_ms"])  # calibrate's measured fixed cost per CPU job
         vals.update(override)
         return cls(**vals)

@@ -68,7 +68,7 @@ def simulate(model, hw, plan, prompt_tokens: int = 0, gen_tokens: int = 256, str
     `engram_text`: whether the requests' Engram rows are cached ("seen", "new", "shared"; see
     simulator.engram.EngramText)."""
     streams = int(streams or plan.streams)
-    consts = constants or Constants.from_hw(hw)
+    consts = constants or Constants.from_hw(hw, plan.engine)
     k = plan.experts_per_token or model.top_k
     rng = np.random.default_rng(seed)
     rt = resolve_routing(routing, model, k, seed)

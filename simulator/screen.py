@@ -147,7 +147,7 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
            constants: Constants | None = None, routing=None, hit_rate: float | None = None,
            engram_text: str = "seen") -> Screen:
     """Steady-state decode tok/s, TTFT (s) and the bounding resource, in closed form."""
-    c = constants or Constants.from_hw(hw)
+    c = constants or Constants.from_hw(hw, plan.engine)
     streams = int(streams or plan.streams)
     k = plan.experts_per_token or model.top_k
     has_gpu = hw.gpu is not None
@@ -174,7 +174,8 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
         dense_ms = (dense_b / (hw.cpu.expert_gbs_for(parse_format(model.dense_format), threads) * GB) * 1e3
                     + model.n_layers * c.cpu_job_ms  # one CPU job per layer, as the event simulation
                     # attention and experts alternating on the cores
-                    + model.n_moe_layers * (c.cpu_layer_ms + c.cpu_layer_ms_per_mb * dense_b / model.n_layers / 1e6))
+                    + model.n_moe_layers * (c.cpu_layer_ms + c.cpu_layer_ms_per_mb * (
+                        model.layer_dense_bytes + (dense_b - model.dense_bytes_per_token) / model.n_layers) / 1e6))
     eng_ms = gather_ms = 0.0
     cold = engram_cold_fractions(model, hw, plan, engram_text, prompt_tokens)
     if gathers_inline(model, plan):

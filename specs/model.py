@@ -228,6 +228,22 @@ class ModelSpec(_Strict):
         return parse_format(self.dense_format).bytes_for(self._computed_dense_params()) + self.embedding_bytes
 
     @property
+    def head_bytes(self) -> float:
+        """Bytes of the output head, read once a token after the last layer (0 when tied to the
+        embedding table); from `output.weight` for a GGUF header, else vocab x hidden at the dense format."""
+        if self.tensors is not None:
+            return float(sum(t.bytes for t in self.tensors if t.name == "output.weight"))
+        if self.tied_embeddings:
+            return 0.0
+        return min(parse_format(self.dense_format).bytes_for(self.vocab * self.hidden), self.dense_bytes_per_token)
+
+    @property
+    def layer_dense_bytes(self) -> float:
+        """Dense bytes one layer reads per token on average: the dense path less the head and the embedding row."""
+        row = self.embedding_bytes / self.vocab
+        return max(0.0, self.dense_bytes_per_token - self.head_bytes - row) / self.n_layers
+
+    @property
     def dense_bytes_per_token(self) -> float:
         """Dense bytes read per token: resident dense path minus the embedding table plus one row
         (an upper estimate: every dense weight is read once per token)."""

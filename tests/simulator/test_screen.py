@@ -67,6 +67,17 @@ def test_cpu_only_step_with_job_costs_equals_closed_form():
     assert Constants.from_hw(fitted).cpu_job_ms == 0.05
 
 
+def test_llamacpp_pays_no_per_call_job_cost():
+    """calibrate's c_a_ms is the executor's cost of calling a kernel; llama.cpp computes a token's graph on a
+    persistent thread pool, so its plans get no such cost (a fitted cpu_job_ms would still apply)."""
+    from specs.figure import Figure
+    hw = machine().model_copy(update={"constants": {"c_a_ms": Figure(0.15, "measured", "test")}})
+    assert Constants.from_hw(hw).cpu_job_ms == Constants.from_hw(hw, "custom").cpu_job_ms == 0.15
+    assert Constants.from_hw(hw, "llamacpp").cpu_job_ms == 0.0
+    fitted = hw.model_copy(update={"constants": {"cpu_job_ms": Figure(0.05, "derived", "fit")}})
+    assert Constants.from_hw(fitted, "llamacpp").cpu_job_ms == 0.05
+
+
 def test_host_device_and_cpu_tier_take_turns_on_the_cores():
     """A device that is the host's own cores (gpu.shares_host) cannot compute resident experts while
     the CPU tier computes misses on those cores: started together, the second finishes after the
@@ -114,12 +125,13 @@ def test_cpu_layer_cost_is_paid_once_per_moe_layer_in_both_models():
 
 
 def test_cpu_layer_cost_per_mb_grows_with_what_the_layer_reads_in_both_models():
-    """cpu_layer_ms_per_mb: a CPU-only MoE layer pays it per MB of its dense bytes and of the experts it
-    computes (the kernels run slower between attention blocks); the step grows by exactly that in
+    """cpu_layer_ms_per_mb: a CPU-only MoE layer pays it per MB of its own dense bytes (not the output
+    head's, read once after the last layer) and of the experts it computes (the kernels run slower
+    between attention blocks); the step grows by exactly that in
     the event simulation (uniform routing, one token: top-k distinct experts a layer), and the
     closed form agrees."""
     model, hw, plan, added_ms, extra = _cpu_only_step_with(Constants(cpu_layer_ms_per_mb=0.01))
-    per_layer_mb = (model.dense_bytes_per_token / model.n_layers + model.top_k * model.expert_bytes) / 1e6
+    per_layer_mb = (model.layer_dense_bytes + model.top_k * model.expert_bytes) / 1e6  # the head is not a layer's
     assert added_ms == pytest.approx(model.n_moe_layers * 0.01 * per_layer_mb, rel=1e-6)
     assert screen(model, hw, plan, constants=extra).decode_tok_s == pytest.approx(1e3 / (_step_ms(
         model, hw, plan, Constants()) + added_ms), rel=1e-9)

@@ -37,6 +37,16 @@ def test_mixed_expert_types_are_named_by_the_one_holding_most_bytes(gguf_file):
     assert next(t.type for t in m.tensors if t.group == "experts") == "Q4_0"
 
 
+def test_head_is_the_output_tensor_and_layers_share_the_rest(gguf_file):
+    """The output head (output.weight, Q8_0 300 x 64) is read once a token after the last layer; each
+    layer's dense bytes are the dense path's less the head and the embedding row, over the layers."""
+    path, written = gguf_file
+    m = load_model(str(path))
+    assert m.head_bytes == written["output.weight"]
+    row = written["token_embd.weight"] / V
+    assert m.layer_dense_bytes == pytest.approx((m.dense_bytes_per_token - m.head_bytes - row) / L)
+
+
 def test_gguf_shape_metadata(gguf_file):
     m = load_model(str(gguf_file[0]))
     assert (m.n_layers, m.hidden, m.n_experts, m.top_k, m.expert_ffn) == (L, H, E, 2, F)
