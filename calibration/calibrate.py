@@ -129,7 +129,7 @@ class Results:
     kernels_1t: dict[str, KernelFit] = field(default_factory=dict)  # the same on one thread
     prefill: PrefillResult | None = None
     layer_loop: LayerLoop | None = None
-    layer_loop_small: LayerLoop | None = None  # the same loop on a small layer (hidden 512): the fixed part
+    layer_loop_small: LayerLoop | None = None  # the same loop on a layer a quarter as wide: the fixed part
     llc_bytes: int | None = None  # last-level cache of this machine (sysfs), when readable
     hit: HitResult | None = None
     dense: DenseResult | None = None
@@ -284,7 +284,7 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                 ticks["layers"] = pg.stage(f"CPU decode layer loop {lf}", s.prefill_repeats)
                 loop = LayerLoopBench(lf, threads=numba.get_num_threads(), hidden=s.kernel_hidden,
                                       ffn=s.kernel_ffn, n_experts=s.prefill_experts, top_k=s.prefill_top_k)
-                # and on a layer a sixth of the bytes: what a layer costs beyond its bytes has a fixed part
+                # and on a layer about a twentieth of the bytes: what a layer costs beyond its bytes has a fixed part
                 # and a part that grows with them (the kernels run slower between attention blocks)
                 small = LayerLoopBench(lf, threads=numba.get_num_threads(), hidden=max(32, s.kernel_hidden // 4),
                                        ffn=max(32, s.kernel_ffn // 3), n_experts=s.prefill_experts,

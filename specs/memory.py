@@ -74,7 +74,8 @@ def repacked_bytes(model: ModelSpec, isa: list[str], group: str = "experts") -> 
                          and t.shape[1] % 8 == 0 and llamacpp_repacks(parse_format(t.type), isa)))
     if group == "experts":
         return model.routed_bytes if llamacpp_repacks(model.fmt_experts, isa) else 0.0
-    return model.dense_resident_bytes if llamacpp_repacks(parse_format(model.dense_format), isa) else 0.0
+    dense = model.dense_resident_bytes - model.embedding_bytes  # the embedding table is read by row, not repacked
+    return dense if llamacpp_repacks(parse_format(model.dense_format), isa) else 0.0
 
 
 def memory_map(model: ModelSpec, hw: HardwareSpec, plan: Plan) -> MemoryMap:
