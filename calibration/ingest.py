@@ -69,6 +69,8 @@ def _flags(rec: dict, path: str) -> tuple[str, ...]:
         out.append("--no-op-offload")
     if str(rec.get("repack", "true")).lower() in ("0", "false"):
         out.append("--no-repack")
+    if str(rec.get("load_mode", "auto")).lower() in ("none", "dio") or str(rec.get("use_mmap", "1")).lower() in ("0", "false"):
+        out.append("--no-mmap")  # weights read into buffers (llama-bench -lm none|dio, or -mmp 0 before it)
     return tuple(out)
 
 

@@ -4,7 +4,8 @@ llama.cpp places each tensor once at load (DESIGN.md "Static placement"): `-ngl`
 the GPU, `--cpu-moe` / `--n-cpu-moe N` keep the experts of all / the first N layers in RAM, and
 `-ot REGEX=DEVICE` overrides per tensor. Expert granularity is a whole layer's projection.
 CPU weights of the formats its kernels repack are copied at load into anonymous memory unless
-`--no-repack` (Plan.cpu_repack): experts that must stream from NVMe need that flag.
+`--no-repack` (Plan.cpu_repack), and with `--no-mmap` every CPU weight is read into anonymous
+memory (Plan.cpu_mmap): experts that must stream from NVMe need the mmap and no repacking.
 It has no expert cache, no miss auction and no stream-all prefill: `closest_static` says what a
 plan loses on the way.
 """
@@ -72,7 +73,7 @@ def closest_static(plan: Plan, model: ModelSpec) -> tuple[Plan, list[str]]:
         lost.append("an expert RAM budget (no llama.cpp flag: its mmap's page cache holds about as many experts)")
     # experts read from NVMe through the mmap must not be copied at load (--no-repack)
     repack = plan.cpu_repack if plan.engine == "llamacpp" else p.expert_ram_bytes is None
-    static = Plan(engine="llamacpp", cpu_repack=repack,
+    static = Plan(engine="llamacpp", cpu_repack=repack, cpu_mmap=plan.cpu_mmap or p.expert_ram_bytes is not None,
                   placement=Placement(dense=p.dense, kv=p.kv, gpu_expert_layers=sorted(gpu_layers),
                                       engram=p.engram, expert_ram_bytes=p.expert_ram_bytes),
                   prefill=prefill, streams=plan.streams, cpu_threads=plan.cpu_threads,
@@ -105,6 +106,8 @@ def emit(plan: Plan, model: ModelSpec, model_path: str = "MODEL.gguf") -> Emitte
         argv += ["--no-op-offload"]
     if not static.cpu_repack:
         argv += ["--no-repack"]
+    if not static.cpu_mmap:
+        argv += ["--no-mmap"]
     if static.cpu_threads:
         argv += ["-t", str(static.cpu_threads)]
     if static.streams > 1:
@@ -219,4 +222,5 @@ def parse(argv: list[str] | str, model: ModelSpec, has_gpu: bool = True) -> Plan
         cpu_threads=_int("-t", threads, lo=1) if threads else None,
         streams=_int("-np", get("-np", "--parallel") or "1", lo=1),
         cpu_repack=not flags & {"--no-repack", "-nr"},
+        cpu_mmap="--no-mmap" not in flags,
     )

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from specs.errors import SpecError
 from specs.hardware import HardwareSpec
-from specs.memory import REPACKED, memory_map, size_cache
+from specs.memory import LOADED, REPACKED, memory_map, size_cache
 from specs.model import ModelSpec
 from specs.plan import KVCache, Placement, Plan, plan_template
 
@@ -31,11 +31,11 @@ def base_plan(model: ModelSpec, hw: HardwareSpec, context: int | None = None, en
         plan = plan.model_copy(update={"placement": Placement(dense="cpu", kv="cpu"),
                                        "expert_cache": plan.expert_cache.model_copy(update={"policy": "none", "slots": 0})})
     mm = memory_map(model, hw, plan)
-    experts = mm.ram.get("experts", 0.0) + mm.ram.get(REPACKED, 0.0)
+    experts = mm.ram.get("experts", 0.0) + mm.ram.get(REPACKED, 0.0) + mm.ram.get(LOADED, 0.0)
     ram_room = mm.ram_capacity - (mm.ram_used - experts)
     if experts > ram_room:  # experts beyond RAM are read from NVMe: through the mmap, so not repacked
         placement = plan.placement.model_copy(update={"expert_ram_bytes": int(max(0.0, ram_room))})
-        plan = plan.model_copy(update={"placement": placement, "cpu_repack": False})
+        plan = plan.model_copy(update={"placement": placement, "cpu_repack": False, "cpu_mmap": True})
     plan = size_cache(model, hw, plan)
     memory_map(model, hw, plan).check_fits()
     return plan

@@ -11,6 +11,7 @@ from .plan import Plan
 
 GIB = 2**30
 REPACKED = "experts (repacked at load)"  # RAM part of a plan whose engine copies CPU experts at load
+LOADED = "experts (read into RAM at load)"  # the same without the mmap (llama.cpp's --no-mmap)
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ class MemoryMap:
             if used > cap:
                 detail = " + ".join(f"{k} {v / GIB:.2f}" for k, v in parts.items() if v)
                 hint = ("; llama.cpp's --no-repack leaves them in the mmap, to be read from NVMe"
-                        if parts.get(REPACKED) else "")
+                        if parts.get(REPACKED) else "; without --no-mmap they stay in the mmap, to be read from NVMe"
+                        if parts.get(LOADED) else "")
                 raise SpecError(plan_file, tier.lower(), f"plan does not fit in {tier}: {detail} = "
                                 f"{used / GIB:.2f} GiB > {cap / GIB:.2f} GiB{hint}")
 
@@ -115,6 +117,9 @@ def memory_map(model: ModelSpec, hw: HardwareSpec, plan: Plan) -> MemoryMap:
     if p.engram == "ram":
         ram["engram"] = model.engram_table_bytes
     nvme: dict[str, float] = {}
+    if cpu_side and not plan.cpu_mmap:  # read into anonymous buffers at load: nothing streams from NVMe
+        ram[LOADED] = cpu_side
+        cpu_side = 0.0
     if cpu_side and plan.cpu_repack:
         # copied into anonymous memory at load (the CPU side's share of the repacked types): these
         # cannot stream from NVMe, and llama.cpp fails to load when the copy does not fit; the file's

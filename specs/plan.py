@@ -135,6 +135,9 @@ class Plan(_Strict):
     # anonymous memory (llama.cpp's CPU_REPACK, on unless --no-repack; specs.formats.llamacpp_repacks):
     # such experts must fit in RAM, since a copy cannot be paged in from the file on NVMe.
     cpu_repack: bool = False
+    # CPU weights stay in the mmap'd file (page cache, experts beyond RAM read from NVMe); False: read
+    # into anonymous buffers at load (llama.cpp's --no-mmap), so every CPU expert must fit in RAM
+    cpu_mmap: bool = True
     # VRAM the engine keeps for CUDA graphs, activations and DMA staging (bytes), beyond weights
     gpu_workspace_bytes: int = Field(default=0, ge=0)
     note: str = ""

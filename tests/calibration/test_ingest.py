@@ -105,3 +105,14 @@ def test_llama_bench_repack_column_becomes_no_repack():
     runs = read_llama_bench(FIX / "small-q4-repack.md")
     assert [r.tok_s for r in runs] == [86.42, 71.19]
     assert "--no-repack" not in runs[0].flags and "--no-repack" in runs[1].flags
+
+
+@pytest.mark.parametrize("field, value", [("load_mode", "none"), ("load_mode", "dio"), ("use_mmap", False)])
+def test_llama_bench_without_mmap_becomes_no_mmap(tmp_path, field, value):
+    """llama-bench's -lm none|dio (or -mmp 0 in older builds) read the weights into buffers: --no-mmap."""
+    import json
+    rec = {**json.loads((FIX / "tiny-t12.json").read_text())[0], field: value}
+    p = tmp_path / "run.json"
+    p.write_text(json.dumps([rec]))
+    assert "--no-mmap" in read_llama_bench(p)[0].flags
+    assert "--no-mmap" not in read_llama_bench(FIX / "tiny-t12.json")[0].flags

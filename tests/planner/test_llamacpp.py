@@ -27,7 +27,7 @@ def static_plans(draw):
                 kv=KVCache(context=draw(st.integers(1, 262144)),
                            dtype=draw(st.sampled_from(["f16", "q8_0", "q4_0"])) if dense == "gpu" else "f16"),
                 cpu_threads=draw(st.none() | st.integers(1, 64)),
-                streams=draw(st.integers(1, 8)), cpu_repack=draw(st.booleans()))
+                streams=draw(st.integers(1, 8)), cpu_repack=draw(st.booleans()), cpu_mmap=draw(st.booleans()))
 
 
 @settings(max_examples=200, deadline=None)
@@ -112,3 +112,8 @@ def test_a_plan_whose_experts_fit_in_ram_keeps_llamacpps_default():
     from specs.loaders import load_hardware
     plan = base_plan(QWEN, load_hardware("epyc8ch-3090"), engine="llamacpp")
     assert plan.cpu_repack and "--no-repack" not in emit(plan, QWEN).argv
+
+
+def test_no_mmap_reads_every_cpu_weight_into_ram():
+    assert parse("llama-server -m M.gguf --cpu-moe", QWEN).cpu_mmap
+    assert not parse("llama-server -m M.gguf --cpu-moe --no-mmap", QWEN).cpu_mmap

@@ -6,7 +6,7 @@ import pytest
 
 from specs.errors import SpecError
 from specs.loaders import load_hardware, load_model
-from specs.memory import REPACKED, memory_map, repacked_bytes, size_cache
+from specs.memory import LOADED, REPACKED, memory_map, repacked_bytes, size_cache
 from specs.model import AttentionSpec, ModelSpec
 from specs.plan import KVCache, Placement, Plan, plan_template
 
@@ -148,3 +148,17 @@ def test_repacked_bytes_of_a_q4_k_m_file_match_llamacpps_load_log():
     mm = memory_map(m, _cpu_only(load_hardware("epyc8ch-3090")), plan)
     assert mm.ram[REPACKED] == repacked_bytes(m, isa) and mm.ram[REPACKED] / 2**20 == pytest.approx(540.0)
     assert mm.ram["experts"] + mm.ram[REPACKED] == pytest.approx(m.routed_bytes)
+
+
+def test_no_mmap_experts_cannot_be_read_from_nvme_either():
+    """llama.cpp's --no-mmap reads every CPU weight into anonymous buffers at load, whatever the format:
+    Qwen3.8's IQ3_S experts (never repacked) then need RAM for all of them; with the mmap they stream."""
+    m, hw = load_model("qwen3.8-flash-next-iq3_s"), load_hardware("i5-13600k-ddr5-3090")
+    small_ram = hw.model_copy(update={"memory": hw.memory.model_copy(update={"capacity_bytes": 32 * GIB})})
+    plan = plan_template("llamacpp").model_copy(update={
+        "placement": Placement(expert_ram_bytes=16 * GIB), "kv": KVCache(context=4096), "cpu_mmap": False})
+    mm = memory_map(m, small_ram, plan)
+    assert mm.ram[LOADED] == pytest.approx(m.routed_bytes) and REPACKED not in mm.ram
+    with pytest.raises(SpecError, match="--no-mmap"):
+        mm.check_fits()
+    memory_map(m, small_ram, plan.model_copy(update={"cpu_mmap": True})).check_fits()
