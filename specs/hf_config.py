@@ -59,8 +59,10 @@ def model_from_config(cfg: Any, path: str, expert_format: str | None = None) -> 
     if not isinstance(cfg, dict):
         raise SpecError(path, None, "expected a JSON object")
     if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):  # a multimodal wrapper (Llama 4)
-        cfg = {**cfg["text_config"], "_name_or_path": cfg.get("_name_or_path") or cfg["text_config"].get("_name_or_path"),
-               "torch_dtype": cfg["text_config"].get("torch_dtype", cfg.get("torch_dtype", "bfloat16"))}
+        tc = cfg["text_config"]
+        cfg = {**tc, "_name_or_path": cfg.get("_name_or_path") or tc.get("_name_or_path"),
+               "torch_dtype": tc.get("torch_dtype", cfg.get("torch_dtype", "bfloat16")),
+               "quantization_config": tc.get("quantization_config") or cfg.get("quantization_config")}
     fam = _family(cfg)
     if not fam:
         raise SpecError(path, "model_type", f"not a supported MoE config ({cfg.get('model_type')!r}; "

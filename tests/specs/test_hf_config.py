@@ -142,3 +142,9 @@ def test_qwen3_next_caches_kv_in_one_layer_of_four(tmp_path):
            "vocab_size": 151936}
     m = _load(tmp_path, cfg)
     assert m.attention.kv_layers == 12 and m.kv_bytes_per_token("f16") == 2 * 2 * 256 * 12 * 2
+
+
+def test_a_wrappers_quantization_applies_to_its_text_model(tmp_path):
+    """Llama-4-Maverick-17B-128E-Instruct-FP8 keeps quantization_config beside text_config."""
+    m = _load(tmp_path, {**LLAMA4_MAVERICK, "quantization_config": {"quant_method": "fp8"}})
+    assert m.fmt_experts.bits == 8
