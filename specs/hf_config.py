@@ -41,7 +41,16 @@ def _default_format(cfg: dict) -> str:
     return "BF16" if str(cfg.get("torch_dtype", "bfloat16")) == "bfloat16" else "F16"
 
 
-def _kv_layers(cfg: dict, n_layers: int) -> int | None:
+def _int(cfg: dict, key: str, default: int, path: str) -> int:
+    """cfg[key] as an integer (default when absent or null), or a SpecError naming the key."""
+    v = cfg.get(key)
+    try:
+        return default if v is None else int(v)
+    except (TypeError, ValueError):
+        raise SpecError(path, key, f"expects an integer (got {v!r})") from None
+
+
+def _kv_layers(cfg: dict, n_layers: int, path: str) -> int | None:
     """Layers whose KV cache grows with the context: the full-attention ones of a hybrid model
     (`layer_types`: gpt-oss's sliding windows, Qwen3-Next's linear attention; or Qwen3-Next's
     `full_attention_interval`); None when every layer is full attention. A sliding layer's window
@@ -50,7 +59,7 @@ def _kv_layers(cfg: dict, n_layers: int) -> int | None:
     if isinstance(types, list) and types:
         full = sum(1 for t in types if str(t) == "full_attention")
         return None if full == len(types) else full
-    every = int(cfg.get("full_attention_interval") or 1)
+    every = _int(cfg, "full_attention_interval", 1, path)
     return n_layers // every if every > 1 else None
 
 
@@ -82,7 +91,7 @@ def model_from_config(cfg: Any, path: str, expert_format: str | None = None) -> 
         context_length=cfg.get("max_position_embeddings"),
         expert_format=fmt, dense_format=fmt if fmt in ("BF16", "F16") else "BF16",
         attention=dict(n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim,
-                       kv_layers=_kv_layers(cfg, n_layers) if isinstance(n_layers, int) else None),
+                       kv_layers=_kv_layers(cfg, n_layers, path) if isinstance(n_layers, int) else None),
     )
     if fam == "mixtral":
         spec.update(n_experts=_need(cfg, "num_local_experts", path),
@@ -90,7 +99,7 @@ def model_from_config(cfg: Any, path: str, expert_format: str | None = None) -> 
     elif fam == "olmoe":
         spec.update(n_experts=_need(cfg, "num_experts", path), expert_ffn=_need(cfg, "intermediate_size", path))
     elif fam == "llama4":  # MoE every interleave_moe_layer_step-th layer, each with one shared expert
-        step = int(cfg.get("interleave_moe_layer_step", 1) or 1)
+        step = max(1, _int(cfg, "interleave_moe_layer_step", 1, path))
         moe = [i for i in range(n_layers) if (i + 1) % step == 0]
         ffn = _need(cfg, "intermediate_size", path)
         spec.update(n_experts=_need(cfg, "num_local_experts", path), expert_ffn=ffn,

@@ -148,3 +148,11 @@ def test_a_wrappers_quantization_applies_to_its_text_model(tmp_path):
     """Llama-4-Maverick-17B-128E-Instruct-FP8 keeps quantization_config beside text_config."""
     m = _load(tmp_path, {**LLAMA4_MAVERICK, "quantization_config": {"quant_method": "fp8"}})
     assert m.fmt_experts.bits == 8
+
+
+def test_a_bad_hybrid_or_interleave_key_is_named(tmp_path):
+    with pytest.raises(SpecError, match="config.json: full_attention_interval: expects an integer"):
+        _load(tmp_path, {**QWEN3_30B_A3B, "full_attention_interval": "four"})
+    with pytest.raises(SpecError, match="config.json: interleave_moe_layer_step: expects an integer"):
+        _load(tmp_path, {"model_type": "llama4", "text_config": {**LLAMA4_MAVERICK["text_config"],
+                                                                "interleave_moe_layer_step": [2]}})
