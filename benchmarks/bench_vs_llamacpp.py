@@ -81,6 +81,7 @@ def main(argv=None) -> int:
     for i in range(a.rounds):
         for rp in a.repack:
             files.append(work / f"llama-bench-{i}-repack{rp}.json")
+            # the default alone passes no --repack, so that builds from before the flag still run
             ll[rp].append(llama_bench(a.llama_bench, model, a.threads, files[-1], rp if a.repack != [1] else None))
         me.append(ours(model, a.threads, work / f"trace-{i}.jsonl"))
         print(f"round {i + 1}: " + " | ".join(f"llama.cpp repack {rp} pp64 {ll[rp][-1]['pp']:.1f} tg32 {ll[rp][-1]['tg']:.1f}"

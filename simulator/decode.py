@@ -34,6 +34,7 @@ class DecodeRun:
         self.dense_on_gpu = m.has_gpu and plan.placement.dense == "gpu"
         self.kv_tok = model.kv_bytes_per_token(plan.kv.dtype)
         self.dense_layer_bytes = model.dense_bytes_per_token / model.n_layers
+        self.own_layer_bytes = model.layer_dense_bytes  # without the head's share (read once, at the end)
         self.engram_layers = set(model.engram.layers) if (model.engram and plan.placement.engram
                                                           in ("nvme",)) else set()
         self.engram_inline = plan.placement.engram_gather == "inline"
@@ -123,7 +124,7 @@ class DecodeRun:
             m.gpu.submit(m.dense_dispatch_s(self.ntok) + m.gpu_read_s(w_bytes + kv), lambda: self._routed(layer))
         else:
             # the layer's own dense bytes alternate with its experts (the head is one stream at the end)
-            alt = (m.c.cpu_layer_ms + m.c.cpu_layer_ms_per_mb * (self.model.layer_dense_bytes + kv) / 1e6) * 1e-3
+            alt = (m.c.cpu_layer_ms + m.c.cpu_layer_ms_per_mb * (self.own_layer_bytes + kv) / 1e6) * 1e-3
             m.cpu_read(w_bytes + kv, lambda: self._routed(layer), rate=m.cpu_dense_rate,
                        extra_s=alt if layer in self.moe_index else 0.0)
 

@@ -72,8 +72,14 @@ def repacked_bytes(model: ModelSpec, isa: list[str], group: str = "experts") -> 
     buffer on a CPU with `isa`: per tensor for a GGUF header (a repacked type, rows a multiple of 8:
     ggml's condition), else the expert or dense format's for all of them."""
     if model.tensors:
-        return float(sum(t.bytes for t in model.tensors if t.group == group and len(t.shape) > 1
-                         and t.shape[1] % 8 == 0 and llamacpp_repacks(parse_format(t.type), isa)))
+        by_type: dict[str, bool] = {}  # one decision per type, not per tensor (a GGUF has thousands)
+        total = 0.0
+        for t in model.tensors:
+            if t.group == group and len(t.shape) > 1 and t.shape[1] % 8 == 0:
+                if t.type not in by_type:
+                    by_type[t.type] = llamacpp_repacks(parse_format(t.type), isa)
+                total += t.bytes if by_type[t.type] else 0
+        return total
     if group == "experts":
         return model.routed_bytes if llamacpp_repacks(model.fmt_experts, isa) else 0.0
     dense = model.dense_resident_bytes - model.embedding_bytes  # the embedding table is read by row, not repacked

@@ -128,7 +128,7 @@ def test_repacked_experts_cannot_be_read_from_nvme():
 
 
 def test_no_repack_on_a_cpu_without_the_instruction_set():
-    """Q4_K is repacked with AVX2 only: a CPU without it keeps the experts in the mmap."""
+    """Q4_0 is repacked with AVX2 only (on x86): a CPU without it keeps the experts in the mmap."""
     hw = _cpu_only(load_hardware("epyc8ch-3090"))
     hw = hw.model_copy(update={"cpu": hw.cpu.model_copy(update={"isa": ["sse4_2"]})})
     plan = plan_template("llamacpp").model_copy(update={"placement": Placement(dense="cpu", kv="cpu")})
