@@ -141,3 +141,19 @@ def test_whole_experts_per_thread_when_the_job_balances():
     assert K.whole_experts_per_thread([2, 1, 1], 2)  # 2 / 2
     assert not K.whole_experts_per_thread([16] * 4, 2)
     assert K.whole_experts_per_thread([1], 1) and not K.whole_experts_per_thread([], 2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 40), threads=st.integers(1, 8))
+def test_decode_kernel_choice_agrees_with_whole_experts_per_thread(n, threads):
+    """moe_kernel decides a decode job (one token an expert) from offs alone, without numpy; it picks
+    whole experts per thread exactly when whole_experts_per_thread does on the same counts."""
+    import numba
+    offs = np.arange(n + 1, dtype=np.int32)
+    with_threads = min(threads, numba.config.NUMBA_NUM_THREADS)
+    numba.set_num_threads(with_threads)
+    try:
+        _, nthr, whole = K.moe_kernel(n, K._SERIAL_BYTES, offs)
+    finally:
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    assert whole == K.whole_experts_per_thread([1] * n, nthr)
