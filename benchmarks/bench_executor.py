@@ -4,7 +4,8 @@
 
 Prints: memory read bandwidth (numba parallel sum over 1 GiB); CPU expert kernel GB/s for Q8_0 and
 Q4_0 (decode-like: top-k random experts of every layer of `small` / `small-q4`, page-cached) and its
-ratio to the bandwidth, beside the same kernels with rows split across threads; all-CPU decode of
+ratio to the bandwidth (the run's highest read, and paired round by round with a read just before),
+beside the same kernels with rows split across threads; all-CPU decode of
 `small` against its bandwidth ceiling (bytes read per token / bandwidth); Python overhead per layer;
 resident memory added by executing `small`.
 """
@@ -54,10 +55,19 @@ def warm(path: Path) -> None:
             pass
 
 
-def kernel_gbs(path: Path, reps: int = 24) -> dict:
+def read_once(pool: np.ndarray) -> float:
+    """GB/s of one parallel numba sum over `pool` (uint64): the read bandwidth of this moment."""
+    t = time.perf_counter()
+    K._sum_u64(pool)
+    return pool.nbytes / (time.perf_counter() - t) / 1e9
+
+
+def kernel_gbs(path: Path, reps: int = 24, pool: np.ndarray | None = None) -> dict:
     """GB/s of expert bytes the CPU kernel reads: top-k random experts per layer, one token, all layers,
     median of `reps`; 'whole' (whole experts per thread, the executor's decode) and 'rows' (each
-    matrix's rows split across the threads) on the same routes, in alternating order."""
+    matrix's rows split across the threads) on the same routes, in alternating order. With `pool`,
+    each round first reads it once (read_once): 'paired' is the median of whole / that read, the
+    kernel against the bandwidth of the same moment (this VM's bus drifts 31-45 GB/s in spells)."""
     m = GGUFModel(path)
     c = m.cfg
     W = [tuple(m.experts(i, p) for p in ("gate", "up", "down")) for i in range(c.n_layers)]
@@ -65,8 +75,10 @@ def kernel_gbs(path: Path, reps: int = 24) -> dict:
     x = rng.standard_normal((1, c.hidden)).astype(np.float32)
     for i in range(c.n_layers):  # map every page once
         K.moe_cpu(*W[i], x, *K.csr(np.arange(c.n_experts)[None, :], np.ones((1, c.n_experts), np.float32)))
-    rates: dict[str, list[float]] = {"whole": [], "rows": []}
+    rates: dict[str, list[float]] = {"whole": [], "rows": [], "paired": [], "read": []}
     for r in range(reps):
+        if pool is not None:
+            rates["read"].append(read_once(pool))
         routes = [K.csr(rng.choice(c.n_experts, c.top_k, replace=False)[None, :],
                         np.full((1, c.top_k), 1 / c.top_k, np.float32)) for _ in range(c.n_layers)]
         for how in (("whole", "rows") if r % 2 == 0 else ("rows", "whole")):
@@ -75,7 +87,9 @@ def kernel_gbs(path: Path, reps: int = 24) -> dict:
                 K.moe_cpu(*W[i], x, *routes[i], whole=how == "whole")
             dt = time.perf_counter() - t
             rates[how].append(c.n_layers * c.top_k * m.expert_bytes(0) / dt / 1e9)
-    return {k: float(np.median(v)) for k, v in rates.items()}
+        if pool is not None:
+            rates["paired"].append(rates["whole"][-1] / rates["read"][-1])
+    return {k: float(np.median(v)) for k, v in rates.items() if v}
 
 
 def decode(path: Path, threads: int, prompt: int, gen: int, streams: int = 1) -> dict:
@@ -109,9 +123,12 @@ def measure(paths: dict, a) -> dict:
     res: dict = {"threads": a.threads}
     j0 = cpu_jiffies()
     bw0 = K.read_bandwidth(1 << 30)
-    both = {"Q8_0": kernel_gbs(paths["small"]), "Q4_0": kernel_gbs(paths["small-q4"])}
+    pool = np.ones((1 << 30) // 8, np.uint64)
+    both = {"Q8_0": kernel_gbs(paths["small"], pool=pool), "Q4_0": kernel_gbs(paths["small-q4"], pool=pool)}
+    del pool
     res["kernel_gbs"] = {k: v["whole"] for k, v in both.items()}  # the executor's decode path
     res["kernel_rows_gbs"] = {k: v["rows"] for k, v in both.items()}
+    res["kernel_paired"] = {k: {"ratio": v["paired"], "read_gbs": v["read"]} for k, v in both.items()}
     bw1 = K.read_bandwidth(1 << 30)
     res["tiny"] = decode(paths["tiny"], a.threads, a.prompt, a.gen)
     res["small"] = sm = decode(paths["small"], a.threads, a.prompt, a.gen)
@@ -165,6 +182,9 @@ def main() -> None:
         rows = res["kernel_rows_gbs"][k]
         print(f"kernel {k}: {v:.1f} GB/s = {v / bw:.0%} of {bw:.1f} GB/s ({v / bw0:.0%} of the {bw0:.1f} read before "
               f"them); rows split instead of whole experts per thread, same routes: {rows:.1f} GB/s ({v / rows:.2f}x)")
+        pr = res["kernel_paired"][k]
+        print(f"  paired with a read just before each round: median {pr['ratio']:.0%} "
+              f"(reads: median {pr['read_gbs']:.1f} GB/s)")
     print(f"small all-CPU decode: {sm['decode_tok_s']:.1f} tok/s; ceiling {ceiling:.1f} tok/s "
           f"({(sm['expert_bytes_per_token'] + sm['dense_bytes_per_token']) / 1e6:.0f} MB/token) -> "
           f"{res['small_vs_ceiling']:.0%} (median step: {sm['decode_tok_s_p50']:.1f} tok/s, "
