@@ -23,6 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import executor  # noqa: E402,F401  (first: sets OMP_WAIT_POLICY before torch loads OpenMP)
+from executor import cpu_experts as CE  # noqa: E402
 from executor import kernels as K  # noqa: E402
 from executor.gguf_model import GGUFModel  # noqa: E402
 from executor.make_model import make_model  # noqa: E402
@@ -74,17 +75,17 @@ def kernel_gbs(path: Path, reps: int = 24, pool: np.ndarray | None = None) -> di
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, c.hidden)).astype(np.float32)
     for i in range(c.n_layers):  # map every page once
-        K.moe_cpu(*W[i], x, *K.csr(np.arange(c.n_experts)[None, :], np.ones((1, c.n_experts), np.float32)))
+        CE.moe_cpu(*W[i], x, *CE.csr(np.arange(c.n_experts)[None, :], np.ones((1, c.n_experts), np.float32)))
     rates: dict[str, list[float]] = {"whole": [], "rows": [], "paired": [], "read": []}
     for r in range(reps):
         if pool is not None:
             rates["read"].append(read_once(pool))
-        routes = [K.csr(rng.choice(c.n_experts, c.top_k, replace=False)[None, :],
+        routes = [CE.csr(rng.choice(c.n_experts, c.top_k, replace=False)[None, :],
                         np.full((1, c.top_k), 1 / c.top_k, np.float32)) for _ in range(c.n_layers)]
         for how in (("whole", "rows") if r % 2 == 0 else ("rows", "whole")):
             t = time.perf_counter()
             for i in range(c.n_layers):
-                K.moe_cpu(*W[i], x, *routes[i], whole=how == "whole")
+                CE.moe_cpu(*W[i], x, *routes[i], whole=how == "whole")
             dt = time.perf_counter() - t
             rates[how].append(c.n_layers * c.top_k * m.expert_bytes(0) / dt / 1e9)
         if pool is not None:

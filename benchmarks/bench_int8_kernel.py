@@ -162,7 +162,7 @@ def max_rel_error(fmt: str) -> tuple[float, float]:
     """Both kernels on 2 experts against the gguf package's dequantise-then-matmul: max |error| / max |ref|."""
     from gguf import dequantize
 
-    from executor import kernels
+    from executor import cpu_experts
     run, _, (gate, up, down, x) = int8_expert_job(fmt, 2048, 768, 0, 4)
     ex, w = np.array([1, 3], np.int32), np.array([0.6, 0.4], np.float32)
     deq = lambda t, e: dequantize(t.data[e], t.qtype).reshape(t.rows, t.cols)  # noqa: E731
@@ -171,7 +171,7 @@ def max_rel_error(fmt: str) -> tuple[float, float]:
         g, u = deq(gate, e) @ x, deq(up, e) @ x
         ref += wt * (deq(down, e) @ (g / (1 + np.exp(-g)) * u))
     i8 = moe_i8(gate, up, down, x, ex, w)
-    i16 = kernels.moe_cpu(gate, up, down, x[None], *kernels.csr(ex[None].astype(np.int64), w[None]), whole=False)[0]
+    i16 = cpu_experts.moe_cpu(gate, up, down, x[None], *cpu_experts.csr(ex[None].astype(np.int64), w[None]), whole=False)[0]
     scale = np.abs(ref).max()
     return float(np.abs(i8 - ref).max() / scale), float(np.abs(i16 - ref).max() / scale)
 

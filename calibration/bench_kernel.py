@@ -1,6 +1,6 @@
 """CPU expert kernel: time per job against experts per job for any kernel (`bench_expert_kernel`),
 fitted to t = c_a + c_b * k with scipy least squares; `executor_expert_job` adapts the executor's
-numba kernels (executor/kernels.py) to it, per weight format.
+numba kernels (executor/cpu_experts.py) to it, per weight format.
 
 `tick` arguments are progress callbacks (one call per unit of work); sizes are arguments so tests
 run the same code on tiny inputs.
@@ -148,8 +148,8 @@ _ROW_BYTES = {"F16": lambda c: 2 * c, "Q8_0": lambda c: c // 32 * 34, "Q4_0": la
 
 
 def kernel_version() -> str:
-    """Short hash of the executor's kernel sources (kernels.py and the modules beside it that it
-    imports), so a calibration names the kernel build it belongs to; '' when absent."""
+    """Short hash of the executor's kernel sources (cpu_experts.py, kernels.py and the modules beside
+    them that they import), so a calibration names the kernel build it belongs to; '' when absent."""
     import hashlib
     try:
         from executor import kernels
@@ -157,7 +157,7 @@ def kernel_version() -> str:
         return ""
     here = Path(kernels.__file__).resolve().parent
     h = hashlib.sha256()
-    for name in ("kernels.py", "simd.py", "gemm.py"):
+    for name in ("cpu_experts.py", "kernels.py", "simd.py", "gemm.py"):
         f = here / name
         if f.is_file():
             h.update(f.read_bytes())
@@ -165,12 +165,12 @@ def kernel_version() -> str:
 
 
 def executor_kernel_available() -> bool:
-    """Whether executor/kernels.py exposes the CPU expert kernel (`moe_cpu`) and its tensor type."""
+    """Whether executor/cpu_experts.py exposes the CPU expert kernel (`moe_cpu`) and its tensor type."""
     try:
-        from executor import gguf_model, kernels
+        from executor import cpu_experts, gguf_model
     except Exception:
         return False
-    return (callable(getattr(kernels, "moe_cpu", None)) and callable(getattr(kernels, "csr", None))
+    return (callable(getattr(cpu_experts, "moe_cpu", None)) and callable(getattr(cpu_experts, "csr", None))
             and hasattr(gguf_model, "EXPERT_TYPES") and hasattr(gguf_model, "ExpertTensor"))
 
 
@@ -193,13 +193,13 @@ def _synth_tensor(fmt: str, n: int, rows: int, cols: int, rng):
 
 def executor_expert_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, pool_bytes: int = 256 << 20,
                         max_k: int = 8, seed: int = 0):
-    """(run_job, expert_bytes): one token's job of k SwiGLU experts through executor.kernels.moe_cpu.
+    """(run_job, expert_bytes): one token's job of k SwiGLU experts through executor.cpu_experts.moe_cpu.
 
     The experts are synthetic `fmt` tensors (gate/up [E, ffn, hidden], down [E, hidden, ffn]) in a
     pool larger than the last-level cache; job i uses experts i*k .. i*k+k-1 (mod pool). Each
     matrix's rows split across the threads, as llama.cpp's ggml splits them: the engine-neutral rate
-    (the executor's decode runs whole experts per thread where a job balances: kernels.moe_cpu)."""
-    from executor import kernels
+    (the executor's decode runs whole experts per thread where a job balances: cpu_experts.moe_cpu)."""
+    from executor import cpu_experts
     if fmt not in _ROW_BYTES:
         raise ValueError(f"no synthetic layout for {fmt} (have {', '.join(_ROW_BYTES)})")
     rng = np.random.default_rng(seed)
@@ -217,9 +217,9 @@ def executor_expert_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, p
         r = routes.get(key)
         if r is None:
             ex = ((np.arange(k) + i * k) % pool).astype(np.int32).reshape(1, k)
-            r = routes[key] = kernels.csr(ex, np.full((1, k), 1.0 / k, np.float32))
+            r = routes[key] = cpu_experts.csr(ex, np.full((1, k), 1.0 / k, np.float32))
         out[:] = 0.0
-        kernels.moe_cpu(gate, up, down, x, *r, out=out, whole=False)
+        cpu_experts.moe_cpu(gate, up, down, x, *r, out=out, whole=False)
     return run_job, ebytes
 
 
@@ -255,20 +255,20 @@ class PrefillResult:
 def executor_prefill_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, n_experts: int = 32,
                          top_k: int = 8, tokens: int = 64, seed: int = 0):
     """(run, flops): one prefill batch of `tokens` tokens, each routed to `top_k` distinct experts of
-    `n_experts` synthetic `fmt` experts, through executor.kernels.moe_cpu."""
-    from executor import kernels
+    `n_experts` synthetic `fmt` experts, through executor.cpu_experts.moe_cpu."""
+    from executor import cpu_experts
     rng = np.random.default_rng(seed)
     gate = _synth_tensor(fmt, n_experts, ffn, hidden, rng)
     up = _synth_tensor(fmt, n_experts, ffn, hidden, rng)
     down = _synth_tensor(fmt, n_experts, hidden, ffn, rng)
     x = rng.standard_normal((tokens, hidden)).astype(np.float32)
     ids = np.argsort(rng.random((tokens, n_experts)), axis=1)[:, :top_k]
-    route = kernels.csr(ids, np.full((tokens, top_k), 1.0 / top_k, np.float32))
+    route = cpu_experts.csr(ids, np.full((tokens, top_k), 1.0 / top_k, np.float32))
     out = np.zeros((tokens, hidden), np.float32)
 
     def run():
         out[:] = 0.0
-        kernels.moe_cpu(gate, up, down, x, *route, out=out)
+        cpu_experts.moe_cpu(gate, up, down, x, *route, out=out)
     return run, 6.0 * hidden * ffn * tokens * top_k
 
 
@@ -298,9 +298,9 @@ def executor_layer_loop(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, n
                         layers: int = 8, head_dim: int = 64, seed: int = 0):
     """(run, dense_bytes, expert_bytes): one decode token through `layers` synthetic layers, each an
     F16 attention block (executor.dense_kernels.attention_step) then top_k of n_experts `fmt`
-    experts (executor.kernels.moe_cpu, rows split across threads: the engine-neutral structure the
+    experts (executor.cpu_experts.moe_cpu, rows split across threads: the engine-neutral structure the
     profile's kernel rates are measured with), as a CPU-only engine runs them; bytes per layer."""
-    from executor import kernels
+    from executor import cpu_experts
     from executor.dense_kernels import attention_step
     rng = np.random.default_rng(seed)
     nh = max(1, hidden // (4 * head_dim))  # a quarter of the hidden width in query heads, half that in K/V
@@ -318,7 +318,7 @@ def executor_layer_loop(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, n
     cos, sin = np.ones((1, head_dim // 2), np.float32), np.zeros((1, head_dim // 2), np.float32)
     kc = np.zeros((1, nkv, 64, head_dim), np.float32)
     vc = np.zeros_like(kc)
-    routes = [kernels.csr(np.argsort(rng.random((1, n_experts)), axis=1)[:, :top_k],
+    routes = [cpu_experts.csr(np.argsort(rng.random((1, n_experts)), axis=1)[:, :top_k],
                           np.full((1, top_k), 1.0 / top_k, np.float32)) for _ in range(4 * layers)]
     state = {"i": 0}
 
@@ -333,7 +333,7 @@ def executor_layer_loop(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, n
                            ones_d, ones_d, cos, sin, nh, nkv, True, True, kc, vc, 32, 1, wo, 1, hidden, a)
             state["i"] += 1
             y[:] = 0.0
-            kernels.moe_cpu(*exp[layer], a, *routes[state["i"] % len(routes)], out=y, whole=False)
+            cpu_experts.moe_cpu(*exp[layer], a, *routes[state["i"] % len(routes)], out=y, whole=False)
     dense = sum(w.nbytes for w in att[0])
     expert = top_k * sum(t.expert_bytes for t in exp[0])
     return run, dense, expert

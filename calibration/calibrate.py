@@ -205,7 +205,7 @@ def _kernel_job(s: Settings, fmt: str, use_exec: bool):
     """(run_job, expert bytes, label) of the CPU expert kernel benchmark for `fmt`."""
     if use_exec:
         job, eb = executor_expert_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes, max_k=max(s.kernel_ks))
-        return job, eb, (f"executor.kernels.moe_cpu@{kernel_version()} {fmt} SwiGLU {s.kernel_hidden}x{s.kernel_ffn}, "
+        return job, eb, (f"executor.cpu_experts.moe_cpu@{kernel_version()} {fmt} SwiGLU {s.kernel_hidden}x{s.kernel_ffn}, "
                          "1 token, rows split across threads")
     job, eb = toy_expert_job(rows=s.kernel_ffn, cols=s.kernel_hidden, pool=2 * max(s.kernel_ks))
     return job, eb, f"toy numba f32 kernel {s.kernel_ffn}x{s.kernel_hidden}"
@@ -272,7 +272,7 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                 run, flops = executor_prefill_job(fmt, s.kernel_hidden, s.kernel_ffn, s.prefill_experts,
                                                   s.prefill_top_k, s.prefill_tokens)
                 r.prefill = bench_prefill(run, flops, s.prefill_repeats,
-                                          label=f"executor.kernels.moe_cpu@{kernel_version()} {fmt} SwiGLU "
+                                          label=f"executor.cpu_experts.moe_cpu@{kernel_version()} {fmt} SwiGLU "
                                                 f"{s.kernel_hidden}x{s.kernel_ffn}",
                                           tokens=s.prefill_tokens, experts=s.prefill_experts,
                                           top_k=s.prefill_top_k, threads=numba.get_num_threads(), tick=tick,

@@ -19,6 +19,7 @@ import time
 import numpy as np
 import torch
 
+from . import cpu_experts as CE
 from . import experts as X
 from . import kernels as K
 from .dense_kernels import attention_step, norm_route
@@ -77,11 +78,11 @@ class CpuStep:
         """Layer i's routed experts, all CPU misses, for h [T, H] routed eid / w [T, k]: x += their sum, in
         place (Experts._forward_cpu's kernels and adds) -> the experts' fields of the trace record."""
         _, _, y, _, _, act = self.bufs
-        experts, offs, tok, wts = K._csr(eid, w, self.keep)
+        experts, offs, tok, wts = CE._csr(eid, w, self.keep)
         args, eb = self.moe[i]
         y.fill(0.0)
         t = time.perf_counter()
-        moe, nthr, whole = K.moe_kernel(experts.shape[0], eb, offs)  # as kernels.moe_cpu
+        moe, nthr, whole = CE.moe_kernel(experts.shape[0], eb, offs)  # as cpu_experts.moe_cpu
         moe(*args, h, experts, offs, tok, wts, act, y, nthr, whole)
         t_cpu = (time.perf_counter() - t) * 1e3
         x += y

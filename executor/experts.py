@@ -19,6 +19,7 @@ import torch.nn.functional as Fn
 from simulator.policies import auction_split, make_cache
 from specs.plan import Plan
 
+from . import cpu_experts as CE
 from . import kernels as K
 from .gguf_model import GGUFModel, ExpertTensor
 
@@ -119,7 +120,7 @@ class Experts:
         t = time.perf_counter()
         # whole experts per thread only when the device is not torch on these same cores: beside it, a
         # thread that loses its core delays its whole experts (cache plans here ran 8% slower so)
-        y = K.moe_cpu(*self.W[layer], x, *routing, whole=self.device.type != "cpu")
+        y = CE.moe_cpu(*self.W[layer], x, *routing, whole=self.device.type != "cpu")
         return y, (time.perf_counter() - t) * 1e3
 
     def forward(self, layer: int, h: torch.Tensor, ids: np.ndarray, w: np.ndarray) -> tuple[torch.Tensor, dict]:
@@ -158,7 +159,7 @@ class Experts:
             if len(cpu) < len(union):
                 keep = np.zeros(self.m.cfg.n_experts, dtype=bool)
                 keep[cpu] = True
-            cpu_args = (layer, xs, K.csr(ids, w, keep))
+            cpu_args = (layer, xs, CE.csr(ids, w, keep))
             if THREAD_ALWAYS or len(dev) or len(pcie):  # overlap: CPU experts on the worker thread, device work here
                 fut = self.pool.submit(self._cpu_job, *cpu_args)
         t0 = time.perf_counter()
@@ -222,10 +223,10 @@ class Experts:
         xs = h.numpy() if h.device.type == "cpu" and h.dtype == torch.float32 else h.detach().float().cpu().numpy()
         if self._all is None:
             self._all = np.ones(self.m.cfg.n_experts, dtype=bool)
-        experts, offs, tok, wts = K._csr(np.ascontiguousarray(ids, dtype=np.int64),
+        experts, offs, tok, wts = CE._csr(np.ascontiguousarray(ids, dtype=np.int64),
                                          np.ascontiguousarray(w, dtype=np.float32), self._all)
         t = time.perf_counter()
-        y = K.moe_cpu(*self.W[layer], xs, experts, offs, tok, wts)
+        y = CE.moe_cpu(*self.W[layer], xs, experts, offs, tok, wts)
         t_cpu = (time.perf_counter() - t) * 1e3
         y = torch.from_numpy(y).to(h.device, h.dtype)
         self.cache.observe(layer, ids.reshape(-1))

@@ -20,6 +20,7 @@ import torch
 from specs.errors import SpecError
 from specs.plan import Plan
 
+from . import cpu_experts as CE
 from . import kernels as K
 from .cpu_step import CpuStep, fits
 from .dense import Dense, KVCache, pick_device
@@ -66,7 +67,7 @@ class Runner:
         self.experts = Experts(self.m, plan, self.device)
         self.k = min(plan.experts_per_token or c.top_k, c.top_k)
         wqkv = self.dense.layers[0]["wqkv"]  # load the kernels' specialisations now, not in the first steps
-        K.warm_up(*self.experts.W[0], wqkv.parts if self.dense.fast and wqkv.parts and len(wqkv.parts) <= 3 else None)
+        CE.warm_up(*self.experts.W[0], wqkv.parts if self.dense.fast and wqkv.parts and len(wqkv.parts) <= 3 else None)
         self.kv = KVCache(c.n_layers, plan.streams, c.n_kv, context, c.head_dim, self.device, torch.float32)
         ep = engram_path(model_path)
         self.engram = Engram(ep, c.hidden) if plan.placement.engram != "none" and ep.exists() else None

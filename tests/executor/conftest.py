@@ -96,3 +96,36 @@ def reference():
 def engram_of():
     """engram_of(model_path) -> its Engram table path."""
     return engram_path
+
+
+class QuantKit:
+    """Random expert tensors in a GGUF type, their gguf dequantisation, and the kernels' tolerance check."""
+
+    @staticmethod
+    def tensor(rng, qt, E, rows, cols):
+        """E random experts [rows, cols] of type qt as an ExpertTensor (bytes as the file holds them)."""
+        from executor.gguf_model import EXPERT_TYPES, ExpertTensor
+        from executor.make_model import _rand_tensor
+        raw = _rand_tensor(rng, (E, rows, cols), qt, cols ** -0.5)
+        data = np.ascontiguousarray(raw).view(np.uint8).reshape(E, rows, -1)
+        return ExpertTensor(data=data, qtype=qt, code=EXPERT_TYPES[qt], rows=rows, cols=cols)
+
+    @staticmethod
+    def deq(w, e: int) -> np.ndarray:
+        """Expert e of w dequantised by the gguf package -> [rows, cols] f32."""
+        raw = w.data[e] if w.qtype != gguf.GGMLQuantizationType.F16 else w.data[e].view(np.float16)
+        return gguf.dequantize(raw, w.qtype).astype(np.float32).reshape(w.rows, w.cols)
+
+    @staticmethod
+    def close(got, want, mag, tol=1e-4):
+        """|got - want| <= tol * mag elementwise, mag = the sum of |terms| (the one-token Q8_0/Q4_0 path
+        quantises activations to int16 per 32-block, <= 1.5e-5 of the block's largest value, so the
+        error scales with the terms, not with a result that cancels)."""
+        err = np.abs(got - want) / (mag + 1e-30)
+        assert err.max() < tol, err.max()
+
+
+@pytest.fixture(scope="session")
+def qk():
+    """QuantKit (session-scoped: hypothesis tests take it)."""
+    return QuantKit

@@ -1,0 +1,283 @@
+"""The routed SwiGLU experts on the CPU: a step's routing grouped by expert (CSR) and the numba expert
+kernels over it, reading the quantised expert tensors in place (the row kernels of kernels.py).
+
+A decode job whose experts split evenly over the threads runs each expert start to end on one
+thread (gate, up, activation, down into the thread's own partial output: one parallel region, no
+barrier); other jobs split each matrix's rows across the threads; small jobs run on the calling
+thread (a parallel region costs more than it saves). Each token is quantised to int16 once per job.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from .kernels import (_FUSED, _ROWS, _SERIAL_BYTES, _parts, _parts_serial, _quant_rows, _rows_matmul, drop_stale_cache,
+                      flat)
+from .simd import silu_mul
+
+drop_stale_cache("cpu_experts", ("kernels.py", "simd.py", "gemm.py"))
+
+
+@njit(fastmath=True, cache=True)
+def _moe_prep(x, experts, offs, tok):
+    """Gather each expert's tokens (CSR order) and their int16 activations -> (xg [M, H], x16, dx, max
+    tokens per expert). Each token is quantised once, however many of its experts run here (decode: 1
+    token and top-k experts, 27 -> 4 us a layer on `small`)."""
+    M, H = tok.shape[0], x.shape[1]
+    q16, qd = _quant_rows(x)  # [T, H], [T, 2 H/32]
+    xg = np.empty((M, H), np.float32)
+    x16 = np.empty((M, H), np.int16)
+    dx = np.empty((M, qd.shape[1]), np.float32)
+    for a in range(M):  # element loops: numba's row assignment xg[a] = x[t] is 3x slower here
+        t = tok[a]
+        for h in range(H):
+            xg[a, h] = x[t, h]
+            x16[a, h] = q16[t, h]
+        for j in range(qd.shape[1]):
+            dx[a, j] = qd[t, j]
+    maxm = 1
+    for i in range(experts.shape[0]):
+        maxm = max(maxm, offs[i + 1] - offs[i])
+    return xg, x16, dx, maxm
+
+
+@njit(fastmath=True, cache=True)
+def _moe_up(it, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, act):
+    """Work item `it` of phase 1: act[a, f] = silu(gate x) * (up x) for one expert and _ROWS rows of F."""
+    nch = (F + _ROWS - 1) // _ROWS
+    i = it // nch
+    r0 = (it % nch) * _ROWS
+    r1 = min(F, r0 + _ROWS)
+    e = experts[i]
+    a0 = offs[i]
+    m = offs[i + 1] - a0
+    g = np.empty((m, _ROWS), np.float32)
+    u = np.empty((m, _ROWS), np.float32)
+    s = slice(a0, a0 + m)
+    _rows_matmul(gc, gd[e], r0, r1, gd.shape[1] // F, xg[s], x16[s], dx[s], g)
+    _rows_matmul(uc, ud[e], r0, r1, ud.shape[1] // F, xg[s], x16[s], dx[s], u)
+    for k in range(m):
+        silu_mul(g[k, :r1 - r0], u[k, :r1 - r0])
+        for r in range(r1 - r0):
+            act[a0 + k, r0 + r] = g[k, r]
+
+
+@njit(fastmath=True, cache=True)
+def _moe_down(it, dd, dc, H, experts, offs, tok, wts, act, a16, da, maxm, out):
+    """Work item `it` of phase 2: _ROWS rows of out [T, H] (owned by this item), summed over experts."""
+    r0 = it * _ROWS
+    r1 = min(H, r0 + _ROWS)
+    y = np.empty((maxm, _ROWS), np.float32)
+    for i in range(experts.shape[0]):
+        e = experts[i]
+        a0 = offs[i]
+        m = offs[i + 1] - a0
+        _rows_matmul(dc, dd[e], r0, r1, dd.shape[1] // H, act[a0:a0 + m], a16[a0:a0 + m], da[a0:a0 + m], y)
+        for k in range(m):
+            t = tok[a0 + k]
+            for r in range(r1 - r0):
+                out[t, r0 + r] += wts[a0 + k] * y[k, r]
+
+
+@njit(fastmath=True, cache=True)
+def _expert_whole(i, gd, gc, ud, uc, dd, dc, F, H, experts, offs, tok, wts, xg, x16, dx, out):
+    """Expert i of the CSR list, start to end on this thread: out[t] += w * down(silu(gate x) * up x) for
+    each of its tokens t (weight w)."""
+    e = experts[i]
+    a0 = offs[i]
+    m = offs[i + 1] - a0
+    s = slice(a0, a0 + m)
+    g = np.empty((m, F), np.float32)  # [m, F]: gate x, then the activation
+    u = np.empty((m, F), np.float32)
+    _rows_matmul(gc, gd[e], 0, F, gd.shape[1] // F, xg[s], x16[s], dx[s], g)
+    _rows_matmul(uc, ud[e], 0, F, ud.shape[1] // F, xg[s], x16[s], dx[s], u)
+    for k in range(m):
+        silu_mul(g[k], u[k])
+    a16, da = _quant_rows(g)
+    y = np.empty((m, H), np.float32)  # [m, H]
+    _rows_matmul(dc, dd[e], 0, H, dd.shape[1] // H, g, a16, da, y)
+    for k in range(m):
+        t = tok[a0 + k]
+        for h in range(H):
+            out[t, h] += wts[a0 + k] * y[k, h]
+
+
+@njit(cache=True)
+def _owners(offs, nthr):
+    """Experts to threads, most tokens first onto the least loaded (longest processing time first)
+    -> owner [n]."""
+    m = offs[1:] - offs[:-1]
+    owner = np.zeros(m.shape[0], np.int64)
+    load = np.zeros(nthr, np.int64)
+    for i in np.argsort(-m, kind="mergesort"):
+        t = np.argmin(load)
+        owner[i] = t
+        load[t] += m[i]
+    return owner
+
+
+@njit(parallel=True, nogil=True, fastmath=True, cache=True)
+def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nthr, whole):
+    """SwiGLU experts: out[t] += sum_a wts[a] * down_e(silu(gate_e x_t) * up_e x_t), CSR by expert.
+
+    gd/ud/dd: flat expert bytes [E, rows * row_bytes]; act [m, F] scratch; nthr the kernel threads.
+    whole (whole_experts_per_thread: the experts split evenly over the threads, as one token's top-k
+    does): each thread runs whole experts into its own partial output, one parallel region and no
+    barrier between the up and the down products (expert GB/s at 2 threads, side by side: 1.07x on
+    `small-q4`, 1.05-1.11x on `small`). Otherwise each matrix's rows split across the threads.
+    """
+    xg, x16, dx, maxm = _moe_prep(x, experts, offs, tok)
+    if whole:
+        owner = _owners(offs, nthr)
+        part = np.zeros((nthr, out.shape[0], H), np.float32)
+        for t in prange(nthr):
+            for i in np.flatnonzero(owner == t):
+                _expert_whole(i, gd, gc, ud, uc, dd, dc, F, H, experts, offs, tok, wts, xg, x16, dx, part[t])
+        for t in range(nthr):
+            out += part[t]
+        return
+    for it in prange(experts.shape[0] * ((F + _ROWS - 1) // _ROWS)):
+        _moe_up(it, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, act)
+    a16, da = _quant_rows(act)
+    for it in prange((H + _ROWS - 1) // _ROWS):
+        _moe_down(it, dd, dc, H, experts, offs, tok, wts, act, a16, da, maxm, out)
+
+
+@njit(nogil=True, fastmath=True, cache=True)
+def _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nthr=1, whole=False):
+    """_moe on the calling thread (little work: a parallel region costs more than it saves); nthr and
+    whole unused."""
+    xg, x16, dx, maxm = _moe_prep(x, experts, offs, tok)
+    for it in range(experts.shape[0] * ((F + _ROWS - 1) // _ROWS)):
+        _moe_up(it, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, act)
+    a16, da = _quant_rows(act)
+    for it in range((H + _ROWS - 1) // _ROWS):
+        _moe_down(it, dd, dc, H, experts, offs, tok, wts, act, a16, da, maxm, out)
+
+
+_WHOLE_BALANCE = 1.1  # most loaded thread / mean (tokens as the load) up to which experts run whole
+
+
+def thread_loads(counts, threads: int) -> np.ndarray:
+    """Tokens per thread when whole experts (tokens routed to each: `counts`) go to `threads` threads
+    as the kernel assigns them (_owners: most tokens first onto the least loaded)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    offs = np.concatenate((np.zeros(1, np.int64), np.cumsum(counts)))
+    return np.bincount(_owners(offs, max(1, threads)), weights=counts, minlength=max(1, threads)).astype(np.int64)
+
+
+def _even_split(n: int, threads: int) -> bool:
+    """Whether n one-token experts split evenly enough over the threads (loads ceil / floor of n / threads)."""
+    return -(-n // threads) * threads <= _WHOLE_BALANCE * n
+
+
+def whole_experts_per_thread(counts, threads: int) -> bool:
+    """True when a CPU job of experts routed by `counts` tokens runs each expert start to end on one
+    thread (one parallel region, no barrier between the up and the down products): at most _FUSED
+    tokens an expert and the busiest thread within 1.1x the mean; else each matrix's rows split."""
+    counts = np.asarray(counts)
+    if counts.size == 0 or counts.max() > _FUSED:
+        return False
+    if counts.max() == 1:
+        return _even_split(counts.size, threads)
+    load = thread_loads(counts, threads)
+    return bool(load.max() * load.size <= _WHOLE_BALANCE * load.sum())
+
+
+@njit(cache=True)
+def _csr(ids, w, keep):
+    """Counting sort of routing ids/w [T, K] by expert, kept experts only (keep [E] bool)."""
+    T, K = ids.shape
+    E = keep.shape[0]
+    cnt = np.zeros(E + 1, np.int64)
+    for t in range(T):
+        for k in range(K):
+            if keep[ids[t, k]]:
+                cnt[ids[t, k] + 1] += 1
+    n = 0
+    for e in range(E):
+        n += cnt[e + 1] > 0
+    experts = np.empty(n, np.int32)
+    offs = np.zeros(n + 1, np.int32)
+    pos = np.zeros(E, np.int64)
+    j = 0
+    for e in range(E):
+        if cnt[e + 1] > 0:
+            experts[j] = e
+            offs[j + 1] = offs[j] + cnt[e + 1]
+            pos[e] = offs[j]
+            j += 1
+    tok = np.empty(offs[n], np.int32)
+    wts = np.empty(offs[n], np.float32)
+    for t in range(T):  # token order within an expert
+        for k in range(K):
+            e = ids[t, k]
+            if keep[e]:
+                tok[pos[e]] = t
+                wts[pos[e]] = w[t, k]
+                pos[e] += 1
+    return experts, offs, tok, wts
+
+
+def csr(experts_per_tok: np.ndarray, weights: np.ndarray, keep=None):
+    """Group routing [T, K] by expert -> (experts int32 [n], offs [n+1], tok [m], wts [m]).
+
+    keep: None (all), a bool mask [E] or a predicate on expert ids: the experts this tier computes.
+    """
+    ids = np.ascontiguousarray(experts_per_tok, dtype=np.int64)
+    E = int(ids.max()) + 1 if ids.size else 0
+    if keep is None:
+        mask = np.ones(E, dtype=bool)
+    elif callable(keep):
+        mask = np.array([bool(keep(e)) for e in range(E)], dtype=bool)
+    else:
+        mask = np.asarray(keep, dtype=bool)
+    return _csr(ids, np.ascontiguousarray(weights, dtype=np.float32), mask)
+
+
+def moe_kernel(n_experts: int, expert_bytes: int, offs, whole: bool = True) -> tuple:
+    """(kernel, nthr, whole) for a CPU job of n_experts experts: the serial kernel when the work is
+    small, else the parallel one with whole experts per thread when `whole` is allowed and
+    whole_experts_per_thread says so for the job's tokens per expert."""
+    if n_experts * expert_bytes < _SERIAL_BYTES:
+        return _moe_serial, 1, False
+    nthr = numba.get_num_threads()
+    if whole and int(offs[n_experts]) == n_experts:  # one token an expert (decode), decided without numpy
+        return _moe, nthr, _even_split(n_experts, nthr)  # (8 us a layer less)
+    return _moe, nthr, bool(whole and whole_experts_per_thread(np.diff(offs), nthr))
+
+
+def moe_cpu(gate, up, down, x: np.ndarray, experts, offs, tok, wts, out: np.ndarray | None = None,
+            whole: bool = True) -> np.ndarray:
+    """Routed SwiGLU experts on the CPU for x [T, H] (CSR routing), in place from the mmap -> [T, H] f32.
+    whole=False: rows split across threads even where whole experts per thread would balance."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if out is None:
+        out = np.zeros((x.shape[0], down.rows), np.float32)
+    act = np.empty((max(1, tok.shape[0]), gate.rows), np.float32)
+    if experts.shape[0]:
+        fn, nthr, w = moe_kernel(experts.shape[0], gate.expert_bytes + up.expert_bytes + down.expert_bytes,
+                                 offs, whole)
+        fn(flat(gate), gate.code, flat(up), up.code, flat(down), down.code, gate.rows, down.rows,
+           x, experts, offs, tok, wts, act, out, nthr, w)
+    return out
+
+
+def warm_up(gate, up, down, parts=None) -> None:
+    """Load (or compile) the serial and the parallel expert kernels, and the stacked-matrix ones for
+    `parts` when given, for these weights' array types: one expert of real weights, one zero token, so
+    a step's first call does not pay for it (numba loads a specialisation at its first call)."""
+    x = np.zeros((1, down.rows), np.float32)
+    experts, offs, tok, wts = csr(np.zeros((1, 1), np.int64), np.ones((1, 1), np.float32))
+    act = np.empty((1, gate.rows), np.float32)
+    out = np.zeros_like(x)
+    for fn in (_moe_serial, _moe):
+        fn(flat(gate), gate.code, flat(up), up.code, flat(down), down.code, gate.rows, down.rows,
+           x, experts, offs, tok, wts, act, out, numba.get_num_threads(), False)
+    if parts:
+        xp = np.zeros((1, parts[0][3]), np.float32)
+        ps = list(parts) + [(parts[0][0][:0], parts[0][1], 0, None)] * (3 - len(parts))
+        o = np.empty((1, sum(q[2] for q in parts)), np.float32)
+        for fn in (_parts_serial, _parts):
+            fn(ps[0][0], ps[0][1], ps[0][2], ps[1][0], ps[1][1], ps[1][2], ps[2][0], ps[2][1], ps[2][2], xp, o)

@@ -1,0 +1,104 @@
+"""The routed SwiGLU experts on the CPU (executor/cpu_experts.py) match dequantise-then-matmul
+(gguf.dequantize), over shapes, types and thread counts; the job's structure follows its balance."""
+from __future__ import annotations
+
+import gguf
+import numba
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from executor import cpu_experts as CE
+from executor import kernels as K
+
+QT = gguf.GGMLQuantizationType
+TYPES = [QT.Q8_0, QT.Q4_0, QT.F16]
+
+
+@settings(max_examples=40, deadline=None)
+@given(types=st.tuples(*[st.sampled_from(TYPES)] * 3), H32=st.integers(1, 6), F32=st.integers(1, 6),
+       T=st.integers(1, 24), k=st.integers(1, 4), seed=st.integers(0, 2**31))
+def test_moe_matches_dequantised(qk, types, H32, F32, T, k, seed):
+    rng = np.random.default_rng(seed)
+    E, H, F = 6, H32 * 32, F32 * 32
+    g, u = qk.tensor(rng, types[0], E, F, H), qk.tensor(rng, types[1], E, F, H)
+    d = qk.tensor(rng, types[2], E, H, F)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    ids = np.stack([rng.choice(E, k, replace=False) for _ in range(T)])
+    wts = rng.random((T, k)).astype(np.float32)
+    got = CE.moe_cpu(g, u, d, x, *CE.csr(ids, wts))
+    want = np.zeros((T, H), np.float32)
+    mag = np.zeros((T, H), np.float32)
+    for t in range(T):
+        for e, we in zip(ids[t], wts[t]):
+            a = qk.deq(g, e) @ x[t]
+            act = a / (1 + np.exp(-a)) * (qk.deq(u, e) @ x[t])
+            want[t] += we * (qk.deq(d, e) @ act)
+            mag[t] += we * (np.abs(qk.deq(d, e)) @ np.abs(act))
+    qk.close(got, want, mag + np.abs(want).max(axis=1, keepdims=True), tol=2e-4)
+
+
+def test_moe_subset_of_experts(qk):
+    """csr(keep=...) computes only the kept experts (the CPU tier's share of a layer)."""
+    rng = np.random.default_rng(1)
+    g, u, d = (qk.tensor(rng, QT.Q8_0, 5, 64, 64) for _ in range(3))
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    ids, wts = np.array([[0, 1], [1, 2]]), np.ones((2, 2), np.float32)
+    full = CE.moe_cpu(g, u, d, x, *CE.csr(ids, wts))
+    part = CE.moe_cpu(g, u, d, x, *CE.csr(ids, wts, keep=lambda e: e != 1))
+    rest = CE.moe_cpu(g, u, d, x, *CE.csr(ids, wts, keep=lambda e: e == 1))
+    np.testing.assert_allclose(part + rest, full, rtol=1e-5, atol=1e-6)
+
+
+def _moe_direct(fn, g, u, d, x, routing, nthr, whole):
+    experts, offs, tok, wts = routing
+    out = np.zeros((x.shape[0], d.rows), np.float32)
+    act = np.empty((max(1, tok.shape[0]), g.rows), np.float32)
+    fn(K.flat(g), g.code, K.flat(u), u.code, K.flat(d), d.code, g.rows, d.rows, x, experts, offs, tok, wts, act,
+       out, nthr, whole)
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(types=st.tuples(*[st.sampled_from(TYPES)] * 3), H32=st.integers(1, 6), F32=st.integers(1, 6),
+       T=st.integers(1, 3), k=st.integers(1, 6), nthr=st.integers(1, 4), seed=st.integers(0, 2**31))
+def test_parallel_moe_paths_match_serial(qk, types, H32, F32, T, k, nthr, seed):
+    """The parallel kernel gives the serial kernel's output on both of its paths: whole experts per
+    thread (any nthr, balanced or not) and each matrix's rows split across the threads."""
+    rng = np.random.default_rng(seed)
+    E, H, F = 8, H32 * 32, F32 * 32
+    g, u = qk.tensor(rng, types[0], E, F, H), qk.tensor(rng, types[1], E, F, H)
+    d = qk.tensor(rng, types[2], E, H, F)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    routing = CE.csr(np.stack([rng.choice(E, k, replace=False) for _ in range(T)]),
+                    rng.random((T, k)).astype(np.float32))
+    want = _moe_direct(CE._moe_serial, g, u, d, x, routing, 1, False)
+    for whole in (True, False):
+        got = _moe_direct(CE._moe, g, u, d, x, routing, nthr, whole)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_whole_experts_per_thread_when_the_job_balances():
+    """A CPU job runs whole experts per thread (the executor's decode) when, tokens as the load and
+    most tokens first onto the least loaded thread, the busiest thread has at most 1.1x the mean and
+    no expert has more than 8 tokens: one token's top-8 on 2 threads does (4 / 4); 3 experts on 2
+    threads do not (2 / 1: rows split); nor do 16-token prefill experts."""
+    assert list(CE.thread_loads([1] * 8, 2)) == [4, 4] and CE.whole_experts_per_thread([1] * 8, 2)
+    assert sorted(CE.thread_loads([1] * 3, 2)) == [1, 2] and not CE.whole_experts_per_thread([1] * 3, 2)
+    assert CE.whole_experts_per_thread([2, 1, 1], 2)  # 2 / 2
+    assert not CE.whole_experts_per_thread([16] * 4, 2)
+    assert CE.whole_experts_per_thread([1], 1) and not CE.whole_experts_per_thread([], 2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 40), threads=st.integers(1, 8))
+def test_decode_kernel_choice_agrees_with_whole_experts_per_thread(n, threads):
+    """moe_kernel decides a decode job (one token an expert) from offs alone, without numpy; it picks
+    whole experts per thread exactly when whole_experts_per_thread does on the same counts."""
+    offs = np.arange(n + 1, dtype=np.int32)
+    with_threads = min(threads, numba.config.NUMBA_NUM_THREADS)
+    numba.set_num_threads(with_threads)
+    try:
+        _, nthr, whole = CE.moe_kernel(n, K._SERIAL_BYTES, offs)
+    finally:
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    assert whole == CE.whole_experts_per_thread([1] * n, nthr)
