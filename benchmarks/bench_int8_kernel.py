@@ -171,7 +171,8 @@ def max_rel_error(fmt: str) -> tuple[float, float]:
         g, u = deq(gate, e) @ x, deq(up, e) @ x
         ref += wt * (deq(down, e) @ (g / (1 + np.exp(-g)) * u))
     i8 = moe_i8(gate, up, down, x, ex, w)
-    i16 = cpu_experts.moe_cpu(gate, up, down, x[None], *cpu_experts.csr(ex[None].astype(np.int64), w[None]), whole=False)[0]
+    route = cpu_experts.csr(ex[None].astype(np.int64), w[None])
+    i16 = cpu_experts.moe_cpu(gate, up, down, x[None], *route, whole=False)[0]
     scale = np.abs(ref).max()
     return float(np.abs(i8 - ref).max() / scale), float(np.abs(i16 - ref).max() / scale)
 

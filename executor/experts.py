@@ -224,7 +224,7 @@ class Experts:
         if self._all is None:
             self._all = np.ones(self.m.cfg.n_experts, dtype=bool)
         experts, offs, tok, wts = CE._csr(np.ascontiguousarray(ids, dtype=np.int64),
-                                         np.ascontiguousarray(w, dtype=np.float32), self._all)
+                                          np.ascontiguousarray(w, dtype=np.float32), self._all)
         t = time.perf_counter()
         y = CE.moe_cpu(*self.W[layer], xs, experts, offs, tok, wts)
         t_cpu = (time.perf_counter() - t) * 1e3
