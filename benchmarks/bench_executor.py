@@ -7,7 +7,8 @@ Q4_0 (decode-like: top-k random experts of every layer of `small` / `small-q4`, 
 ratio to the bandwidth (the run's highest read, and paired round by round with a read just before),
 beside the same kernels with rows split across threads; all-CPU decode of
 `small` against its bandwidth ceiling (bytes read per token / bandwidth); Python overhead per layer;
-resident memory added by executing `small`.
+the cost of an OpenMP region that wakes sleeping kernel threads; resident memory added by executing
+`small`.
 """
 from __future__ import annotations
 
@@ -93,6 +94,23 @@ def kernel_gbs(path: Path, reps: int = 24, pool: np.ndarray | None = None) -> di
     return {k: float(np.median(v)) for k, v in rates.items() if v}
 
 
+def region_us(idle_us: float, reps: int = 200) -> float:
+    """Median us of an empty parallel region (numba's OpenMP pool) started `idle_us` after the last one
+    ended, the main thread busy meanwhile, as it is between a layer's kernels: the kernel threads spin
+    for a while (GOMP_SPINCOUNT), then sleep, and waking a sleeping one costs far more."""
+    a = np.zeros(2, np.uint64)
+    K._sum_u64(a)
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < idle_us * 1e-6:
+            pass
+        t = time.perf_counter()
+        K._sum_u64(a)
+        ts.append(time.perf_counter() - t)
+    return float(np.median(ts) * 1e6)
+
+
 def decode(path: Path, threads: int, prompt: int, gen: int, streams: int = 1) -> dict:
     """All-CPU decode of `path`: tok/s, bytes per token, per-layer breakdown, memory added."""
     plan = Plan(placement=Placement(engram="none", dense="cpu"), cpu_threads=threads, streams=streams)
@@ -131,6 +149,7 @@ def measure(paths: dict, a) -> dict:
     res["kernel_rows_gbs"] = {k: v["rows"] for k, v in both.items()}
     res["kernel_paired"] = {k: {"ratio": v["paired"], "read_gbs": v["read"]} for k, v in both.items()}
     bw1 = K.read_bandwidth(1 << 30)
+    res["region_us"] = {"after 0 us": region_us(0), "after 500 us": region_us(500)}
     res["tiny"] = decode(paths["tiny"], a.threads, a.prompt, a.gen)
     res["small"] = sm = decode(paths["small"], a.threads, a.prompt, a.gen)
     bw2 = K.read_bandwidth(1 << 30)
@@ -193,6 +212,9 @@ def main() -> None:
     print(f"per layer (small): {json.dumps({k: round(v, 3) for k, v in sm['per_layer_ms'].items()})} ms; "
           f"overhead {sm['overhead_per_layer_ms']:.3f} ms/layer")
     print(f"tiny: {res['tiny']['itl_p50_ms'] / 4:.3f} ms per layer (compute negligible: overhead bound)")
+    rg = res["region_us"]
+    print(f"an empty parallel region: {rg['after 0 us']:.1f} us right after another, {rg['after 500 us']:.1f} us after "
+          f"500 us without one (the kernel threads asleep; GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', 'unset')})")
     print(f"RSS added executing small: {sm['rss_anon_added_mb']:.0f} MB anonymous "
           f"(file-backed {sm['rss_file_mb']:.0f} MB of a {sm['file_gb']:.2f} GB file)")
     if a.json:
