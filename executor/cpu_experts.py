@@ -236,11 +236,12 @@ def csr(experts_per_tok: np.ndarray, weights: np.ndarray, keep=None):
     return _csr(ids, np.ascontiguousarray(weights, dtype=np.float32), mask)
 
 
-def moe_kernel(n_experts: int, expert_bytes: int, offs, whole: bool = True) -> tuple:
+def moe_kernel(n_experts: int, expert_bytes: int, offs, whole: bool = True,
+               serial_bytes: int = _SERIAL_BYTES) -> tuple:
     """(kernel, nthr, whole) for a CPU job of n_experts experts: the serial kernel when the work is
-    small, else the parallel one with whole experts per thread when `whole` is allowed and
+    under serial_bytes, else the parallel one with whole experts per thread when `whole` is allowed and
     whole_experts_per_thread says so for the job's tokens per expert."""
-    if n_experts * expert_bytes < _SERIAL_BYTES:
+    if n_experts * expert_bytes < serial_bytes:
         return _moe_serial, 1, False
     nthr = numba.get_num_threads()
     if whole and int(offs[n_experts]) == n_experts:  # one token an expert (decode), decided without numpy
@@ -249,16 +250,18 @@ def moe_kernel(n_experts: int, expert_bytes: int, offs, whole: bool = True) -> t
 
 
 def moe_cpu(gate, up, down, x: np.ndarray, experts, offs, tok, wts, out: np.ndarray | None = None,
-            whole: bool = True) -> np.ndarray:
+            whole: bool = True, serial_bytes: int = _SERIAL_BYTES) -> np.ndarray:
     """Routed SwiGLU experts on the CPU for x [T, H] (CSR routing), in place from the mmap -> [T, H] f32.
-    whole=False: rows split across threads even where whole experts per thread would balance."""
+    whole=False: rows split across threads even where whole experts per thread would balance;
+    serial_bytes: the job size below which it runs on this thread (kernels.SERIAL_BYTES_HOT where
+    nothing else computes on the cores meanwhile)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     if out is None:
         out = np.zeros((x.shape[0], down.rows), np.float32)
     act = np.empty((max(1, tok.shape[0]), gate.rows), np.float32)
     if experts.shape[0]:
         fn, nthr, w = moe_kernel(experts.shape[0], gate.expert_bytes + up.expert_bytes + down.expert_bytes,
-                                 offs, whole)
+                                 offs, whole, serial_bytes)
         fn(flat(gate), gate.code, flat(up), up.code, flat(down), down.code, gate.rows, down.rows,
            x, experts, offs, tok, wts, act, out, nthr, w)
     return out

@@ -82,7 +82,8 @@ class CpuStep:
         args, eb = self.moe[i]
         y.fill(0.0)
         t = time.perf_counter()
-        moe, nthr, whole = CE.moe_kernel(experts.shape[0], eb, offs)  # as cpu_experts.moe_cpu
+        # as cpu_experts.moe_cpu, but small jobs too in a parallel region: nothing else runs here
+        moe, nthr, whole = CE.moe_kernel(experts.shape[0], eb, offs, serial_bytes=K.SERIAL_BYTES_HOT)
         moe(*args, h, experts, offs, tok, wts, act, y, nthr, whole)
         t_cpu = (time.perf_counter() - t) * 1e3
         x += y

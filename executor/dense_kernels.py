@@ -8,7 +8,7 @@ import numba
 import numpy as np
 from numba import njit
 
-from .kernels import _SERIAL_BYTES, _parts, _parts_serial, drop_stale_cache
+from .kernels import SERIAL_BYTES_HOT, _parts, _parts_serial, drop_stale_cache
 
 drop_stale_cache("dense_kernels", ("kernels.py", "simd.py", "gemm.py"))
 # attention_step calls a parallel kernel from compiled code, which finds numba's thread pool
@@ -148,8 +148,9 @@ def qk_post(qkv, qn, kn, eps, cos, sin, nh, nkv, neox, norm):
 
 @njit(nogil=True, fastmath=True, cache=True)
 def _stacked(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, out):
-    """out = x [W0; W1; W2]^T across threads, or on this thread when the work is small."""
-    if (w0.shape[0] + w1.shape[0] + w2.shape[0]) * x.shape[0] < _SERIAL_BYTES:
+    """out = x [W0; W1; W2]^T across threads, or on this thread when the work is small (SERIAL_BYTES_HOT:
+    an attention block runs with nothing else on the cores)."""
+    if (w0.shape[0] + w1.shape[0] + w2.shape[0]) * x.shape[0] < SERIAL_BYTES_HOT:
         _parts_serial(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, out)
     else:
         _parts(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, out)

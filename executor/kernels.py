@@ -137,6 +137,16 @@ def _matmul_serial(wd, code, R, x, out):
 
 
 _SERIAL_BYTES = 1 << 20  # weight bytes x tokens below which _matmul_serial is used
+# The same where nothing else computes on these cores between a layer's kernels (the CPU step; an
+# attention block). A parallel region costs ~2 us while the kernel threads still spin from the last
+# one, 43-46 us once they sleep (after ~100 us idle: GOMP_SPINCOUNT, executor/__init__.py;
+# bench_executor.py prints both): small products in regions of their own keep them spinning. 1 MB ->
+# 128 KB on all-CPU decode, three alternating rounds, quiet: `tiny` 1,342-1,532 -> 1,941-2,595 tok/s,
+# the llama-bench fixture's shape 414-455 -> 485-780, `small` unchanged (its products are larger);
+# beside a busy process `tiny` 613-858 -> 1,568-2,085, the fixture 170-219 -> 150-167. Beside torch
+# on the same cores (a CPU device's cache plans) the 1 MB threshold stays: there a parallel job of
+# small experts races torch's threads for the two cores.
+SERIAL_BYTES_HOT = 128 << 10
 
 
 def flat(w) -> np.ndarray:
