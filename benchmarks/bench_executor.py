@@ -57,18 +57,11 @@ def warm(path: Path) -> None:
             pass
 
 
-def read_once(pool: np.ndarray) -> float:
-    """GB/s of one parallel numba sum over `pool` (uint64): the read bandwidth of this moment."""
-    t = time.perf_counter()
-    K._sum_u64(pool)
-    return pool.nbytes / (time.perf_counter() - t) / 1e9
-
-
 def kernel_gbs(path: Path, reps: int = 24, pool: np.ndarray | None = None) -> dict:
     """GB/s of expert bytes the CPU kernel reads: top-k random experts per layer, one token, all layers,
     median of `reps`; 'whole' (whole experts per thread, the executor's decode) and 'rows' (each
     matrix's rows split across the threads) on the same routes, in alternating order. With `pool`,
-    each round first reads it once (read_once): 'paired' is the median of whole / that read, the
+    each round first reads it once (kernels.read_bandwidth, one pass): 'paired' is the median of whole / that read, the
     kernel against the bandwidth of the same moment (this VM's bus drifts 31-45 GB/s in spells)."""
     m = GGUFModel(path)
     c = m.cfg
@@ -80,7 +73,7 @@ def kernel_gbs(path: Path, reps: int = 24, pool: np.ndarray | None = None) -> di
     rates: dict[str, list[float]] = {"whole": [], "rows": [], "paired": [], "read": []}
     for r in range(reps):
         if pool is not None:
-            rates["read"].append(read_once(pool))
+            rates["read"].append(K.read_bandwidth(pool=pool, repeat=1))
         routes = [CE.csr(rng.choice(c.n_experts, c.top_k, replace=False)[None, :],
                         np.full((1, c.top_k), 1 / c.top_k, np.float32)) for _ in range(c.n_layers)]
         for how in (("whole", "rows") if r % 2 == 0 else ("rows", "whole")):
@@ -141,18 +134,17 @@ def measure(paths: dict, a) -> dict:
     """One full set of measurements (bandwidth, kernels, decode)."""
     res: dict = {"threads": a.threads}
     j0 = cpu_jiffies()
-    bw0 = K.read_bandwidth(1 << 30)
-    pool = np.ones((1 << 30) // 8, np.uint64)
+    pool = np.ones((1 << 30) // 8, np.uint64)  # 1 GiB, allocated once for every read of the run
+    bw0 = K.read_bandwidth(pool=pool)
     both = {"Q8_0": kernel_gbs(paths["small"], pool=pool), "Q4_0": kernel_gbs(paths["small-q4"], pool=pool)}
-    del pool
     res["kernel_gbs"] = {k: v["whole"] for k, v in both.items()}  # the executor's decode path
     res["kernel_rows_gbs"] = {k: v["rows"] for k, v in both.items()}
     res["kernel_paired"] = {k: {"ratio": v["paired"], "read_gbs": v["read"]} for k, v in both.items()}
-    bw1 = K.read_bandwidth(1 << 30)
+    bw1 = K.read_bandwidth(pool=pool)
     res["region_us"] = {"after 0 us": region_us(0), "after 500 us": region_us(500)}
     res["tiny"] = decode(paths["tiny"], a.threads, a.prompt, a.gen)
     res["small"] = sm = decode(paths["small"], a.threads, a.prompt, a.gen)
-    bw2 = K.read_bandwidth(1 << 30)
+    bw2 = K.read_bandwidth(pool=pool)
     bw = max(bw0, bw1, bw2)  # the best of the run: the strictest denominator
     res["read_bandwidth_gbs"] = {"before": bw0, "after": bw1, "end": bw2, "used": bw}
     res["kernel_vs_bandwidth"] = {k: v / bw for k, v in res["kernel_gbs"].items()}

@@ -223,9 +223,11 @@ def _sum_u64(a):
     return s
 
 
-def read_bandwidth(nbytes: int = 1 << 30, repeat: int = 5) -> float:
-    """Measured memory read bandwidth (GB/s, best of `repeat`) of a parallel numba sum over nbytes."""
-    a = np.ones(nbytes // 8, np.uint64)
+def read_bandwidth(nbytes: int = 1 << 30, repeat: int = 5, pool: np.ndarray | None = None) -> float:
+    """Measured memory read bandwidth (GB/s, best of `repeat`) of a parallel numba sum over nbytes (or
+    over `pool`, uint64, allocated once by a caller that reads often)."""
+    a = np.ones(nbytes // 8, np.uint64) if pool is None else pool
+    nbytes = a.nbytes
     _sum_u64(a[:1024])
     best = 0.0
     for _ in range(repeat):
