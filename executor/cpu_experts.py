@@ -55,8 +55,8 @@ def _moe_up(it, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, act):
     g = np.empty((m, _ROWS), np.float32)
     u = np.empty((m, _ROWS), np.float32)
     s = slice(a0, a0 + m)
-    _rows_matmul(gc, gd[e], r0, r1, gd.shape[1] // F, xg[s], x16[s], dx[s], g)
-    _rows_matmul(uc, ud[e], r0, r1, ud.shape[1] // F, xg[s], x16[s], dx[s], u)
+    _rows_matmul(gc, gd[e], r0, r1, gd.shape[1] // F, xg[s], x16[s], dx[s], g, 0)
+    _rows_matmul(uc, ud[e], r0, r1, ud.shape[1] // F, xg[s], x16[s], dx[s], u, 0)
     for k in range(m):
         silu_mul(g[k, :r1 - r0], u[k, :r1 - r0])
         for r in range(r1 - r0):
@@ -73,7 +73,7 @@ def _moe_down(it, dd, dc, H, experts, offs, tok, wts, act, a16, da, maxm, out):
         e = experts[i]
         a0 = offs[i]
         m = offs[i + 1] - a0
-        _rows_matmul(dc, dd[e], r0, r1, dd.shape[1] // H, act[a0:a0 + m], a16[a0:a0 + m], da[a0:a0 + m], y)
+        _rows_matmul(dc, dd[e], r0, r1, dd.shape[1] // H, act[a0:a0 + m], a16[a0:a0 + m], da[a0:a0 + m], y, 0)
         for k in range(m):
             t = tok[a0 + k]
             for r in range(r1 - r0):
@@ -90,13 +90,13 @@ def _expert_whole(i, gd, gc, ud, uc, dd, dc, F, H, experts, offs, tok, wts, xg, 
     s = slice(a0, a0 + m)
     g = np.empty((m, F), np.float32)  # [m, F]: gate x, then the activation
     u = np.empty((m, F), np.float32)
-    _rows_matmul(gc, gd[e], 0, F, gd.shape[1] // F, xg[s], x16[s], dx[s], g)
-    _rows_matmul(uc, ud[e], 0, F, ud.shape[1] // F, xg[s], x16[s], dx[s], u)
+    _rows_matmul(gc, gd[e], 0, F, gd.shape[1] // F, xg[s], x16[s], dx[s], g, 0)
+    _rows_matmul(uc, ud[e], 0, F, ud.shape[1] // F, xg[s], x16[s], dx[s], u, 0)
     for k in range(m):
         silu_mul(g[k], u[k])
     a16, da = _quant_rows(g)
     y = np.empty((m, H), np.float32)  # [m, H]
-    _rows_matmul(dc, dd[e], 0, H, dd.shape[1] // H, g, a16, da, y)
+    _rows_matmul(dc, dd[e], 0, H, dd.shape[1] // H, g, a16, da, y, 0)
     for k in range(m):
         t = tok[a0 + k]
         for h in range(H):

@@ -9,6 +9,7 @@ import torch.nn.functional as Fn
 
 from . import dense_kernels as dk
 from . import kernels as kern
+from .attention import attn_cached
 from .gemm import deq_rows
 from .gguf_model import EXPERT_TYPES, GGUFModel
 
@@ -91,15 +92,16 @@ class Linear:
         """Bytes read per token."""
         return sum(p[0].nbytes for p in self.parts) if self.parts else self.w.numel() * self.w.element_size()
 
-    def np(self, x2: np.ndarray) -> np.ndarray:
-        """CPU: x2 [T, cols] float32 -> [T, rows] float32 numpy (stacked parts in one kernel call)."""
+    def np(self, x2: np.ndarray, serial_bytes: int = kern._SERIAL_BYTES) -> np.ndarray:
+        """CPU: x2 [T, cols] float32 -> [T, rows] float32 numpy (stacked parts in one kernel call; weight
+        bytes x tokens under serial_bytes on the calling thread)."""
         if self.w is not None:
             return Fn.linear(torch.from_numpy(x2), self.w).numpy()
         if self._stack is not None:  # kernels.linear_parts without its per-call argument building
             x2 = np.ascontiguousarray(x2, dtype=np.float32)
             out = np.empty((x2.shape[0], self.rows), np.float32)
             args, nbytes = self._stack
-            (kern._parts_serial if nbytes * x2.shape[0] < kern._SERIAL_BYTES else kern._parts)(*args, x2, out)
+            (kern._parts_serial if nbytes * x2.shape[0] < serial_bytes else kern._parts)(*args, x2, out)
             return out
         return np.concatenate([kern.linear(flat, code, rows, x2) for flat, code, rows, _ in self.parts], axis=1)
 
@@ -170,11 +172,12 @@ class Dense:
         return out
 
     def head_np(self, x: np.ndarray) -> np.ndarray:
-        """head() for the CPU path: last hidden states x [S, H] f32 numpy -> logits [S, V] f32 numpy."""
+        """head() for the CPU path: last hidden states x [S, H] f32 numpy -> logits [S, V] f32 numpy (nothing
+        else computes on the cores here: products above SERIAL_BYTES_HOT across threads, same bits)."""
         xs = np.ascontiguousarray(x)
         h = np.empty_like(xs)
         dk.rms_rows(xs, self._out_norm_np, self.c.eps, h)
-        return self.out.np(h)
+        return self.out.np(h, kern.SERIAL_BYTES_HOT)
 
     def _rope_np(self, need: int, ctx: int) -> tuple[np.ndarray, np.ndarray]:
         """numpy views of the rotary cos / sin table covering `need` positions (at least ctx)."""
@@ -209,7 +212,7 @@ class Dense:
         dk.qk_post(qkv, qn, kn, c.eps, cos[p0:p0 + n], sin[p0:p0 + n], c.n_heads, c.n_kv,
                      c.rope_style == "neox", c.qk_norm)
         o = np.empty((T, c.n_heads * c.head_dim), np.float32)
-        dk.attn_cached(qkv, kc, vc, p0, n, c.n_heads, c.n_kv, o)
+        attn_cached(qkv, kc, vc, p0, n, c.n_heads, c.n_kv, o)
         return torch.from_numpy(L["wo"].np(o)).view(S, n, H)
 
     def attention(self, i: int, x: torch.Tensor, kv: KVCache) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Numba kernels of the dense path on the CPU: norms, Q/K norm and RoPE, cached GQA attention, the
+"""Numba kernels of the dense path on the CPU: norms, Q/K norm and RoPE, the
 router's top-k, and `attention_step`, which runs a layer's whole attention block in one call (the
 per-call cost of five separate kernels and their numpy glue was ~0.1 ms a layer, as much as the
 bytes of a small model's attention weights take to read)."""
@@ -8,61 +8,13 @@ import numba
 import numpy as np
 from numba import njit
 
+from .attention import attn_cached
 from .kernels import SERIAL_BYTES_HOT, _parts, _parts_serial, drop_stale_cache
 
-drop_stale_cache("dense_kernels", ("kernels.py", "simd.py", "gemm.py"))
+drop_stale_cache("dense_kernels", ("kernels.py", "simd.py", "gemm.py", "attention.py"))
 # attention_step calls a parallel kernel from compiled code, which finds numba's thread pool
 # running only if a call from Python started it: without this, a first call segfaults.
 numba.get_num_threads()
-
-
-@njit(fastmath=True, cache=True)
-def attn_cached(qkv, kc, vc, p0, n, nh, nkv, out):
-    """Causal GQA attention of new tokens on the CPU: qkv [S * n, nh + 2 nkv, hd] (Q and K already normed
-    and rotated); stores K / V of the n new tokens at p0.. of the caches kc / vc [S, nkv, ctx, hd], then
-    out[s * n + j, h * hd:(h + 1) * hd] = softmax(q . K[: p0 + j + 1] / sqrt(hd)) V."""
-    hd = qkv.shape[2]
-    S = qkv.shape[0] // n
-    g = nh // nkv
-    scale = np.float32(1.0) / np.sqrt(np.float32(hd))
-    for s in range(S):
-        for j in range(n):
-            for h in range(nkv):
-                for d in range(hd):
-                    kc[s, h, p0 + j, d] = qkv[s * n + j, nh + h, d]
-                    vc[s, h, p0 + j, d] = qkv[s * n + j, nh + nkv + h, d]
-    sc = np.empty(p0 + n, np.float32)
-    acc = np.empty(hd, np.float32)
-    for s in range(S):
-        for j in range(n):
-            T = p0 + j + 1
-            for h in range(nh):
-                kv = h // g
-                q = qkv[s * n + j, h]
-                m = np.float32(-np.inf)
-                for t in range(T):
-                    kt = kc[s, kv, t]
-                    a = np.float32(0.0)
-                    for d in range(hd):
-                        a += q[d] * kt[d]
-                    a *= scale
-                    sc[t] = a
-                    m = max(m, a)
-                z = np.float32(0.0)
-                for t in range(T):
-                    e = np.exp(sc[t] - m)
-                    sc[t] = e
-                    z += e
-                for d in range(hd):
-                    acc[d] = 0.0
-                for t in range(T):
-                    vt = vc[s, kv, t]
-                    p = sc[t]
-                    for d in range(hd):
-                        acc[d] += p * vt[d]
-                inv = np.float32(1.0) / z
-                for d in range(hd):
-                    out[s * n + j, h * hd + d] = acc[d] * inv
 
 
 @njit(fastmath=True, cache=True)

@@ -93,8 +93,8 @@ def _block4x1(w0, w1, w2, w3, x0, res, k, r):
 
 
 @njit(fastmath=True)
-def deq_matmul(code, w, r0, r1, rb, X, res):
-    """res[k, r - r0] = row_r . X[k] for rows [r0, r1) of flat bytes w (row stride rb) and the m
+def deq_matmul(code, w, r0, r1, rb, X, res, off):
+    """res[k, off + r - r0] = row_r . X[k] for rows [r0, r1) of flat bytes w (row stride rb) and the m
     tokens of X [m, cols]; each row is dequantised once."""
     m, cols = X.shape
     qk = _U(cols // (cols // 32))  # 32, but opaque to LLVM (a constant trip count unrolls into gathers)
@@ -116,7 +116,7 @@ def deq_matmul(code, w, r0, r1, rb, X, res):
             k += 1
         for kk in range(m):
             for i in range(nr):
-                res[kk, r - r0 + i] = out[kk, i]
+                res[kk, off + r - r0 + i] = out[kk, i]
         r += nr
 
 

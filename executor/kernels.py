@@ -46,8 +46,8 @@ _FUSED = 8  # tokens per expert up to which each token gets fused in-place dots
 
 
 @njit(fastmath=True)
-def _rows_dot(code, w, r0, r1, rb, x, x16, dx, res):
-    """res[r - r0] = row_r . x for rows [r0, r1) of flat expert bytes w (row stride rb).
+def _rows_dot(code, w, r0, r1, rb, x, x16, dx, res, off):
+    """res[off + r - r0] = row_r . x for rows [r0, r1) of flat expert bytes w (row stride rb).
 
     Q8_0 / Q4_0 use the int16 activations x16 * dx, F16 the float32 x (simd.py intrinsics).
     """
@@ -55,45 +55,45 @@ def _rows_dot(code, w, r0, r1, rb, x, x16, dx, res):
     r = r0
     if code == Q8_0:
         while r + 8 <= r1:
-            rows8_q8(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(r - r0))
+            rows8_q8(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(off + r - r0))
             r += 8
         while r + 4 <= r1:
-            rows4_q8(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(r - r0))
+            rows4_q8(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(off + r - r0))
             r += 4
         while r < r1:
-            rows1_q8(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(r - r0))
+            rows1_q8(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(off + r - r0))
             r += 1
     elif code == Q4_0:
         while r + 8 <= r1:
-            rows8_q4(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(r - r0))
+            rows8_q4(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(off + r - r0))
             r += 8
         while r + 4 <= r1:
-            rows4_q4(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(r - r0))
+            rows4_q4(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(off + r - r0))
             r += 4
         while r < r1:
-            rows1_q4(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(r - r0))
+            rows1_q4(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(off + r - r0))
             r += 1
     else:  # F16: float32 activations, exact products
         nc = np.int64(x.shape[0] // 16)
         while r + 4 <= r1:
-            rows4_f16(w, np.int64(r * rb), np.int64(rb), x, dx, nc, res, np.int64(r - r0))
+            rows4_f16(w, np.int64(r * rb), np.int64(rb), x, dx, nc, res, np.int64(off + r - r0))
             r += 4
         while r < r1:
-            rows1_f16(w, np.int64(r * rb), np.int64(rb), x, dx, nc, res, np.int64(r - r0))
+            rows1_f16(w, np.int64(r * rb), np.int64(rb), x, dx, nc, res, np.int64(off + r - r0))
             r += 1
 
 
 @njit(fastmath=True)
-def _rows_matmul(code, w, r0, r1, rb, X, X16, DX, res):
-    """res[k, r - r0] = row_r . X[k] for the m rows of X [m, cols]: fused in-place dots per token up to
+def _rows_matmul(code, w, r0, r1, rb, X, X16, DX, res, off):
+    """res[k, off + r - r0] = row_r . X[k] for the m rows of X [m, cols]: fused in-place dots per token up to
     _FUSED tokens (the weight rows stay in L1/L2), else the rows are dequantised once and multiplied
     with every token in register blocks (prefill; gemm.py)."""
     m = X.shape[0]
     if m <= _FUSED:
         for k in range(m):
-            _rows_dot(code, w, r0, r1, rb, X[k], X16[k], DX[k], res[k])
+            _rows_dot(code, w, r0, r1, rb, X[k], X16[k], DX[k], res[k], off)
         return
-    deq_matmul(code, w, r0, r1, rb, X, res)
+    deq_matmul(code, w, r0, r1, rb, X, res, off)
 
 
 @njit(fastmath=True, cache=True)
@@ -109,15 +109,10 @@ def _quant_rows(x):
 
 @njit(fastmath=True, cache=True)
 def _chunk_off(wd, code, R, x, x16, dx, it, out, off):
-    """Rows [it * _ROWS, (it + 1) * _ROWS) of W (R rows) into columns off + r of out [T, *] = x W^T."""
-    T = x.shape[0]
+    """Rows [it * _ROWS, (it + 1) * _ROWS) of W (R rows) into columns off + r of out [T, *] = x W^T, in
+    place (a scratch block per item and its copy cost ~30% of a short-row product: `tiny`'s head)."""
     r0 = it * _ROWS
-    r1 = min(R, r0 + _ROWS)
-    res = np.empty((T, _ROWS), np.float32)
-    _rows_matmul(code, wd, r0, r1, wd.shape[0] // R, x, x16, dx, res)
-    for t in range(T):
-        for r in range(r1 - r0):
-            out[t, off + r0 + r] = res[t, r]
+    _rows_matmul(code, wd, r0, min(R, r0 + _ROWS), wd.shape[0] // R, x, x16, dx, out, off + r0)
 
 
 @njit(parallel=True, nogil=True, fastmath=True, cache=True)
@@ -132,8 +127,7 @@ def _matmul(wd, code, R, x, out):
 def _matmul_serial(wd, code, R, x, out):
     """_matmul on the calling thread (small matrices: a parallel region costs more than it saves)."""
     x16, dx = _quant_rows(x)
-    for it in range((R + _ROWS - 1) // _ROWS):
-        _chunk_off(wd, code, R, x, x16, dx, it, out, 0)
+    _rows_matmul(code, wd, 0, R, wd.shape[0] // R, x, x16, dx, out, 0)
 
 
 _SERIAL_BYTES = 1 << 20  # weight bytes x tokens below which _matmul_serial is used
@@ -194,11 +188,15 @@ def _parts(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, out):
 
 @njit(nogil=True, fastmath=True, cache=True)
 def _parts_serial(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, out):
-    """_parts on the calling thread."""
+    """_parts on the calling thread, each matrix in one call (no row chunks: their calls cost ~30% of a
+    short-row product, `tiny`'s)."""
     x16, dx = _quant_rows(x)
-    n = (R0 + _ROWS - 1) // _ROWS + (R1 + _ROWS - 1) // _ROWS + (R2 + _ROWS - 1) // _ROWS
-    for it in range(n):
-        _parts_item(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, x16, dx, it, out)
+    if R0:
+        _rows_matmul(c0, w0, 0, R0, w0.shape[0] // R0, x, x16, dx, out, 0)
+    if R1:
+        _rows_matmul(c1, w1, 0, R1, w1.shape[0] // R1, x, x16, dx, out, R0)
+    if R2:
+        _rows_matmul(c2, w2, 0, R2, w2.shape[0] // R2, x, x16, dx, out, R0 + R1)
 
 
 def linear_parts(parts, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
