@@ -148,8 +148,9 @@ _ROW_BYTES = {"F16": lambda c: 2 * c, "Q8_0": lambda c: c // 32 * 34, "Q4_0": la
 
 
 def kernel_version() -> str:
-    """Short hash of the executor's kernel sources (cpu_experts.py, kernels.py and the modules beside
-    them that they import), so a calibration names the kernel build it belongs to; '' when absent."""
+    """Short hash of the executor's kernel sources (the expert, row and attention kernels and the
+    modules beside them that they import), so a calibration names the kernel build it belongs to; ''
+    when absent."""
     import hashlib
     try:
         from executor import kernels
@@ -157,7 +158,7 @@ def kernel_version() -> str:
         return ""
     here = Path(kernels.__file__).resolve().parent
     h = hashlib.sha256()
-    for name in ("cpu_experts.py", "kernels.py", "simd.py", "gemm.py"):
+    for name in ("cpu_experts.py", "kernels.py", "simd.py", "gemm.py", "dense_kernels.py", "attention.py"):
         f = here / name
         if f.is_file():
             h.update(f.read_bytes())

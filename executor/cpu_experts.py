@@ -17,6 +17,9 @@ from .kernels import (_FUSED, _ROWS, _SERIAL_BYTES, _parts, _parts_serial, _quan
 from .simd import silu_mul
 
 drop_stale_cache("cpu_experts", ("kernels.py", "simd.py", "gemm.py"))
+# moe_routed calls a parallel kernel from compiled code, which finds numba's thread pool running only
+# if a call from Python started it (as in dense_kernels)
+numba.get_num_threads()
 
 
 @njit(fastmath=True, cache=True)
@@ -247,6 +250,39 @@ def moe_kernel(n_experts: int, expert_bytes: int, offs, whole: bool = True,
     if whole and int(offs[n_experts]) == n_experts:  # one token an expert (decode), decided without numpy
         return _moe, nthr, _even_split(n_experts, nthr)  # (8 us a layer less)
     return _moe, nthr, bool(whole and whole_experts_per_thread(np.diff(offs), nthr))
+
+
+@njit(cache=True)
+def _whole(offs, nthr):
+    """whole_experts_per_thread for the CSR offsets offs [n + 1], in numba."""
+    n = offs.shape[0] - 1
+    if offs[n] == n:  # one token an expert (decode)
+        return -(-n // nthr) * nthr <= _WHOLE_BALANCE * n
+    for i in range(n):
+        if offs[i + 1] - offs[i] > _FUSED:
+            return False
+    owner = _owners(offs, nthr)
+    load = np.zeros(nthr, np.int64)
+    for i in range(n):
+        load[owner[i]] += offs[i + 1] - offs[i]
+    return load.max() * nthr <= _WHOLE_BALANCE * load.sum()
+
+
+@njit(nogil=True, fastmath=True, cache=True)
+def moe_routed(gd, gc, ud, uc, dd, dc, F, H, x, ids, w, keep, act, out, expert_bytes, serial_bytes, nthr):
+    """A layer's routed experts in one call from Python: the CSR of the routing ids / w [T, k] (experts
+    with keep[e] only), moe_kernel's choice (serial under serial_bytes, else nthr threads, whole experts
+    per thread where they balance) and the SwiGLU experts, out[t] += sum_a w_a expert_a(x_t)
+    -> the experts run, int32 [n]. Three calls and their glue from Python cost ~5 us a layer more."""
+    experts, offs, tok, wts = _csr(ids, w, keep)
+    n = experts.shape[0]
+    if n == 0:
+        return experts
+    if n * expert_bytes < serial_bytes:
+        _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, 1, False)
+    else:
+        _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nthr, _whole(offs, nthr))
+    return experts
 
 
 def moe_cpu(gate, up, down, x: np.ndarray, experts, offs, tok, wts, out: np.ndarray | None = None,

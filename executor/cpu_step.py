@@ -1,14 +1,14 @@
 """The CPU dense path without torch glue: the residual stream is a numpy array [T, H] (T = S streams x
 n new tokens), each layer calls the numba kernels straight from here (attention block, norm + router)
 with arguments bound once and scratch buffers reused across steps; when every routed expert of a
-layer is a CPU miss (no device slots, not a static layer, the `cpu` miss policy) the CSR and the
-SwiGLU expert kernel are called here too, else Experts.forward takes the layer's experts (device
-tiers in torch). On a small model the torch glue of the general step (tensor wrapping, small ops at
+layer is a CPU miss (no device slots, not a static layer, the `cpu` miss policy) the experts' kernel
+(cpu_experts.moe_routed: the CSR, the kernel choice and the SwiGLU experts in one call) is called
+here too, else Experts.forward takes the layer's experts (device tiers in torch). On a small model the torch glue of the general step (tensor wrapping, small ops at
 ~2-10 us each, buffers allocated per call) cost as much as the kernels themselves.
 
 The kernels, their arguments and the order of every floating-point add are those of the general
-step, so results are bitwise the same. The kernels are called from Python, not from a fused numba
-function: numba links a callee's code into each caller, and which copy a later call binds to depends
+step, so results are bitwise the same. The layer's kernels are called from Python, not from one fused
+numba function: numba links a callee's code into each caller, and which copy a later call binds to depends
 on load order, which moved logits by ~1e-4 when the two paths ran in one process.
 Runner.step takes this path when the dense weights are read in place on the CPU.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 
+import numba
 import numpy as np
 import torch
 
@@ -76,15 +77,13 @@ class CpuStep:
 
     def _cpu_experts(self, i: int, h: np.ndarray, eid: np.ndarray, w: np.ndarray, x: np.ndarray) -> dict:
         """Layer i's routed experts, all CPU misses, for h [T, H] routed eid / w [T, k]: x += their sum, in
-        place (Experts._forward_cpu's kernels and adds) -> the experts' fields of the trace record."""
+        place (Experts._forward_cpu's kernel call and add) -> the experts' fields of the trace record."""
         _, _, y, _, _, act = self.bufs
-        experts, offs, tok, wts = CE._csr(eid, w, self.keep)
         args, eb = self.moe[i]
         y.fill(0.0)
         t = time.perf_counter()
-        # as cpu_experts.moe_cpu, but small jobs too in a parallel region: nothing else runs here
-        moe, nthr, whole = CE.moe_kernel(experts.shape[0], eb, offs, serial_bytes=K.SERIAL_BYTES_HOT)
-        moe(*args, h, experts, offs, tok, wts, act, y, nthr, whole)
+        # as Experts._forward_cpu: small jobs too in a parallel region, since nothing else runs here
+        experts = CE.moe_routed(*args, h, eid, w, self.keep, act, y, eb, K.SERIAL_BYTES_HOT, self.nthr)
         t_cpu = (time.perf_counter() - t) * 1e3
         x += y
         self.r.experts.cache.observe(i, eid.reshape(-1))
@@ -101,6 +100,7 @@ class CpuStep:
         for s in range(S):
             r.hist[s].extend(ids[s].tolist())
         a, h, _, eid, w, _ = self._buffers(T)
+        self.nthr = numba.get_num_threads()
         cos, sin = self.cos[p0:p0 + n], self.sin[p0:p0 + n]  # [n, hd/2]
         trace, eng = r.trace, r.engram
         ex = r.experts

@@ -12,6 +12,7 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
+import numba
 import numpy as np
 import torch
 import torch.nn.functional as Fn
@@ -223,10 +224,16 @@ class Experts:
         xs = h.numpy() if h.device.type == "cpu" and h.dtype == torch.float32 else h.detach().float().cpu().numpy()
         if self._all is None:
             self._all = np.ones(self.m.cfg.n_experts, dtype=bool)
-        experts, offs, tok, wts = CE._csr(np.ascontiguousarray(ids, dtype=np.int64),
-                                          np.ascontiguousarray(w, dtype=np.float32), self._all)
+        g, u, d = self.W[layer]
+        xs = np.ascontiguousarray(xs, dtype=np.float32)
+        y = np.zeros((xs.shape[0], d.rows), np.float32)
+        act = np.empty((max(1, ids.size), g.rows), np.float32)
         t = time.perf_counter()
-        y = CE.moe_cpu(*self.W[layer], xs, experts, offs, tok, wts, serial_bytes=K.SERIAL_BYTES_HOT)  # alone here
+        experts = CE.moe_routed(K.flat(g), g.code, K.flat(u), u.code, K.flat(d), d.code, g.rows, d.rows, xs,
+                                np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(w, dtype=np.float32),
+                                self._all, act, y, g.expert_bytes + u.expert_bytes + d.expert_bytes,
+                                K.SERIAL_BYTES_HOT,  # alone here
+                                numba.get_num_threads())
         t_cpu = (time.perf_counter() - t) * 1e3
         y = torch.from_numpy(y).to(h.device, h.dtype)
         self.cache.observe(layer, ids.reshape(-1))

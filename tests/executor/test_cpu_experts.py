@@ -102,3 +102,34 @@ def test_decode_kernel_choice_agrees_with_whole_experts_per_thread(n, threads):
     finally:
         numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
     assert whole == CE.whole_experts_per_thread([1] * n, nthr)
+
+
+@settings(max_examples=80, deadline=None)
+@given(counts=st.lists(st.integers(1, 12), min_size=1, max_size=24), threads=st.integers(1, 8))
+def test_routed_kernel_choice_agrees_with_whole_experts_per_thread(counts, threads):
+    """moe_routed's choice in numba (_whole) is whole_experts_per_thread's on any tokens per expert."""
+    offs = np.concatenate(([0], np.cumsum(counts))).astype(np.int32)
+    assert CE._whole(offs, threads) == CE.whole_experts_per_thread(counts, threads)
+
+
+@settings(max_examples=25, deadline=None)
+@given(types=st.tuples(*[st.sampled_from(TYPES)] * 3), T=st.integers(1, 12), k=st.integers(1, 4),
+       serial=st.sampled_from([0, 1 << 40]), seed=st.integers(0, 2**31))
+def test_moe_routed_matches_moe_cpu(qk, types, T, k, serial, seed):
+    """One call (CSR, kernel choice, experts) gives moe_cpu's output on the same routing, on the
+    parallel path (serial_bytes 0) and the serial one, kept experts only where keep says so."""
+    rng = np.random.default_rng(seed)
+    E, H, F = 8, 64, 96
+    g, u = qk.tensor(rng, types[0], E, F, H), qk.tensor(rng, types[1], E, F, H)
+    d = qk.tensor(rng, types[2], E, H, F)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    ids = np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int64)
+    wts = rng.random((T, k)).astype(np.float32)
+    keep = rng.random(E) < 0.7
+    want = CE.moe_cpu(g, u, d, x, *CE.csr(ids, wts, keep), serial_bytes=serial)
+    got = np.zeros((T, H), np.float32)
+    act = np.empty((T * k, F), np.float32)
+    run = CE.moe_routed(K.flat(g), g.code, K.flat(u), u.code, K.flat(d), d.code, F, H, x, ids, wts, keep, act, got,
+                        g.expert_bytes + u.expert_bytes + d.expert_bytes, serial, numba.get_num_threads())
+    assert sorted(run.tolist()) == sorted(set(ids[:, :][keep[ids]].tolist()))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(want).max()))
