@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .kernels import drop_stale_cache
+from .kernels import drop_stale_cache, prange_only
 from .simd import exp32
 
 drop_stale_cache("attention", ("simd.py", "kernels.py"))
@@ -77,7 +77,7 @@ def _append(qkv, kc, vc, p0, n, nh, nkv):
                 vc[s, h, p0 + j, d] = qkv[r, nh + nkv + h, d]
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=prange_only(), fastmath=True, cache=True)
 def _attend_all(qkv, kc, vc, p0, n, nh, nkv, out):
     """_attend for every item across threads, in LANES interleaved lanes (lane c takes items c, c + LANES,
     ...: a prompt's later tokens see more keys, so contiguous shares would be unbalanced), each with one

@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit, prange
 
 from .kernels import (_FUSED, _ROWS, _SERIAL_BYTES, _parts, _parts_serial, _quant_rows, _rows_matmul, drop_stale_cache,
-                      flat)
+                      flat, prange_only)
 from .simd import silu_mul
 
 drop_stale_cache("cpu_experts", ("kernels.py", "simd.py", "gemm.py"))
@@ -120,7 +120,7 @@ def _owners(offs, nthr):
     return owner
 
 
-@njit(parallel=True, nogil=True, fastmath=True, cache=True)
+@njit(parallel=prange_only(), nogil=True, fastmath=True, cache=True)
 def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nthr, whole):
     """SwiGLU experts: out[t] += sum_a wts[a] * down_e(silu(gate_e x_t) * up_e x_t), CSR by expert.
 
@@ -135,8 +135,9 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nth
         owner = _owners(offs, nthr)
         part = np.zeros((nthr, out.shape[0], H), np.float32)
         for t in prange(nthr):
-            for i in np.flatnonzero(owner == t):
-                _expert_whole(i, gd, gc, ud, uc, dd, dc, F, H, experts, offs, tok, wts, xg, x16, dx, part[t])
+            for i in range(owner.shape[0]):
+                if owner[i] == t:
+                    _expert_whole(i, gd, gc, ud, uc, dd, dc, F, H, experts, offs, tok, wts, xg, x16, dx, part[t])
         for t in range(nthr):
             out += part[t]
         return

@@ -41,6 +41,15 @@ drop_stale_cache("kernels", ("simd.py", "gemm.py"))
 
 F16, Q8_0, Q4_0 = 1, 2, 3
 
+
+def prange_only() -> dict:
+    """njit's `parallel` option for kernels whose only parallel loop is a prange. parallel=True also turns
+    the array expressions around it (np.zeros, out += a, a == t) into parallel regions of their own,
+    ~2 us each where one suffices: cpu_experts._moe paid four a decode layer (4 of `tiny`'s ~28 us).
+    A new dict each call: numba's ParallelOptions consumes the dict it is given."""
+    return dict(prange=True, comprehension=False, reduction=False, inplace_binop=False, setitem=False,
+                numpy=False, stencil=False, fusion=False)
+
 _ROWS = 32  # rows per parallel work item (16 -> 32: ~5% on Q4_0 expert GB/s, fewer item switches)
 _FUSED = 8  # tokens per expert up to which each token gets fused in-place dots
 
@@ -115,7 +124,7 @@ def _chunk_off(wd, code, R, x, x16, dx, it, out, off):
     _rows_matmul(code, wd, r0, min(R, r0 + _ROWS), wd.shape[0] // R, x, x16, dx, out, off + r0)
 
 
-@njit(parallel=True, nogil=True, fastmath=True, cache=True)
+@njit(parallel=prange_only(), nogil=True, fastmath=True, cache=True)
 def _matmul(wd, code, R, x, out):
     """out[t, r] = W[r] . x[t] for one matrix (flat bytes wd, in place), rows across threads."""
     x16, dx = _quant_rows(x)
@@ -177,7 +186,7 @@ def _parts_item(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, x16, dx, it, out):
         _chunk_off(w2, c2, R2, x, x16, dx, it - n0 - n1, out, R0 + R1)
 
 
-@njit(parallel=True, nogil=True, fastmath=True, cache=True)
+@njit(parallel=prange_only(), nogil=True, fastmath=True, cache=True)
 def _parts(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, out):
     """out [T, R0 + R1 + R2] = x [W0; W1; W2]^T: one activation quantisation, rows across threads."""
     x16, dx = _quant_rows(x)
