@@ -5,8 +5,8 @@ rows): scores against the cached keys, softmax, the weighted sum of the cached v
 contiguous rows so the loops over the head dimension vectorise. Softmax uses simd.exp32, which
 vectorises; numba's np.exp is a scalar libm call per score. Items run across threads when there is
 enough of them (a prompt, or a long context; a parallel region costs ~2 us while the threads spin):
-decode at a 4,000-token context and a 512-token prompt take about half the time they took on one
-thread (README, "Attention").
+decode at a 4,000-token context and a 512-token prompt take 0.4-0.6x the time of the single-thread
+kernel before (README, the row "attention and short products on the CPU"; `benchmarks/bench_attention.py`).
 """
 from __future__ import annotations
 
