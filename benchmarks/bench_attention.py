@@ -10,6 +10,7 @@ dense_kernels.py), so two versions can be timed in alternating processes. Median
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=400)
     a = ap.parse_args()
     sys.path.insert(0, a.root)
-    import executor  # noqa: F401  (sets the OpenMP spin before numba loads it)
+    importlib.import_module("executor")  # first: sets the OpenMP spin before numba loads it
     try:
         from executor.attention import attn_cached
     except ImportError:
