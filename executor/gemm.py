@@ -9,22 +9,17 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .simd import f32_from_f16_bits
+
 F16, Q8_0, Q4_0 = 1, 2, 3
 _U = np.uint64
 
-# 2**(e-25) for half exponents e (e = 0: subnormal scale 2**-24)
-_EXP = np.array([2.0 ** -24] + [2.0 ** (e - 25) for e in range(1, 32)], dtype=np.float32)
-_TWO112 = np.float32(2.0 ** 112)
 
 
 @njit(inline="always")
 def h2f(lo, hi):
     """fp16 (two little-endian bytes) -> float32."""
-    h = np.int32(lo) | (np.int32(hi) << 8)
-    e = (h >> 10) & 31
-    m = h & 1023
-    v = np.float32(m + (1024 if e > 0 else 0)) * _EXP[e]
-    return -v if h & 0x8000 else v
+    return f32_from_f16_bits(np.int32(lo) | (np.int32(hi) << 8))
 
 
 @njit(fastmath=True, inline="always")
@@ -32,26 +27,22 @@ def deq_row(code, w, o0, buf, qk):
     """Dequantise the row at byte o0 of flat bytes w into buf float32 [cols]."""
     n = _U(buf.shape[0])
     if code == F16:
-        ib = buf.view(np.int32)
         for j in range(n):
-            h = np.int32(w[o0 + _U(2) * j]) | (np.int32(w[o0 + _U(2) * j + _U(1)]) << 8)
-            ib[j] = ((h & 0x8000) << 16) | ((h & 0x7FFF) << 13)
-        for j in range(n):
-            buf[j] *= _TWO112
+            buf[j] = h2f(w[o0 + _U(2) * j], w[o0 + _U(2) * j + _U(1)])
     elif code == Q8_0:
         for b in range(n // _U(32)):
             o = o0 + _U(b) * _U(34)
             d = h2f(w[o], w[o + _U(1)])
             for j in range(qk):
                 buf[_U(b) * _U(32) + j] = np.float32(np.int8(w[o + _U(2) + j])) * d
-    else:
+    else:  # low nibbles are values 0..15 of the block, high ones 16..31: two unit-stride loops
         for b in range(n // _U(32)):
             o = o0 + _U(b) * _U(18)
             d = h2f(w[o], w[o + _U(1)])
             for j in range(qk // _U(2)):
-                q = np.int32(w[o + _U(2) + j])
-                buf[_U(b) * _U(32) + j] = np.float32((q & 15) - 8) * d
-                buf[_U(b) * _U(32) + _U(16) + j] = np.float32((q >> 4) - 8) * d
+                buf[_U(b) * _U(32) + j] = np.float32((np.int32(w[o + _U(2) + j]) & 15) - 8) * d
+            for j in range(qk // _U(2)):
+                buf[_U(b) * _U(32) + _U(16) + j] = np.float32((np.int32(w[o + _U(2) + j]) >> 4) - 8) * d
 
 
 @njit(fastmath=True)

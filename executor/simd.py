@@ -324,6 +324,15 @@ def f32_from_bits(typingctx, i):
     return types.float32(types.int32), gen
 
 
+@intrinsic
+def f32_from_f16_bits(typingctx, i):
+    """The float32 value of the fp16 whose bits are the low 16 of int32 i (fpext: vcvtph2ps with F16C,
+    vectorised in loops; a libgcc call without it)."""
+    def gen(context, builder, sig, args):
+        return builder.fpext(builder.bitcast(builder.trunc(args[0], I16), ir.HalfType()), F32)
+    return types.float32(types.int32), gen
+
+
 @njit(fastmath=True, error_model="numpy", inline="always")
 def exp32(x):
     """e**x for float32 x in [-87, 88] (clamped), as Cephes' expf: 2**n e**r with |r| <= ln2 / 2 and a
