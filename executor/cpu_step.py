@@ -3,13 +3,14 @@ n new tokens), each layer calls the numba kernels straight from here (attention 
 with arguments bound once and scratch buffers reused across steps; when every routed expert of a
 layer is a CPU miss (no device slots, not a static layer, the `cpu` miss policy) the experts' kernel
 (cpu_experts.moe_routed: the CSR, the kernel choice and the SwiGLU experts in one call) is called
-here too, else Experts.forward takes the layer's experts (device tiers in torch). On a small model the torch glue of the general step (tensor wrapping, small ops at
-~2-10 us each, buffers allocated per call) cost as much as the kernels themselves.
+here too, else Experts.forward takes the layer's experts (device tiers in torch). On a small model the
+torch glue of the general step (tensor wrapping, small ops at ~2-10 us each, buffers allocated per
+call) cost as much as the kernels themselves.
 
 The kernels, their arguments and the order of every floating-point add are those of the general
-step, so results are bitwise the same. The layer's kernels are called from Python, not from one fused
-numba function: numba links a callee's code into each caller, and which copy a later call binds to depends
-on load order, which moved logits by ~1e-4 when the two paths ran in one process.
+step, so results are bitwise the same. The layer's kernels are called from Python, not from one
+fused numba function: numba links a callee's code into each caller, and which copy a later call binds
+to depends on load order, which moved logits by ~1e-4 when the two paths ran in one process.
 Runner.step takes this path when the dense weights are read in place on the CPU.
 """
 from __future__ import annotations
