@@ -35,6 +35,8 @@ dense weights are read at its VRAM rate, and these are read off the records:
 
 t_dense_ms holds no Engram time (traces before t_engram_ms did: read as 0 rows, 0 ms), so the
 per-layer constants do not absorb it.
+A step's host time outside its layers (sampling, bookkeeping) is on its last record as t_host_ms
+(traces before it: 0); layer_overhead_ms takes it in through the step means, spread over the layers.
 
 Errors: per trace, the summed step time the fitted per-layer model gives for the trace's own
 hits and misses (and Engram rows) against the measured sum, in sample and leave-one-trace-out.
@@ -210,8 +212,8 @@ def fit(traces: dict[str, list[dict]], model, dense_gbs: float, threads: int,
         _engram_row_us([r for recs in traces.values() for r in recs])
     dense_ms = model.dense_bytes_per_token / model.n_layers / (dense_gbs * 1e6)
     def rest(r):  # a layer's time beyond its measured expert work
-        return r["t_dense_ms"] + r["t_experts_ms"] - r["t_dev_ms"] - r.get("t_wait_ms", 0.0) \
-            - (r["t_cpu_ms"] if _inline(r) else 0.0)
+        return r["t_dense_ms"] + r.get("t_host_ms", 0.0) + r["t_experts_ms"] - r["t_dev_ms"] \
+            - r.get("t_wait_ms", 0.0) - (r["t_cpu_ms"] if _inline(r) else 0.0)
     # steps without device work pin the host's own per-layer rest; layers with device work cost more
     # (the device tier's dispatch), fitted apart so that a plan without it is not charged for it
     dev = lambda r: bool(r["hits"] or r.get("pcie"))  # noqa: E731
@@ -245,7 +247,7 @@ def fit(traces: dict[str, list[dict]], model, dense_gbs: float, threads: int,
 
     def beyond(r):  # what further tokens cost beyond the mechanism (prefill-measured rates)
         fd, fv, fc = _further_ms(r, f, model, threads)
-        return (r["t_dense_ms"] + r["t_experts_ms"] - dense_ms - f.layer_overhead_ms - fd
+        return (r["t_dense_ms"] + r.get("t_host_ms", 0.0) + r["t_experts_ms"] - dense_ms - f.layer_overhead_ms - fd
                 - _expert_part(r, f, _DDR_UNUSED, model.expert_bytes, 0.0, 0.0, (0.0, fv, fc)))
     multi = [x for recs in traces.values()
              for x in _step_means([r for r in recs if r["phase"] == "decode" and r["tokens"] > 1], model, beyond)]
@@ -289,7 +291,7 @@ def replay_error(recs: list[dict], f: HostFit, model, dense_gbs: float, ddr_gbs:
                  + (f.overlap_layer_ms if both else f.device_layer_ms if dev else 0.0)
                  + _expert_part(r, f, ddr_gbs, model.expert_bytes, dev_eb, handover_ms, fu)
                  + r.get("engram_rows", 0) * f.engram_row_us / 1e3)
-    meas = sum(r["t_dense_ms"] + r["t_experts_ms"] + r.get("t_engram_ms", 0.0) for r in dec)
+    meas = sum(r["t_dense_ms"] + r.get("t_host_ms", 0.0) + r["t_experts_ms"] + r.get("t_engram_ms", 0.0) for r in dec)
     return pred / meas - 1
 
 

@@ -143,7 +143,7 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nth
         return
     for it in prange(experts.shape[0] * ((F + _ROWS - 1) // _ROWS)):
         _moe_up(it, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, act)
-    a16, da = _quant_rows(act)
+    a16, da = _quant_rows(act[:tok.shape[0]])  # the rows phase 1 wrote (act may be longer)
     for it in prange((H + _ROWS - 1) // _ROWS):
         _moe_down(it, dd, dc, H, experts, offs, tok, wts, act, a16, da, maxm, out)
 
@@ -155,7 +155,7 @@ def _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, o
     xg, x16, dx, maxm = _moe_prep(x, experts, offs, tok)
     for it in range(experts.shape[0] * ((F + _ROWS - 1) // _ROWS)):
         _moe_up(it, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, act)
-    a16, da = _quant_rows(act)
+    a16, da = _quant_rows(act[:tok.shape[0]])  # the rows phase 1 wrote (act may be longer)
     for it in range((H + _ROWS - 1) // _ROWS):
         _moe_down(it, dd, dc, H, experts, offs, tok, wts, act, a16, da, maxm, out)
 

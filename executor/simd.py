@@ -369,7 +369,9 @@ def quant16(x, x16, dx):
         m = np.float32(0.0)
         for j in range(32):
             m = max(m, abs(x[b * 32 + j]))
-        d = m / np.float32(32767.0) if m > 0 else np.float32(1.0)
+        d = m / np.float32(32767.0)
+        if not d > 0:  # an all-zero block, or one so small (< 2**-134) that the scale underflows
+            d = np.float32(1.0)
         inv = np.float32(1.0) / d
         s = 0
         for j in range(32):  # even positions first, then odd ones (the layout _rows expects)

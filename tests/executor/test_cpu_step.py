@@ -11,7 +11,7 @@ from executor.cpu_step import fits
 from executor.runner import Runner, default_prompts
 from specs.plan import ExpertCache, MissPolicy, Placement, Plan
 
-TIMES = {"t_dense_ms", "t_engram_ms", "t_experts_ms", "t_cpu_ms", "t_dev_ms", "t_wait_ms",
+TIMES = {"t_dense_ms", "t_engram_ms", "t_experts_ms", "t_cpu_ms", "t_dev_ms", "t_wait_ms", "t_host_ms",
          "engram_major_faults"}  # measured, so free to differ between the runs (faults: the page cache's state)
 
 
@@ -83,3 +83,22 @@ def test_serial_and_parallel_products_same_bits(dense, T, seed):
         K._parts_serial(*args, x, a)
         K._parts(*args, x, b)
         assert np.array_equal(a, b)
+
+
+def test_step_records_add_up_to_the_inter_token_latency(tiny):
+    """A decode step's host time outside its layers (sampling, bookkeeping) is on its last record as
+    t_host_ms, so its records' times add up to its measured inter-token latency; 0 on the others."""
+    plan = Plan(placement=Placement(engram="none"))
+    r = Runner(plan, tiny, 12)
+    try:
+        _, times, _ = r.generate(default_prompts(1, 4, r.c.vocab), 6)
+    finally:
+        r.experts.close()
+    L = r.c.n_layers
+    dec = [x for x in r.trace if x["phase"] == "decode"]
+    steps = [dec[i:i + L] for i in range(0, len(dec), L)]
+    assert len(steps) == len(times["itl_s"]) == 5
+    for s, itl in zip(steps, times["itl_s"]):
+        assert all(x["t_host_ms"] == 0.0 for x in s[:-1]) and s[-1]["t_host_ms"] > 0
+        total = sum(x["t_dense_ms"] + x["t_experts_ms"] + x["t_engram_ms"] + x["t_host_ms"] for x in s)
+        assert total == pytest.approx(itl * 1e3, rel=1e-9)

@@ -5,7 +5,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 from numba import njit
 
-from executor.simd import exp32, silu_mul
+from executor.simd import exp32, quant16, silu_mul
 
 
 @njit
@@ -36,3 +36,13 @@ def test_silu_mul_matches_float64(n, scale, seed):
     want = g64 / (1 + np.exp(-g64)) * u64
     silu_mul(g, u)
     assert np.all(np.abs(g - want) <= 1e-6 * (np.abs(g64 * u64) + 1e-30))
+
+
+def test_quant16_blocks_too_small_for_a_scale():
+    """A block whose largest value is so small that max / 32767 underflows to 0 (or an all-zero block)
+    quantises to zeros with scale 1, instead of dividing by zero."""
+    x = np.zeros(64, np.float32)
+    x[:32] = np.float32(1e-44)  # a subnormal: 1e-44 / 32767 == 0 in float32
+    x16, dx = np.empty(64, np.int16), np.empty(4, np.float32)
+    quant16(x, x16, dx)
+    assert not x16.any() and list(dx) == [1.0, 1.0, 0.0, 0.0]
