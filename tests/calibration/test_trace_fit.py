@@ -145,8 +145,8 @@ def test_fit_reduces_simulator_error(runs):
     The baseline had been the stand-in base profile's CPU rates. Once the executor ran at about those
     rates (session 9's kernel changes), that comparison measured the stand-ins, not the fit: in
     sample the fit then lost (0.18 against 0.07). Known gap: on a host-sharing device the cache plan
-    is predicted 33-58% fast, since the device rate is fitted on layers whose experts are all
-    resident and nothing charges the hits and the CPU job for sharing the cores."""
+    is predicted 33-58% fast (af47982 included), since the device rate is fitted on layers whose
+    experts are all resident and nothing charges the hits and the CPU job for sharing the cores."""
     path, m, d, out = runs
     fitted, _, _ = trace_fit.calibrate_from_traces([r["trace"] for _, _, r in out], str(path), base_profile(),
                                                    log=None)
