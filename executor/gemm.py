@@ -15,7 +15,6 @@ F16, Q8_0, Q4_0 = 1, 2, 3
 _U = np.uint64
 
 
-
 @njit(inline="always")
 def h2f(lo, hi):
     """fp16 (two little-endian bytes) -> float32."""
