@@ -1,7 +1,7 @@
-"""Numba kernels of the dense path on the CPU: norms, Q/K norm and RoPE, the
-router's top-k, and `attention_step`, which runs a layer's whole attention block in one call (the
-per-call cost of five separate kernels and their numpy glue was ~0.1 ms a layer, as much as the
-bytes of a small model's attention weights take to read)."""
+"""Numba kernels of the dense path on the CPU: norms, Q/K norm and RoPE, the router's top-k, and
+`attention_step`, which runs a layer's whole attention block in one call, the cached attention of
+attention.py included (the per-call cost of five separate kernels and their numpy glue was ~0.1 ms
+a layer, as much as the bytes of a small model's attention weights take to read)."""
 from __future__ import annotations
 
 import numba
