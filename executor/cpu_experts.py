@@ -240,22 +240,10 @@ def csr(experts_per_tok: np.ndarray, weights: np.ndarray, keep=None):
     return _csr(ids, np.ascontiguousarray(weights, dtype=np.float32), mask)
 
 
-def moe_kernel(n_experts: int, expert_bytes: int, offs, whole: bool = True,
-               serial_bytes: int = _SERIAL_BYTES) -> tuple:
-    """(kernel, nthr, whole) for a CPU job of n_experts experts: the serial kernel when the work is
-    under serial_bytes, else the parallel one with whole experts per thread when `whole` is allowed and
-    whole_experts_per_thread says so for the job's tokens per expert."""
-    if n_experts * expert_bytes < serial_bytes:
-        return _moe_serial, 1, False
-    nthr = numba.get_num_threads()
-    if whole and int(offs[n_experts]) == n_experts:  # one token an expert (decode), decided without numpy
-        return _moe, nthr, _even_split(n_experts, nthr)  # (8 us a layer less)
-    return _moe, nthr, bool(whole and whole_experts_per_thread(np.diff(offs), nthr))
-
-
 @njit(cache=True)
 def _whole(offs, nthr):
-    """whole_experts_per_thread for the CSR offsets offs [n + 1], in numba."""
+    """whole_experts_per_thread for the CSR offsets offs [n + 1], in numba: the choice both moe_kernel and
+    moe_routed make at run time (whole_experts_per_thread is its readable statement, tested against it)."""
     n = offs.shape[0] - 1
     if offs[n] == n:  # one token an expert (decode)
         return -(-n // nthr) * nthr <= _WHOLE_BALANCE * n
@@ -267,6 +255,17 @@ def _whole(offs, nthr):
     for i in range(n):
         load[owner[i]] += offs[i + 1] - offs[i]
     return load.max() * nthr <= _WHOLE_BALANCE * load.sum()
+
+
+def moe_kernel(n_experts: int, expert_bytes: int, offs, whole: bool = True,
+               serial_bytes: int = _SERIAL_BYTES) -> tuple:
+    """(kernel, nthr, whole) for a CPU job of n_experts experts: the serial kernel when the work is
+    under serial_bytes, else the parallel one with whole experts per thread when `whole` is allowed and
+    whole_experts_per_thread says so for the job's tokens per expert."""
+    if n_experts * expert_bytes < serial_bytes:
+        return _moe_serial, 1, False
+    nthr = numba.get_num_threads()
+    return _moe, nthr, bool(whole and _whole(offs[:n_experts + 1], nthr))
 
 
 @njit(nogil=True, fastmath=True, cache=True)

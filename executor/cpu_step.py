@@ -59,12 +59,7 @@ class CpuStep:
                              (c.n_heads, c.n_kv, c.rope_style == "neox", c.qk_norm, self.kc[i], self.vc[i]),
                              po[0][:3]))
             self.route.append((Ln["ffn_norm"], c.eps, Ln["router"], runner.k))
-        self.moe = []  # per layer: the expert kernels' leading arguments, bytes of one expert
-        for g, u, dn in runner.experts.W:
-            self.moe.append(((K.flat(g), g.code, K.flat(u), u.code, K.flat(dn), dn.code, g.rows, dn.rows),
-                             g.expert_bytes + u.expert_bytes + dn.expert_bytes))
         self.ebytes = runner.experts.ebytes
-        self.keep = np.ones(c.n_experts, dtype=bool)
         self.bufs: tuple | None = None
 
     def _buffers(self, T: int) -> tuple:
@@ -80,11 +75,12 @@ class CpuStep:
         """Layer i's routed experts, all CPU misses, for h [T, H] routed eid / w [T, k]: x += their sum, in
         place (Experts._forward_cpu's kernel call and add) -> the experts' fields of the trace record."""
         _, _, y, _, _, act = self.bufs
-        args, eb = self.moe[i]
+        args, eb = self.r.experts.moe_args[i]
         y.fill(0.0)
         t = time.perf_counter()
         # as Experts._forward_cpu: small jobs too in a parallel region, since nothing else runs here
-        experts = CE.moe_routed(*args, h, eid, w, self.keep, act, y, eb, K.SERIAL_BYTES_HOT, self.nthr)
+        experts = CE.moe_routed(*args, h, eid, w, self.r.experts.all_experts, act, y, eb, K.SERIAL_BYTES_HOT,
+                                 self.nthr)
         t_cpu = (time.perf_counter() - t) * 1e3
         x += y
         self.r.experts.cache.observe(i, eid.reshape(-1))

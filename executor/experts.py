@@ -72,6 +72,11 @@ class Experts:
         self.m, self.plan, self.device, self.dtype = model, plan, device, dtype
         self.W = [tuple(model.experts(i, p) for p in ("gate", "up", "down")) for i in range(c.n_layers)]
         self.ebytes = [model.expert_bytes(i) for i in range(c.n_layers)]
+        # per layer: cpu_experts.moe_routed's leading arguments (flat bytes, type codes, rows) and the bytes
+        # of one expert, bound once (the inline all-miss step here and CpuStep both call it)
+        self.moe_args = [((K.flat(g), g.code, K.flat(u), u.code, K.flat(d), d.code, g.rows, d.rows),
+                          g.expert_bytes + u.expert_bytes + d.expert_bytes) for g, u, d in self.W]
+        self.all_experts = np.ones(c.n_experts, dtype=bool)  # the keep mask of a layer whose experts all miss
         self.dev_ebytes = 3 * c.hidden * c.expert_ff * torch.tensor([], dtype=dtype).element_size()
         self.static: dict[int, tuple] = {}
         for i in plan.placement.gpu_expert_layers:  # llama.cpp static split: the whole layer on the device
@@ -84,7 +89,6 @@ class Experts:
         self.slot_d = torch.empty(n, c.hidden, c.expert_ff, device=device, dtype=dtype)
         self.slot: dict[tuple[int, int], int] = {}
         self.free = list(range(n - 1, -1, -1))
-        self._all = None  # all-True expert mask (CPU-only layers)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cpu-experts")
         self.apply(self.cache.end_step() if n and self.cache.n_resident else [])
         self.cache.step = 0
@@ -222,18 +226,14 @@ class Experts:
         """forward() when every routed expert is a CPU miss (no device slots, CPU miss policy): inline,
         numpy in and out, no device bookkeeping."""
         xs = h.numpy() if h.device.type == "cpu" and h.dtype == torch.float32 else h.detach().float().cpu().numpy()
-        if self._all is None:
-            self._all = np.ones(self.m.cfg.n_experts, dtype=bool)
-        g, u, d = self.W[layer]
+        args, eb = self.moe_args[layer]
         xs = np.ascontiguousarray(xs, dtype=np.float32)
-        y = np.zeros((xs.shape[0], d.rows), np.float32)
-        act = np.empty((max(1, ids.size), g.rows), np.float32)
+        y = np.zeros((xs.shape[0], args[7]), np.float32)  # [T, H]
+        act = np.empty((max(1, ids.size), args[6]), np.float32)  # [T k, F]
         t = time.perf_counter()
-        experts = CE.moe_routed(K.flat(g), g.code, K.flat(u), u.code, K.flat(d), d.code, g.rows, d.rows, xs,
-                                np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(w, dtype=np.float32),
-                                self._all, act, y, g.expert_bytes + u.expert_bytes + d.expert_bytes,
-                                K.SERIAL_BYTES_HOT,  # alone here
-                                numba.get_num_threads())
+        experts = CE.moe_routed(*args, xs, np.ascontiguousarray(ids, dtype=np.int64),
+                                np.ascontiguousarray(w, dtype=np.float32), self.all_experts, act, y, eb,
+                                K.SERIAL_BYTES_HOT, numba.get_num_threads())  # alone on the cores here
         t_cpu = (time.perf_counter() - t) * 1e3
         y = torch.from_numpy(y).to(h.device, h.dtype)
         self.cache.observe(layer, ids.reshape(-1))
