@@ -33,6 +33,15 @@ dense weights are read at its VRAM rate, and these are read off the records:
                                base's measured pageable H2D rate (copy_h2d_gbs: the executor copies
                                from its mmap) and a hit
 
+On a host-sharing device (torch on the host's cores) the hits and a CPU job beside them share the
+cores, so the simulator runs them one after the other there; read off the layers with both:
+
+    overlap_layer_ms           their rest beyond the host's own (the hand-off's host time), as above
+    overlap_dev_ms             t_dev + t_wait beyond the hits at hit_ms and the job at c_a + c_b n:
+                               what sharing the cores costs beyond running the two in turn (threads
+                               of both runtimes oversubscribing the cores)
+    device_layer_ms            then from layers with device hits and no CPU job only
+
 t_dense_ms holds no Engram time (traces before t_engram_ms did: read as 0 rows, 0 ms), so the
 per-layer constants do not absorb it.
 A step's host time outside its layers (sampling, bookkeeping) is on its last record as t_host_ms
@@ -75,6 +84,8 @@ class HostFit:
     # a hand-off (host time beyond the host's own rest) and slow both sides (the dispatching thread
     # and the CPU job share the cores); device_layer_ms then comes from device-only layers
     discrete: bool = False
+    # on either kind of device, once layers with hits beside a CPU job were fitted (else 0: the
+    # simulator falls back to device_layer_ms for them on a host-sharing device)
     overlap_layer_ms: float = 0.0
     overlap_dev_ms: float = 0.0
     overlap_cpu_ms: float = 0.0
@@ -168,6 +179,8 @@ def _expert_part(r, f: HostFit, ddr_gbs: float, eb: float, dev_eb: float, ho_ms:
             if f.copy_h2d_gbs else 0.0
     if n_h and n_c and f.discrete:  # VRAM and DDR apart; both sides slowed while they overlap
         return ho_ms + max(t_dev + f.overlap_dev_ms, t_cpu + f.overlap_cpu_ms)
+    if _shared_both(f, r):  # the same cores: one after the other, the hand-off behind the hits
+        return t_dev + f.overlap_dev_ms + t_cpu
     if n_h and n_c:
         shared = (n_h * dev_eb + n_c * eb) / (ddr_gbs * 1e6)  # ms at the DDR's rate
         return ho_ms + max(t_dev, t_cpu, shared)
@@ -225,7 +238,9 @@ def fit(traces: dict[str, list[dict]], model, dense_gbs: float, threads: int,
     if host_only and dev_rest:
         f.device_layer_ms = max(0.0, statistics.median(dev_rest) - dense_ms - f.layer_overhead_ms)
         f.n["device_layers"] = len(dev_rest)
-    if discrete:
+    if not discrete:
+        _fit_shared_overlap(f, dec, dev, rest, dense_ms)
+    else:
         _fit_overlap(f, dec, dev, rest, dense_ms)
         f.copy_h2d_gbs = copy_gbs
         copied = [r for r in dec if r.get("pcie") and not r["hits"] and not r["cpu"]]
@@ -274,6 +289,30 @@ def _fit_overlap(f: HostFit, dec, dev, rest, dense_ms: float) -> None:
         f.n["overlap_layers"] = len(both)
 
 
+def _fit_shared_overlap(f: HostFit, dec, dev, rest, dense_ms: float) -> None:
+    """A host-sharing device's layers with hits beside a CPU job (overlap_layer_ms: their rest beyond the
+    host's; overlap_dev_ms: the hits and the job's window beyond the two run in turn) and its
+    device-only layers (device_layer_ms), medians; nothing without such layers."""
+    both = [r for r in dec if r["hits"] and r["cpu"] and not r.get("pcie")]
+    if not both or not f.hit_ms:
+        return
+    only = [r for r in dec if dev(r) and not r["cpu"]]
+    if only:
+        f.device_layer_ms = max(0.0, statistics.median(rest(r) for r in only) - dense_ms - f.layer_overhead_ms)
+        f.n["device_layers"] = len(only)
+    f.overlap_layer_ms = max(0.0, statistics.median(rest(r) for r in both) - dense_ms - f.layer_overhead_ms)
+    f.overlap_dev_ms = max(0.0, statistics.median(
+        r["t_dev_ms"] + r.get("t_wait_ms", 0.0) - len(r["hits"]) * f.hit_ms - f.cpu_job_ms
+        - f.cpu_expert_ms * len(r["cpu"]) for r in both))
+    f.n["overlap_layers"] = len(both)
+
+
+def _shared_both(f: HostFit, r) -> bool:
+    """Whether record r is a host-sharing device's layer of hits beside a CPU job, with those fitted."""
+    return not f.discrete and bool(f.n.get("overlap_layers")) and bool(r["hits"]) and bool(r["cpu"]) \
+        and not r.get("pcie")
+
+
 def replay_error(recs: list[dict], f: HostFit, model, dense_gbs: float, ddr_gbs: float,
                  handover_ms: float = 0.0, threads: int = 1) -> float | None:
     """Relative error of the fitted per-layer model's summed decode time on `recs`."""
@@ -286,7 +325,7 @@ def replay_error(recs: list[dict], f: HostFit, model, dense_gbs: float, ddr_gbs:
     for r in dec:
         fu = _further_ms(r, f, model, threads)
         dev = bool(r["hits"] or r.get("pcie"))
-        both = f.discrete and dev and bool(r["cpu"])
+        both = (f.discrete and dev and bool(r["cpu"])) or _shared_both(f, r)
         pred += (f.layer_overhead_ms + (r["tokens"] - 1) * f.token_overhead_ms + dense_ms + fu[0]
                  + (f.overlap_layer_ms if both else f.device_layer_ms if dev else 0.0)
                  + _expert_part(r, f, ddr_gbs, model.expert_bytes, dev_eb, handover_ms, fu)
@@ -361,6 +400,11 @@ def fitted_profile(base, model, f: HostFit, sources: list[str], date: str):
                   device_layer_ms=d(f.device_layer_ms, "layers with device work: their rest beyond the host's, median"),
                   cpu_job_ms=d(f.cpu_job_ms, "t_cpu = c_a + c_b n over inline CPU jobs"),
                   dev_bytes_per_param=Figure(DEVICE_BYTES_PER_PARAM, "derived", "executor device copies are f32"))
+    if f.n.get("overlap_layers") and not f.discrete:
+        consts.update(overlap_layer_ms=d(f.overlap_layer_ms, "layers with hits beside a CPU job: their rest beyond "
+                                         "the host's, median"),
+                      overlap_dev_ms=d(f.overlap_dev_ms, "those layers: t_dev + t_wait beyond hit_ms per hit and "
+                                       "c_a + c_b n (the two in turn on the shared cores), median"))
     if f.discrete:
         consts.update(overlap_layer_ms=d(f.overlap_layer_ms, "layers with hits beside a CPU job: their rest beyond "
                                          "the host's, median"),

@@ -218,7 +218,8 @@ class DecodeRun:
                     m.gpu.submit(hit_s)
             elif m.shares_host and n_h:  # the host device computes its residents beside the CPU job
                 extra = int(cnt[hit].sum()) - n_h if cnt is not None else 0
-                m.host_experts(n_h, lambda: self._join(layer, "gpu"), extra_pairs=extra)
+                m.host_experts(n_h, lambda: self._join(layer, "gpu"), extra_pairs=extra,
+                               hold_s=m.c.overlap_dev_ms * 1e-3 if shared_both else 0.0)
             elif m.has_gpu and not m.shares_host:
                 m.gpu.submit(hit_s, lambda: self._join(layer, "gpu"))
             else:
@@ -230,8 +231,15 @@ class DecodeRun:
         # per layer; on a discrete GPU, where device work and a CPU job overlap, the host time of the
         # hand-off (before both sides) and each side's slowdown while they share the host's cores
         both = dev_work and k_cpu and m.has_gpu and not m.shares_host
+        # on a host-sharing device, hits beside a CPU job share its cores: the hand-off's host time
+        # (overlap_layer_ms where fitted), then the hits and the job in turn, plus what sharing the
+        # cores costs beyond that (overlap_dev_ms, held by the hits)
+        shared_both = bool(n_h and k_cpu and m.shares_host)
         pre = m.c.overlap_layer_ms * 1e-3 if both else 0.0
-        dl = (pre + m.c.overlap_dev_ms * 1e-3) if both else (m.c.device_layer_ms * 1e-3 if dev_work else 0.0)
+        if shared_both:
+            dl = (m.c.overlap_layer_ms or m.c.device_layer_ms) * 1e-3
+        else:
+            dl = (pre + m.c.overlap_dev_ms * 1e-3) if both else (m.c.device_layer_ms * 1e-3 if dev_work else 0.0)
         go_gpu = (lambda: m.sim.after(dl, gpu_side)) if dl else gpu_side
         if gate:
             self._after_landing(gate, go_gpu)
@@ -245,6 +253,8 @@ class DecodeRun:
             ho = self.handover_s if ((n_h or n_gpu_miss) if m.shares_host else m.has_gpu) else 0.0
             if both:
                 ho += pre + m.c.overlap_cpu_ms * 1e-3
+            elif shared_both:  # submitted after the hand-off; it then waits for the hits' cores
+                ho += dl
             ram_part = (k_cpu - n_ssd_cpu) * eb
             # the further (token, expert) products of experts routed by several tokens of the step
             extra_s = m.cpu_pairs_s(int(mcnt[:k_cpu].sum()) - k_cpu) if mcnt is not None else 0.0

@@ -165,13 +165,14 @@ class Machine:
                            cap=self.cpu_dense_rate, name="host-dense")
         self.gpu.acquire(lambda: self.sim.after(over, flow) if over else flow())
 
-    def host_experts(self, n: int, done, extra_pairs: int = 0) -> None:
+    def host_experts(self, n: int, done, extra_pairs: int = 0, hold_s: float = 0.0) -> None:
         """`n` resident experts on a host-sharing device: their device copies read over DDR
         (contending with CPU expert jobs) at the measured per-hit rate; `extra_pairs` further
-        (token, expert) products at the host GEMM rate."""
+        (token, expert) products at the host GEMM rate; `hold_s` seconds more on the cores (sharing
+        them with a CPU job)."""
         nbytes = n * self.dev_expert_bytes
         self.moved["gpu"] += nbytes
-        extra_s = self.gpu_flops_s(extra_pairs * self.model.expert_flops)
+        extra_s = self.gpu_flops_s(extra_pairs * self.model.expert_flops) + hold_s
 
         def end():
             self.cpu.release(self.threads)

@@ -109,10 +109,12 @@ def _layer_ms(n, h, t: ExpertTimes, plan, has_gpu, discrete, c: Constants, memo,
     """Expected ms of one MoE layer with n distinct experts, hit probability h (binomial); each routed
     by m tokens, a CPU expert's m - 1 further products cost t.pair each; `c`'s fitted host costs of the
     device's layers as decode.py charges them (discrete: a real GPU, where hits beside a CPU job pay
-    the overlap costs) -> (ms, expected [gpu side, cpu side, pcie part])."""
+    the overlap costs; else a host-sharing device, where they take turns on the cores) -> (ms,
+    expected [gpu side, cpu side, pcie part])."""
     j = np.arange(n + 1)
     p = binom_pmf(n, h)
     out = np.zeros((n + 1, 3))  # per j: gpu side, cpu side, pcie part
+    per_j = np.zeros(n + 1)
     mp = plan.miss_policy
     copying = mp.kind == "copy" or (mp.kind == "auction" and mp.gpu_path == "copy")
     sync = plan.expert_cache.copies == "sync"
@@ -127,19 +129,29 @@ def _layer_ms(n, h, t: ExpertTimes, plan, has_gpu, discrete, c: Constants, memo,
         elif copying and has_gpu:  # copy engine runs beside the hits, then GEMVs
             gpu = max(nh * t.hit, ng * t.copy + ssd_g * t.ssd) + ng * t.hit
         both = discrete and (nh or ng) and kc
+        shared = has_gpu and not discrete and nh and kc  # decode.py's shared_both: the cores in turn
         pre = c.overlap_layer_ms if both else 0.0
-        if has_gpu and (nh or ng):
+        if shared:
+            gpu += c.overlap_dev_ms
+        elif has_gpu and (nh or ng):
             gpu += (pre + c.overlap_dev_ms) if both else c.device_layer_ms
         cpu = 0.0
         if kc:
             tail = min(ssd_c, 1.0)  # pages stream in while the CPU computes; one expert trails
-            cpu = (t.job + (t.handover if has_gpu else 0.0) + max((kc - tail) * t.cpu, ssd_c * t.ssd) + tail * t.cpu
-                   + kc * t.alt)
+            # a host-sharing device runs a layer without device work inline (no hand-off), and one with
+            # hits hands off behind them (shared); a discrete GPU always hands off
+            ho = t.handover if has_gpu and (discrete or ng) and not shared else 0.0
+            cpu = t.job + ho + max((kc - tail) * t.cpu, ssd_c * t.ssd) + tail * t.cpu + kc * t.alt
             cpu += (pre + c.overlap_cpu_ms) if both else 0.0
             if m > 1:  # the further (token, expert) products, on any machine (decode.py: cpu_pairs_s)
                 cpu += kc * (m - 1) * t.pair
         out[nh] = (gpu, cpu, ng * (t.copy if copying else t.zc))
-    per_j = out[:, :2].max(axis=1)
+        if shared:  # the hand-off, then the hits; the job, submitted with them, gets the cores after both
+            pre_s = c.overlap_layer_ms or c.device_layer_ms
+            per_j[nh] = pre_s + max(gpu, t.handover) + cpu
+            out[nh, 0] += pre_s
+        else:
+            per_j[nh] = max(gpu, cpu)
     return float(p @ per_j), p @ out
 
 
@@ -167,10 +179,12 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
     n_dyn = model.n_moe_layers - n_static
     ctx = prompt_tokens
     dense_b = model.dense_bytes_per_token + model.kv_bytes_per_token(plan.kv.dtype) * ctx * ntok
+    from specs.formats import parse_format
     if has_gpu and plan.placement.dense == "gpu":  # the host issues each layer, the GPU streams its weights
-        dense_ms = dense_b / gpu_bw * 1e3 + model.n_layers * (c.layer_overhead_ms + (ntok - 1) * c.token_overhead_ms)
+        # (a host-sharing device reads them at the host kernels' rate: decode.py's host_dense)
+        rate = hw.cpu.expert_gbs_for(parse_format(model.dense_format), threads) * GB if hw.gpu.shares_host else gpu_bw
+        dense_ms = dense_b / rate * 1e3 + model.n_layers * (c.layer_overhead_ms + (ntok - 1) * c.token_overhead_ms)
     else:
-        from specs.formats import parse_format
         dense_ms = (dense_b / (hw.cpu.expert_gbs_for(parse_format(model.dense_format), threads) * GB) * 1e3
                     + model.n_layers * c.cpu_job_ms  # one CPU job per layer, as the event simulation
                     # attention and experts alternating on the cores
