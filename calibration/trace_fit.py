@@ -179,8 +179,8 @@ def _expert_part(r, f: HostFit, ddr_gbs: float, eb: float, dev_eb: float, ho_ms:
             if f.copy_h2d_gbs else 0.0
     if n_h and n_c and f.discrete:  # VRAM and DDR apart; both sides slowed while they overlap
         return ho_ms + max(t_dev + f.overlap_dev_ms, t_cpu + f.overlap_cpu_ms)
-    if _shared_both(f, r):  # the same cores: one after the other, the hand-off behind the hits
-        return t_dev + f.overlap_dev_ms + t_cpu
+    if _shared_both(f, r):  # the same cores: the hits, then the job (its hand-off behind them)
+        return max(t_dev + f.overlap_dev_ms, ho_ms) + t_cpu
     if n_h and n_c:
         shared = (n_h * dev_eb + n_c * eb) / (ddr_gbs * 1e6)  # ms at the DDR's rate
         return ho_ms + max(t_dev, t_cpu, shared)
