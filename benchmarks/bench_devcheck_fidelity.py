@@ -29,7 +29,7 @@ def main(argv=None) -> int:
 
     from calibration import store
     from calibration.local import device_check_plans
-    from calibration.trace_fit import calibrate_from_traces
+    from calibration.trace_profile import calibrate_from_traces
     from simulator.run import simulate
     from specs.loaders import load_hardware, load_model
 

@@ -23,7 +23,7 @@ def leave_one_case_out(rows: list[dict], model: str, base, store_path: str) -> d
     import tempfile
 
     from calibration import regress, store
-    from calibration.trace_fit import calibrate_from_traces
+    from calibration.trace_profile import calibrate_from_traces
     from specs.errors import SpecError
     out: dict[str, float | None] = {}
     for r in rows:
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     from calibration import local, regress, store
-    from calibration.trace_fit import calibrate_from_traces
+    from calibration.trace_profile import calibrate_from_traces
     from specs.loaders import load_hardware
 
     t0 = time.perf_counter()

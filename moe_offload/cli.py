@@ -155,7 +155,7 @@ def _cmd_calibrate(a) -> int:
     if a.from_runs:
         return _calibrate_from_runs(a)
     if a.from_trace:
-        from calibration.trace_fit import calibrate_from_traces
+        from calibration.trace_profile import calibrate_from_traces
         if base is None or not a.model:
             raise SpecError("calibrate", "--hw-base" if base is None else "--model",
                             "--from-trace needs --hw-base (a measured profile) and --model (the traces' GGUF)")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from calibration import regress, store
-from calibration.trace_fit import calibrate_from_traces
+from calibration.trace_profile import calibrate_from_traces
 from specs.loaders import load_hardware
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from calibration import local, regress, store, trace_fit
+from calibration import local, regress, store, trace_profile
 from moe_offload.cli import main
 from specs.loaders import dump_hardware, load_model
 
@@ -57,7 +57,7 @@ def test_measure_appends_predictable_rows(measured):
         assert float(r["value"]) > 0 and 0.0 <= float(r["outside_cpu"]) <= 1.0
     traces = [t for r in rows for t in r["traces"].split(";")]
     fitted = d / "fitted.yaml"
-    trace_fit.calibrate_from_traces(traces, str(path), base_profile(), out=fitted, log=None)
+    trace_profile.calibrate_from_traces(traces, str(path), base_profile(), out=fitted, log=None)
     out = regress.local_rows(st, str(fitted))
     assert {r["case"] for r in out} == {r["case"] for r in rows}
     assert all(r["predicted"] > 0 and r["role"] == "local" for r in out)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from calibration import trace_fit
+from calibration import trace_fit, trace_profile
 from calibration.local import _cache, _plan
 from moe_offload.cli import main
 from simulator.run import simulate
@@ -58,7 +58,7 @@ def runs(tmp_path_factory):
 
 def test_fit_structure_and_errors(runs):
     path, m, d, out = runs
-    hw, f, errs = trace_fit.calibrate_from_traces([r["trace"] for _, _, r in out], str(path), base_profile(),
+    hw, f, errs = trace_profile.calibrate_from_traces([r["trace"] for _, _, r in out], str(path), base_profile(),
                                                   out=d / "fitted.yaml", log=None)
     assert hw.gpu is not None and hw.gpu.shares_host
     for k in ("layer_overhead_ms", "device_layer_ms", "cpu_job_ms", "dev_expert_gbs", "dev_bytes_per_param",
@@ -88,7 +88,7 @@ def engram_trace(tmp_path_factory):
 def test_engram_row_us_from_a_real_trace(runs, engram_trace):
     path, trace = engram_trace
     all_cpu = runs[3][0][2]["trace"]
-    hw, f, errs = trace_fit.calibrate_from_traces([all_cpu, trace], str(path), base_profile(), log=None)
+    hw, f, errs = trace_profile.calibrate_from_traces([all_cpu, trace], str(path), base_profile(), log=None)
     recs = trace_fit.read_trace(trace)
     warm = [r["t_engram_ms"] * 1e3 / r["engram_rows"] for r in recs
             if r["phase"] == "decode" and r["engram_rows"] and not r["engram_major_faults"]]
@@ -98,7 +98,7 @@ def test_engram_row_us_from_a_real_trace(runs, engram_trace):
     assert float(hw.constants["engram_row_us"]) == pytest.approx(f.engram_row_us)
     assert hw.constants["engram_row_us"].source == "measured" and "engram_rows" in hw.constants["engram_row_us"].ref
     assert all(e["in_sample"] is not None for e in errs)
-    no_engram, f0, _ = trace_fit.calibrate_from_traces([all_cpu], str(path), base_profile(), log=None)
+    no_engram, f0, _ = trace_profile.calibrate_from_traces([all_cpu], str(path), base_profile(), log=None)
     assert f0.engram_row_us == 0.0 and "engram_row_us" not in no_engram.constants
 
 
@@ -115,7 +115,7 @@ def test_engram_time_kept_out_of_the_layer_constants(runs):
     path, m, d, out = runs
     old = [{k: v for k, v in r.items() if k not in ("t_engram_ms", "engram_rows", "engram_major_faults")}
            for r in trace_fit.read_trace(out[0][2]["trace"])]
-    dense, _, _, ca = trace_fit.base_rates(base_profile(), m)
+    dense, _, _, ca = trace_profile.base_rates(base_profile(), m)
     fit = lambda recs: trace_fit.fit({"t": recs}, m, dense, 2, ca)  # noqa: E731
     f_old = fit(old)
     assert f_old.engram_row_us == 0.0 and f_old.n["engram_records"] == 0
@@ -146,7 +146,7 @@ def test_fit_reduces_simulator_error(runs):
     rates (session 9's kernel changes), that comparison measured the stand-ins, not the fit: in
     sample the fit then lost (0.18 against 0.07). The cache plan's own error: the next test."""
     path, m, d, out = runs
-    fitted, _, _ = trace_fit.calibrate_from_traces([r["trace"] for _, _, r in out], str(path), base_profile(),
+    fitted, _, _ = trace_profile.calibrate_from_traces([r["trace"] for _, _, r in out], str(path), base_profile(),
                                                    log=None)
     consts = {k: v for k, v in fitted.constants.items()
               if k not in ("layer_overhead_ms", "cpu_job_ms", "dev_expert_gbs", "cpu_prefill_gflops_per_core")}
@@ -175,7 +175,7 @@ def test_host_sharing_cache_plan_pays_for_hits_beside_the_cpu_job(runs):
     path itself runs at about half its all-CPU speed (0.09 against 0.04-0.05 ms a layer on `tiny`),
     which the host overhead, fitted on the all-CPU plan, does not know."""
     path, m, d, out = runs
-    fitted, f, _ = trace_fit.calibrate_from_traces([r["trace"] for _, _, r in out], str(path), base_profile(),
+    fitted, f, _ = trace_profile.calibrate_from_traces([r["trace"] for _, _, r in out], str(path), base_profile(),
                                                    log=None)
     assert f.n["overlap_layers"] > 0 and {"overlap_layer_ms", "overlap_dev_ms"} <= set(fitted.constants)
     without = fitted.model_copy(update={"constants": {k: v for k, v in fitted.constants.items()
@@ -212,13 +212,13 @@ def test_a_discrete_gpu_base_keeps_its_gpu_and_reads_dense_at_vram_rate(runs):
     gpu = GPU(name="test-gpu", vram_bytes=Figure(80e9, "assumed"), bw_gbs=Figure(3000.0, "measured", "stand-in"),
               fp16_tflops=Figure(900.0, "datasheet"), reserved_bytes=Figure(1e9, "assumed"))
     base = base_profile().model_copy(update={"gpu": gpu})
-    assert trace_fit.base_rates(base, m)[0] == 3000.0
-    hw, f, _ = trace_fit.calibrate_from_traces([r["trace"] for _, _, r in out], str(path), base, log=None)
+    assert trace_profile.base_rates(base, m)[0] == 3000.0
+    hw, f, _ = trace_profile.calibrate_from_traces([r["trace"] for _, _, r in out], str(path), base, log=None)
     assert hw.gpu.name == "test-gpu" and not hw.gpu.shares_host
     assert hw.constant("layer_overhead_ms", -1) == f.layer_overhead_ms
     assert "gemm_efficiency" not in hw.constants  # these traces have no prefill long enough to fit it
     f.host_gemm_gflops = 45e3
-    fitted = trace_fit.fitted_profile(base, m, f, ["t.jsonl"], "today")
+    fitted = trace_profile.fitted_profile(base, m, f, ["t.jsonl"], "today")
     assert fitted.constant("gemm_efficiency", -1) == pytest.approx(0.05)  # 45 of the datasheet's 900 TFLOP/s
 
 def test_trace_of_another_model(runs, tmp_path):
