@@ -331,7 +331,7 @@ def executor_layer_loop(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, n
         for layer in range(layers):
             wq, wk, wv, wo = att[layer]
             attention_step(x, ones_h, 1e-6, wq, 1, nh * head_dim, wk, 1, nkv * head_dim, wv, 1, nkv * head_dim,
-                           ones_d, ones_d, cos, sin, nh, nkv, True, True, kc, vc, 32, 1, wo, 1, hidden, a)
+                           ones_d, ones_d, cos, sin, nh, nkv, True, True, kc, vc, 32, 1, wo, 1, hidden, a, False)
             state["i"] += 1
             y[:] = 0.0
             cpu_experts.moe_cpu(*exp[layer], a, *routes[state["i"] % len(routes)], out=y, whole=False)

@@ -269,19 +269,29 @@ def moe_kernel(n_experts: int, expert_bytes: int, offs, whole: bool = True,
 
 
 @njit(nogil=True, fastmath=True, cache=True)
-def moe_routed(gd, gc, ud, uc, dd, dc, F, H, x, ids, w, keep, act, out, expert_bytes, serial_bytes, nthr):
+def moe_routed(gd, gc, ud, uc, dd, dc, F, H, x, ids, w, keep, act, out, expert_bytes, serial_bytes, nthr,
+               fresh, resid):
     """A layer's routed experts in one call from Python: the CSR of the routing ids / w [T, k] (experts
     with keep[e] only), moe_kernel's choice (serial under serial_bytes, else nthr threads, whole experts
     per thread where they balance) and the SwiGLU experts, out[t] += sum_a w_a expert_a(x_t)
-    -> the experts run, int32 [n]. Three calls and their glue from Python cost ~5 us a layer more."""
+    -> the experts run, int32 [n]. Three calls and their glue from Python cost ~5 us a layer more.
+    fresh: out is zeroed first; resid [T, H] (or [0, H]: nothing): then resid += out (the caller's
+    residual add, the same float adds, without two numpy calls). As attention_step, one signature
+    for every caller: one compiled specialisation for both steps."""
+    if fresh:
+        out[:] = 0.0
     experts, offs, tok, wts = _csr(ids, w, keep)
     n = experts.shape[0]
     if n == 0:
-        return experts
-    if n * expert_bytes < serial_bytes:
+        pass
+    elif n * expert_bytes < serial_bytes:
         _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, 1, False)
     else:
         _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nthr, _whole(offs, nthr))
+    if resid.shape[0]:
+        for t in range(resid.shape[0]):
+            for j in range(resid.shape[1]):
+                resid[t, j] += out[t, j]
     return experts
 
 

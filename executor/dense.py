@@ -204,7 +204,7 @@ class Dense:
             dk.attention_step(xs, Ln["attn_norm"], c.eps, pq[0][0], pq[0][1], pq[0][2], pq[1][0], pq[1][1],
                               pq[1][2], pq[2][0], pq[2][1], pq[2][2], qn, kn, cos[p0:p0 + n], sin[p0:p0 + n],
                               c.n_heads, c.n_kv, c.rope_style == "neox", c.qk_norm, kc, vc, p0, n,
-                              po[0][0], po[0][1], po[0][2], out)
+                              po[0][0], po[0][1], po[0][2], out, False)  # the caller adds the residual
             return torch.from_numpy(out).view(S, n, H)
         h = np.empty_like(xs)
         dk.rms_rows(xs, Ln["attn_norm"], c.eps, h)

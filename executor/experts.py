@@ -233,7 +233,8 @@ class Experts:
         t = time.perf_counter()
         experts = CE.moe_routed(*args, xs, np.ascontiguousarray(ids, dtype=np.int64),
                                 np.ascontiguousarray(w, dtype=np.float32), self.all_experts, act, y, eb,
-                                K.SERIAL_BYTES_HOT, numba.get_num_threads())  # alone on the cores here
+                                K.SERIAL_BYTES_HOT, numba.get_num_threads(),  # alone on the cores here
+                                False, y[:0])  # y zeroed above; the caller adds the residual
         t_cpu = (time.perf_counter() - t) * 1e3
         y = torch.from_numpy(y).to(h.device, h.dtype)
         self.cache.observe(layer, ids.reshape(-1))

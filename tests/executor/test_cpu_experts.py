@@ -130,6 +130,34 @@ def test_moe_routed_matches_moe_cpu(qk, types, T, k, serial, seed):
     got = np.zeros((T, H), np.float32)
     act = np.empty((T * k, F), np.float32)
     run = CE.moe_routed(K.flat(g), g.code, K.flat(u), u.code, K.flat(d), d.code, F, H, x, ids, wts, keep, act, got,
-                        g.expert_bytes + u.expert_bytes + d.expert_bytes, serial, numba.get_num_threads())
+                        g.expert_bytes + u.expert_bytes + d.expert_bytes, serial, numba.get_num_threads(), False,
+                        got[:0])
     assert sorted(run.tolist()) == sorted(set(ids[:, :][keep[ids]].tolist()))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(want).max()))
+
+
+@settings(max_examples=15, deadline=None)
+@given(types=st.tuples(*[st.sampled_from(TYPES)] * 3), T=st.integers(1, 6), serial=st.sampled_from([0, 1 << 40]),
+       seed=st.integers(0, 2**31))
+def test_moe_routed_fresh_and_resid_are_the_callers_fill_and_add(qk, types, T, serial, seed):
+    """fresh=True, resid=x (the CPU step's call) leaves the bits that zeroing `out` first and adding it to x
+    afterwards in numpy leave (Experts._forward_cpu's and the general step's way), in both."""
+    rng = np.random.default_rng(seed)
+    E, H, F, k = 8, 64, 96, 2
+    g, u = qk.tensor(rng, types[0], E, F, H), qk.tensor(rng, types[1], E, F, H)
+    d = qk.tensor(rng, types[2], E, H, F)
+    h = rng.standard_normal((T, H)).astype(np.float32)
+    ids = np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int64)
+    wts = rng.random((T, k)).astype(np.float32)
+    keep = np.ones(E, bool)
+    args = (K.flat(g), g.code, K.flat(u), u.code, K.flat(d), d.code, F, H, h, ids, wts, keep,
+            np.empty((T * k, F), np.float32))
+    eb = g.expert_bytes + u.expert_bytes + d.expert_bytes
+    x0 = rng.standard_normal((T, H)).astype(np.float32)
+    y = np.zeros((T, H), np.float32)
+    CE.moe_routed(*args, y, eb, serial, numba.get_num_threads(), False, y[:0])
+    want = x0 + y
+    x, junk = x0.copy(), np.full((T, H), 7.0, np.float32)
+    CE.moe_routed(*args, junk, eb, serial, numba.get_num_threads(), True, x)
+    assert np.array_equal(junk.view(np.uint32), y.view(np.uint32))
+    assert np.array_equal(x.view(np.uint32), want.view(np.uint32))
