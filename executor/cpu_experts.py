@@ -282,16 +282,13 @@ def moe_routed(gd, gc, ud, uc, dd, dc, F, H, x, ids, w, keep, act, out, expert_b
         out[:] = 0.0
     experts, offs, tok, wts = _csr(ids, w, keep)
     n = experts.shape[0]
-    if n == 0:
-        pass
-    elif n * expert_bytes < serial_bytes:
+    if n and n * expert_bytes < serial_bytes:
         _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, 1, False)
-    else:
+    elif n:
         _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nthr, _whole(offs, nthr))
-    if resid.shape[0]:
-        for t in range(resid.shape[0]):
-            for j in range(resid.shape[1]):
-                resid[t, j] += out[t, j]
+    for t in range(resid.shape[0]):
+        for j in range(resid.shape[1]):
+            resid[t, j] += out[t, j]
     return experts
 
 

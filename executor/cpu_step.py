@@ -10,7 +10,8 @@ call) cost as much as the kernels themselves.
 The kernels, their arguments and the order of every floating-point add are those of the general
 step, so results are bitwise the same; the two residual adds of a layer (x += attention, x += experts)
 run at the end of the kernels that produce them (their `residual` / `resid` arguments: the same float
-adds, without three numpy calls: the layer loop ~4-5% faster on `tiny`, paired in one process). The layer's kernels are called from Python, not from one
+adds, without three numpy calls: the layer loop ~4-6% faster on `tiny`, paired in one process,
+benchmarks/bench_residual_adds.py). The layer's kernels are called from Python, not from one
 fused numba function: numba links a callee's code into each caller, and which copy a later call binds
 to depends on load order, which moved logits by ~1e-4 when the two paths ran in one process.
 Runner.step takes this path when the dense weights are read in place on the CPU.
