@@ -59,7 +59,7 @@ def runs(tmp_path_factory):
 def test_fit_structure_and_errors(runs):
     path, m, d, out = runs
     hw, f, errs = trace_profile.calibrate_from_traces([r["trace"] for _, _, r in out], str(path), base_profile(),
-                                                  out=d / "fitted.yaml", log=None)
+                                                      out=d / "fitted.yaml", log=None)
     assert hw.gpu is not None and hw.gpu.shares_host
     for k in ("layer_overhead_ms", "device_layer_ms", "cpu_job_ms", "dev_expert_gbs", "dev_bytes_per_param",
               "handover_ms"):
@@ -147,7 +147,7 @@ def test_fit_reduces_simulator_error(runs):
     sample the fit then lost (0.18 against 0.07). The cache plan's own error: the next test."""
     path, m, d, out = runs
     fitted, _, _ = trace_profile.calibrate_from_traces([r["trace"] for _, _, r in out], str(path), base_profile(),
-                                                   log=None)
+                                                       log=None)
     consts = {k: v for k, v in fitted.constants.items()
               if k not in ("layer_overhead_ms", "cpu_job_ms", "dev_expert_gbs", "cpu_prefill_gflops_per_core")}
     rates_only = fitted.model_copy(update={"constants": consts})
@@ -176,7 +176,7 @@ def test_host_sharing_cache_plan_pays_for_hits_beside_the_cpu_job(runs):
     which the host overhead, fitted on the all-CPU plan, does not know."""
     path, m, d, out = runs
     fitted, f, _ = trace_profile.calibrate_from_traces([r["trace"] for _, _, r in out], str(path), base_profile(),
-                                                   log=None)
+                                                       log=None)
     assert f.n["overlap_layers"] > 0 and {"overlap_layer_ms", "overlap_dev_ms"} <= set(fitted.constants)
     without = fitted.model_copy(update={"constants": {k: v for k, v in fitted.constants.items()
                                                       if k not in ("overlap_layer_ms", "overlap_dev_ms")}})
