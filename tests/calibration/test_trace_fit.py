@@ -172,7 +172,7 @@ def test_host_sharing_cache_plan_pays_for_hits_beside_the_cpu_job(runs):
     these two the fitted profile predicted the cache plan 33-58% fast (sessions 9-10, the device rate
     being fitted on layers whose experts are all resident); with them +11-16%, four runs, against
     +35-70% for the same fit with the two constants removed. What remains: in that plan the dense
-    path itself runs slower there (0.053-0.09 against 0.04-0.05 ms a layer on `tiny`, three runs),
+    path itself runs slower (0.053-0.09 against 0.04-0.05 ms a layer on `tiny`, three runs),
     which the host overhead, fitted on the all-CPU plan, does not know."""
     path, m, d, out = runs
     fitted, f, _ = trace_profile.calibrate_from_traces([r["trace"] for _, _, r in out], str(path), base_profile(),
