@@ -1,7 +1,7 @@
 """Is the CPU expert kernel bound by its memory access pattern or by its arithmetic? The same bytes read
-three ways, side by side, two threads, page-cached `small-q4` (or --model):
+three ways, side by side, two threads, page-cached `small-q4` (or `small`: Q8_0):
 
-    python benchmarks/bench_expert_access.py [--model /tmp/moe-offload-bench/small-q4.gguf] [--rounds 5]
+    python benchmarks/bench_expert_access.py [--preset small-q4|small] [--dir /tmp/moe-offload-bench] [--rounds 5]
 
 Per round, a decode step's routes (top-k random experts of every layer, whole experts per thread as the
 executor's decode runs them): one byte of every block touched in the kernel's order (8 rows a block
@@ -29,7 +29,7 @@ import executor  # noqa: E402,F401  (first: sets OMP_WAIT_POLICY before torch lo
 from executor import cpu_experts as CE  # noqa: E402
 from executor import kernels as K  # noqa: E402
 from executor.gguf_model import GGUFModel  # noqa: E402
-from executor.make_model import make_model  # noqa: E402
+from calibration.local import ensure_model  # noqa: E402
 
 GROUP = 8  # rows a block step, as simd.rows8_*
 
@@ -80,13 +80,11 @@ def _touch(gate, up, down, experts, rows_in, rows_out, bs, pf):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="/tmp/moe-offload-bench/small-q4.gguf")
+    ap.add_argument("--preset", choices=("small-q4", "small"), default="small-q4")
+    ap.add_argument("--dir", default="/tmp/moe-offload-bench", help="where the model is made once")
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
-    path = Path(a.model)
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        make_model("small-q4", path)
+    path = ensure_model(a.preset, a.dir, engram=False)
     K.set_threads(2)
     with open(path, "rb") as f:  # into the page cache
         while f.read(1 << 24):
@@ -94,9 +92,6 @@ def main() -> int:
     m = GGUFModel(path)
     c = m.cfg
     W = [tuple(m.experts(i, p) for p in ("gate", "up", "down")) for i in range(c.n_layers)]
-    if len({w.code for Wi in W for w in Wi}) != 1 or W[0][0].code not in (K.Q4_0, K.Q8_0):
-        print(f"{path}: experts of one Q4_0 or Q8_0 type expected")
-        return 2
     bs = 18 if W[0][0].code == K.Q4_0 else 34
     flat = [tuple(K.flat(w) for w in Wi) for Wi in W]
     rng = np.random.default_rng(0)

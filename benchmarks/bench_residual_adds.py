@@ -2,7 +2,7 @@
 `residual`, moe_routed's `fresh` / `resid`, as executor/cpu_step.py calls them) against the same kernels
 with the adds and the zeroing as numpy calls between them (as before), interleaved in one process:
 
-    python benchmarks/bench_residual_adds.py [--model /tmp/moe-offload-bench/tiny.gguf] [--rounds 20]
+    python benchmarks/bench_residual_adds.py [--dir /tmp/moe-offload-bench] [--rounds 20]
 
 On an overhead-bound model each numpy call is ~1.3-1.6 us of a ~60-85 us layer; across processes this
 VM's spells (+-10-30%) hide that, so the two ways run in alternating blocks of 400 layers and the
@@ -25,27 +25,20 @@ import executor  # noqa: E402,F401  (first: sets OMP_WAIT_POLICY before torch lo
 from executor import cpu_experts as CE  # noqa: E402
 from executor import kernels as K  # noqa: E402
 from executor.dense_kernels import attention_step, norm_route  # noqa: E402
-from executor.make_model import make_model  # noqa: E402
+from calibration.local import ensure_model  # noqa: E402
 from executor.runner import Runner, default_prompts  # noqa: E402
 from specs.plan import Placement, Plan  # noqa: E402
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="/tmp/moe-offload-bench/tiny.gguf")
+    ap.add_argument("--dir", default="/tmp/moe-offload-bench", help="where `tiny` is made once")
     ap.add_argument("--rounds", type=int, default=20)
     a = ap.parse_args()
-    path = Path(a.model)
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        make_model("tiny", path)
     plan = Plan(placement=Placement(engram="none", dense="cpu"), cpu_threads=2, streams=1)
-    r = Runner(plan, path, 600)
+    r = Runner(plan, ensure_model("tiny", a.dir, engram=False), 600)
     r.generate(default_prompts(1, 16, r.c.vocab), 64)  # compiled, pages mapped, caches at 80 tokens
     cs, ex = r.cpu, r.experts
-    if cs is None:
-        print(f"{path}: the CPU step does not take this model")
-        return 2
     p0, n = 100, 1
     a_, h, y, eid, w, act = cs._buffers(1)
     cos, sin = cs.cos[p0:p0 + n], cs.sin[p0:p0 + n]

@@ -28,12 +28,13 @@ class LocalCase:
     metric: str  # decode_tok_s | ttft_s
 
 
-def ensure_model(preset: str = "small", root: str | Path = MODELS_DIR) -> Path:
-    """The synthetic GGUF of `preset` (with its Engram table), made once under `root`."""
+def ensure_model(preset: str = "small", root: str | Path = MODELS_DIR, engram: bool = True) -> Path:
+    """The synthetic GGUF of `preset` (with its Engram table unless engram=False), made once under `root`."""
     from executor.make_model import engram_path, make_model
     path = Path(root) / f"{preset}.gguf"
-    if not path.exists() or not engram_path(path).exists():
-        make_model(preset, path, engram=True)
+    if not path.exists() or (engram and not engram_path(path).exists()):
+        Path(root).mkdir(parents=True, exist_ok=True)
+        make_model(preset, path, engram=engram)
     return path
 
 
