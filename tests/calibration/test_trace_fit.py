@@ -170,8 +170,8 @@ def test_host_sharing_cache_plan_pays_for_hits_beside_the_cpu_job(runs):
     reads that off those layers (overlap_layer_ms: their hand-off; overlap_dev_ms: the hits and the
     job's window beyond the two in turn) and the simulator runs them in turn plus that cost. Without
     these two the fitted profile predicted the cache plan 33-58% fast (sessions 9-10, the device rate
-    being fitted on layers whose experts are all resident); with them +11-16%, four runs, against
-    +35-70% for the same fit with the two constants removed. What remains: in that plan the dense
+    being fitted on layers whose experts are all resident); with them +8-17%, seven runs, against
+    +27-70% for the same fit with the two constants removed. What remains: in that plan the dense
     path itself runs slower (0.053-0.09 against 0.04-0.05 ms a layer on `tiny`, three runs),
     which the host overhead, fitted on the all-CPU plan, does not know."""
     path, m, d, out = runs
