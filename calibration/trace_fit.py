@@ -237,10 +237,8 @@ def fit(traces: dict[str, list[dict]], model, dense_gbs: float, threads: int,
     if host_only and dev_rest:
         f.device_layer_ms = max(0.0, statistics.median(dev_rest) - dense_ms - f.layer_overhead_ms)
         f.n["device_layers"] = len(dev_rest)
-    if not discrete:
-        _fit_shared_overlap(f, dec, dev, rest, dense_ms)
-    else:
-        _fit_overlap(f, dec, dev, rest, dense_ms)
+    _fit_overlap(f, dec, dev, rest, dense_ms, discrete)
+    if discrete:
         f.copy_h2d_gbs = copy_gbs
         copied = [r for r in dec if r.get("pcie") and not r["hits"] and not r["cpu"]]
         if copied and f.hit_ms and copy_gbs:
@@ -271,38 +269,31 @@ def fit(traces: dict[str, list[dict]], model, dense_gbs: float, threads: int,
     return f
 
 
-def _fit_overlap(f: HostFit, dec, dev, rest, dense_ms: float) -> None:
-    """A discrete GPU's device-only layers (device_layer_ms) and overlapped layers (hits beside a CPU
-    job: the hand-off's host time, each side's time beyond its one-sided model), medians."""
-    f.discrete = True
-    only = [r for r in dec if dev(r) and not r["cpu"]]
+def _fit_overlap(f: HostFit, dec, dev, rest, dense_ms: float, discrete: bool) -> None:
+    """Device-only layers (device_layer_ms) and layers with hits beside a CPU job (overlap_layer_ms: their
+    rest beyond the host's, the hand-off's host time), medians. On a discrete GPU overlap_dev_ms and
+    overlap_cpu_ms are each side's time beyond its one-sided model; on a host-sharing device, where the
+    two take turns on the cores, overlap_dev_ms is their window (t_dev + t_wait) beyond the two in turn,
+    and without such layers nothing is read here (device_layer_ms stays fitted on every device layer)."""
+    f.discrete = discrete
     both = [r for r in dec if r["hits"] and r["cpu"] and not r.get("pcie")]
-    if only:
-        f.device_layer_ms = max(0.0, statistics.median(rest(r) for r in only) - dense_ms - f.layer_overhead_ms)
-        f.n["device_layers"] = len(only)
-    if both and f.hit_ms:
-        f.overlap_layer_ms = max(0.0, statistics.median(rest(r) for r in both) - dense_ms - f.layer_overhead_ms)
-        f.overlap_dev_ms = max(0.0, statistics.median(r["t_dev_ms"] - len(r["hits"]) * f.hit_ms for r in both))
-        f.overlap_cpu_ms = max(0.0, statistics.median(r["t_cpu_ms"] - f.cpu_job_ms - f.cpu_expert_ms * len(r["cpu"])
-                                                      for r in both))
-        f.n["overlap_layers"] = len(both)
-
-
-def _fit_shared_overlap(f: HostFit, dec, dev, rest, dense_ms: float) -> None:
-    """A host-sharing device's layers with hits beside a CPU job (overlap_layer_ms: their rest beyond the
-    host's; overlap_dev_ms: the hits and the job's window beyond the two run in turn) and its
-    device-only layers (device_layer_ms), medians; nothing without such layers."""
-    both = [r for r in dec if r["hits"] and r["cpu"] and not r.get("pcie")]
-    if not both or not f.hit_ms:
+    fitted = bool(both and f.hit_ms)
+    if not (discrete or fitted):
         return
     only = [r for r in dec if dev(r) and not r["cpu"]]
     if only:
         f.device_layer_ms = max(0.0, statistics.median(rest(r) for r in only) - dense_ms - f.layer_overhead_ms)
         f.n["device_layers"] = len(only)
+    if not fitted:
+        return
     f.overlap_layer_ms = max(0.0, statistics.median(rest(r) for r in both) - dense_ms - f.layer_overhead_ms)
-    f.overlap_dev_ms = max(0.0, statistics.median(
-        r["t_dev_ms"] + r.get("t_wait_ms", 0.0) - len(r["hits"]) * f.hit_ms - f.cpu_job_ms
-        - f.cpu_expert_ms * len(r["cpu"]) for r in both))
+    job = lambda r: f.cpu_job_ms + f.cpu_expert_ms * len(r["cpu"])  # noqa: E731
+    if discrete:
+        f.overlap_dev_ms = max(0.0, statistics.median(r["t_dev_ms"] - len(r["hits"]) * f.hit_ms for r in both))
+        f.overlap_cpu_ms = max(0.0, statistics.median(r["t_cpu_ms"] - job(r) for r in both))
+    else:
+        f.overlap_dev_ms = max(0.0, statistics.median(
+            r["t_dev_ms"] + r.get("t_wait_ms", 0.0) - len(r["hits"]) * f.hit_ms - job(r) for r in both))
     f.n["overlap_layers"] = len(both)
 
 

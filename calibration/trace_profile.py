@@ -52,16 +52,14 @@ def fitted_profile(base, model, f: HostFit, sources: list[str], date: str):
                   device_layer_ms=d(f.device_layer_ms, "layers with device work: their rest beyond the host's, median"),
                   cpu_job_ms=d(f.cpu_job_ms, "t_cpu = c_a + c_b n over inline CPU jobs"),
                   dev_bytes_per_param=Figure(DEVICE_BYTES_PER_PARAM, "derived", "executor device copies are f32"))
-    if f.n.get("overlap_layers") and not f.discrete:
+    if f.discrete or f.n.get("overlap_layers"):
         consts.update(overlap_layer_ms=d(f.overlap_layer_ms, "layers with hits beside a CPU job: their rest beyond "
                                          "the host's, median"),
-                      overlap_dev_ms=d(f.overlap_dev_ms, "those layers: t_dev + t_wait beyond hit_ms per hit and "
+                      overlap_dev_ms=d(f.overlap_dev_ms, "those layers: t_dev beyond hit_ms per hit, median"
+                                       if f.discrete else "those layers: t_dev + t_wait beyond hit_ms per hit and "
                                        "c_a + c_b n (the two in turn on the shared cores), median"))
     if f.discrete:
-        consts.update(overlap_layer_ms=d(f.overlap_layer_ms, "layers with hits beside a CPU job: their rest beyond "
-                                         "the host's, median"),
-                      overlap_dev_ms=d(f.overlap_dev_ms, "those layers: t_dev beyond hit_ms per hit, median"),
-                      overlap_cpu_ms=d(f.overlap_cpu_ms, "those layers: t_cpu beyond c_a + c_b n, median"))
+        consts["overlap_cpu_ms"] = d(f.overlap_cpu_ms, "those layers: t_cpu beyond c_a + c_b n, median")
         if f.copy_h2d_gbs:
             consts["copy_h2d_gbs"] = base.constants["pageable_h2d_gbs"]  # measured by calibrate
         if f.n.get("copied_layers"):
