@@ -244,6 +244,16 @@ def read_bandwidth(nbytes: int = 1 << 30, repeat: int = 5, pool: np.ndarray | No
     return best
 
 
+_threads: int | None = None  # the last set_threads, read by threads() (numba.get_num_threads: 1-4 us a call)
+
+
 def set_threads(n: int | None) -> None:
     """Use `n` CPU threads for the kernels (None: all)."""
-    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS) if n else numba.config.NUMBA_NUM_THREADS)
+    global _threads
+    _threads = min(n, numba.config.NUMBA_NUM_THREADS) if n else numba.config.NUMBA_NUM_THREADS
+    numba.set_num_threads(_threads)
+
+
+def threads() -> int:
+    """The kernels' thread count: set_threads' last value, else numba's."""
+    return _threads if _threads is not None else numba.get_num_threads()

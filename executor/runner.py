@@ -84,7 +84,9 @@ class Runner:
     def step(self, ids: np.ndarray, phase: str, step: int) -> torch.Tensor:
         """Run new tokens ids [S, n] through the model -> logits [S, V] at each stream's last token."""
         if self.cpu is not None:
-            return torch.from_numpy(self.cpu.step(ids, phase, step))
+            logits = self.cpu.step(ids, phase, step)
+            self.cpu.flush()
+            return torch.from_numpy(logits)
         S, n = ids.shape
         for s in range(S):
             self.hist[s].extend(int(t) for t in ids[s])
@@ -143,14 +145,12 @@ class Runner:
         self.experts.end_step()
         tok = _argmax(logits)  # [S]
         ttft = time.perf_counter() - t0
-        _host_time(self.trace[n0:], ttft)
         out, all_logits, itl = [tok], [_numpy(logits)] if keep_logits else [], []
         for g in range(1, gen_tokens):
-            t, n0 = time.perf_counter(), len(self.trace)
+            t = time.perf_counter()
             logits = self._run(tok[:, None], "decode", g)
             tok = _argmax(logits)
             itl.append(time.perf_counter() - t)
-            _host_time(self.trace[n0:], itl[-1])
             self.experts.end_step()
             out.append(tok)
             if keep_logits:
@@ -159,6 +159,11 @@ class Runner:
                 print(f"\rdecode {g + 1}/{gen_tokens}", end="", file=sys.stderr, flush=True)
         if progress:
             print(file=sys.stderr)
+        if self.cpu is not None:
+            self.cpu.flush()  # the fused steps' records, built after the timed steps
+        L = self.c.n_layers  # every step writes one record a layer
+        for s, wall in enumerate([ttft] + itl):
+            _host_time(self.trace[n0 + s * L:n0 + (s + 1) * L], wall)
         return np.stack(out, axis=1), dict(ttft_s=ttft, itl_s=itl), all_logits
 
 

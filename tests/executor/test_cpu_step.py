@@ -1,5 +1,6 @@
-"""The numpy dense path (executor/cpu_step.py) gives the bits of the torch-glued step and the same trace
-records, whatever the expert tiers; it is taken whenever the dense weights are read in place on the CPU."""
+"""The numpy dense path (executor/cpu_step.py), its kernels called from Python, gives the bits of the
+torch-glued step and the same trace records, whatever the expert tiers; its fused runs of layers give the
+same tokens and records; it is taken whenever the dense weights are read in place on the CPU."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from executor import kernels as K
-from executor.cpu_step import fits
+from executor.cpu_step import CpuStep, fits
 from executor.runner import Runner, default_prompts
 from specs.plan import ExpertCache, MissPolicy, Placement, Plan
 
@@ -15,11 +16,13 @@ TIMES = {"t_dense_ms", "t_engram_ms", "t_experts_ms", "t_cpu_ms", "t_dev_ms", "t
          "engram_major_faults"}  # measured, so free to differ between the runs (faults: the page cache's state)
 
 
-def _run(tiny, plan, cpu_path: bool, prompt=6, gen=5):
+def _run(tiny, plan, cpu_path: bool, prompt=6, gen=5, fused=False):
     r = Runner(plan, tiny, prompt + gen)
     assert (r.cpu is not None) == fits(r)
     if not cpu_path:
         r.cpu = None  # the general step (torch tensors between the same kernels)
+    elif not fused:
+        r.cpu = CpuStep(r, fused=False)  # each layer's kernels called from Python
     try:
         toks, _, logits = r.generate(default_prompts(plan.streams, prompt, r.c.vocab, seed=5), gen, keep_logits=True)
     finally:
@@ -48,6 +51,39 @@ def test_cpu_step_bitwise_equal_to_torch_step(tiny, plan):
         assert list(x) == list(y)  # same fields in the same order (the JSONL lines match)
         assert {k: v for k, v in x.items() if k not in TIMES} == {k: v for k, v in y.items() if k not in TIMES}
         assert all(x[k] >= 0 for k in TIMES)
+
+
+FUSED = {"one-stream": Plan(placement=Placement(engram="none")), "engram": Plan(),
+         "three-streams": Plan(streams=3, placement=Placement(engram="none")),
+         "top-2": Plan(experts_per_token=2, placement=Placement(engram="none"))}
+
+
+@pytest.mark.parametrize("name", list(FUSED))
+def test_fused_layers_give_the_per_layer_tokens_within_1e4_of_its_logits(tiny, name):
+    """Plans whose layers are all plain CPU work run whole runs of layers in one numba call (Engram layers
+    end a run); its kernels are compiled again in that call and may round differently in the last bits:
+    the same tokens and trace records, logits within 1e-4 of their largest magnitude."""
+    plan = FUSED[name]
+    r = Runner(plan, tiny, 8)
+    assert r.cpu is not None and r.cpu.tables is not None
+    r.experts.close()
+    a_tok, a_lg, a_tr = _run(tiny, plan, True, fused=True)
+    b_tok, b_lg, b_tr = _run(tiny, plan, True, fused=False)
+    assert np.array_equal(a_tok, b_tok)
+    assert np.abs(a_lg - b_lg).max() <= 1e-4 * np.abs(b_lg).max()
+    assert len(a_tr) == len(b_tr)
+    for x, y in zip(a_tr, b_tr):
+        assert list(x) == list(y)
+        assert {k: v for k, v in x.items() if k not in TIMES} == {k: v for k, v in y.items() if k not in TIMES}
+
+
+def test_device_tiers_keep_the_per_layer_step(tiny):
+    """Slots, static layers or another miss policy decide per layer and routing: no fused runs."""
+    for plan in (Plan(expert_cache=ExpertCache(slots=8, policy="lru")), Plan(placement=Placement(gpu_expert_layers=[1])),
+                 Plan(miss_policy=MissPolicy(kind="copy"))):
+        r = Runner(plan, tiny, 8)
+        r.experts.close()
+        assert r.cpu is None or r.cpu.tables is None
 
 
 def test_cpu_step_taken_when_dense_is_read_in_place_on_the_cpu(tiny):
