@@ -2,8 +2,8 @@
 the same step with each layer's kernels called from Python (`CpuStep(fused=False)`), two runners in one
 process, alternating generate() calls:
 
-    python benchmarks/bench_fused_layers.py [--preset tiny|small|...] [--dir /tmp/moe-offload-bench]
-        [--rounds 10] [--tokens 64]
+    python benchmarks/bench_fused_layers.py [--preset tiny|small|... | --model FILE.gguf]
+        [--dir /tmp/moe-offload-bench] [--rounds 10] [--tokens 64]
 
 Prints each round's median inter-token latency for both and the median of the paired ratios (this VM's
 spells move both by +-10-30% across minutes; a round runs the two within a few hundred ms).
@@ -27,12 +27,13 @@ from specs.plan import Placement, Plan  # noqa: E402
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--model", help="a GGUF instead of a preset (e.g. bench_vs_llamacpp's fixture-shape.gguf)")
     ap.add_argument("--dir", default="/tmp/moe-offload-bench")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--tokens", type=int, default=64, help="decode tokens per generate() call")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
-    model = ensure_model(a.preset, a.dir, engram=False)
+    model = Path(a.model) if a.model else ensure_model(a.preset, a.dir, engram=False)
     plan = Plan(placement=Placement(engram="none", dense="cpu"), cpu_threads=a.threads, streams=1)
     runners = {}
     for fused in (True, False):
