@@ -12,7 +12,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .kernels import (_FUSED, _ROWS, _SERIAL_BYTES, _parts, _parts_serial, _quant_rows, _rows_matmul, drop_stale_cache,
+from .kernels import (_ROWS, _SERIAL_BYTES, _parts, _parts_serial, _quant_rows, _rows_matmul, drop_stale_cache,
                       flat, prange_only)
 from .simd import silu_mul
 
@@ -161,6 +161,7 @@ def _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, o
 
 
 _WHOLE_BALANCE = 1.1  # most loaded thread / mean (tokens as the load) up to which experts run whole
+_WHOLE_TOKENS = 8  # most tokens an expert for whole experts per thread (decode and small batches)
 
 
 def thread_loads(counts, threads: int) -> np.ndarray:
@@ -178,10 +179,10 @@ def _even_split(n: int, threads: int) -> bool:
 
 def whole_experts_per_thread(counts, threads: int) -> bool:
     """True when a CPU job of experts routed by `counts` tokens runs each expert start to end on one
-    thread (one parallel region, no barrier between the up and the down products): at most _FUSED
+    thread (one parallel region, no barrier between the up and the down products): at most _WHOLE_TOKENS
     tokens an expert and the busiest thread within 1.1x the mean; else each matrix's rows split."""
     counts = np.asarray(counts)
-    if counts.size == 0 or counts.max() > _FUSED:
+    if counts.size == 0 or counts.max() > _WHOLE_TOKENS:
         return False
     if counts.max() == 1:
         return _even_split(counts.size, threads)
@@ -248,7 +249,7 @@ def _whole(offs, nthr):
     if offs[n] == n:  # one token an expert (decode)
         return -(-n // nthr) * nthr <= _WHOLE_BALANCE * n
     for i in range(n):
-        if offs[i + 1] - offs[i] > _FUSED:
+        if offs[i + 1] - offs[i] > _WHOLE_TOKENS:
             return False
     owner = _owners(offs, nthr)
     load = np.zeros(nthr, np.int64)

@@ -16,7 +16,8 @@ import numpy as np
 from numba import njit, prange
 
 from .gemm import deq_matmul
-from .simd import quant16, rows1_f16, rows1_q4, rows1_q8, rows4_f16, rows4_q4, rows4_q8, rows8_q4, rows8_q8
+from .simd import (quant16, rows1_f16, rows1_q4, rows1_q8, rows4_f16, rows4_q4, rows4_q8, rows4x2_q4, rows4x2_q8,
+                   rows8_q4, rows8_q8)
 
 
 def drop_stale_cache(stem: str, deps: tuple[str, ...]) -> None:
@@ -51,58 +52,82 @@ def prange_only() -> dict:
                 numpy=False, stencil=False, fusion=False)
 
 _ROWS = 32  # rows per parallel work item (16 -> 32: ~5% on Q4_0 expert GB/s, fewer item switches)
-_FUSED = 8  # tokens per expert up to which each token gets fused in-place dots
+_FUSED = 16  # tokens per expert up to which each token gets fused in-place dots (8 before token pairs)
+PAIRS = True  # fused dots two tokens at a time (rows decoded once for both)
 
 
 @njit(fastmath=True)
-def _rows_dot(code, w, r0, r1, rb, x, x16, dx, res, off):
-    """res[off + r - r0] = row_r . x for rows [r0, r1) of flat expert bytes w (row stride rb).
-
-    Q8_0 / Q4_0 use the int16 activations x16 * dx, F16 the float32 x (simd.py intrinsics).
-    """
-    nb = np.int64(x.shape[0] // 32)
+def _rows_token(code, w, r0, r1, rb, X16, DX, k, res, off):
+    """res[k, off + r - r0] = row_r . token k for rows [r0, r1) of flat Q8_0 / Q4_0 bytes w (row stride rb),
+    the token's int16 activations X16[k] * DX[k] (simd.py intrinsics, 8 rows at a time)."""
+    nb = np.int64(X16.shape[1] // 32)
     r = r0
     if code == Q8_0:
         while r + 8 <= r1:
-            rows8_q8(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(off + r - r0))
+            rows8_q8(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
             r += 8
         while r + 4 <= r1:
-            rows4_q8(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(off + r - r0))
+            rows4_q8(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
             r += 4
         while r < r1:
-            rows1_q8(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(off + r - r0))
+            rows1_q8(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
             r += 1
-    elif code == Q4_0:
+    else:
         while r + 8 <= r1:
-            rows8_q4(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(off + r - r0))
+            rows8_q4(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
             r += 8
         while r + 4 <= r1:
-            rows4_q4(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(off + r - r0))
+            rows4_q4(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
             r += 4
         while r < r1:
-            rows1_q4(w, np.int64(r * rb), np.int64(rb), x16, dx, nb, res, np.int64(off + r - r0))
+            rows1_q4(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
             r += 1
-    else:  # F16: float32 activations, exact products
-        nc = np.int64(x.shape[0] // 16)
-        while r + 4 <= r1:
-            rows4_f16(w, np.int64(r * rb), np.int64(rb), x, dx, nc, res, np.int64(off + r - r0))
-            r += 4
-        while r < r1:
-            rows1_f16(w, np.int64(r * rb), np.int64(rb), x, dx, nc, res, np.int64(off + r - r0))
-            r += 1
+
+
+@njit(fastmath=True)
+def _rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off):
+    """_rows_token for tokens k and k + 1 at once: 4-row groups decoded once for both (the same products
+    and float adds per row and token, so the same bits), the last r % 4 rows per token."""
+    nb = np.int64(X16.shape[1] // 32)
+    r = r0
+    while r + 4 <= r1:
+        if code == Q8_0:
+            rows4x2_q8(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+        else:
+            rows4x2_q4(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+        r += 4
+    if r < r1:
+        _rows_token(code, w, r, r1, rb, X16, DX, k, res, off + r - r0)
+        _rows_token(code, w, r, r1, rb, X16, DX, k + 1, res, off + r - r0)
 
 
 @njit(fastmath=True)
 def _rows_matmul(code, w, r0, r1, rb, X, X16, DX, res, off):
-    """res[k, off + r - r0] = row_r . X[k] for the m rows of X [m, cols]: fused in-place dots per token up to
-    _FUSED tokens (the weight rows stay in L1/L2), else the rows are dequantised once and multiplied
-    with every token in register blocks (prefill; gemm.py)."""
+    """res[k, off + r - r0] = row_r . X[k] for the m rows of X [m, cols]: fused in-place dots up to _FUSED
+    tokens (Q8_0 / Q4_0: int16 activations X16 * DX, tokens in pairs; F16: float32 X), the weight rows
+    staying in L1/L2; else the rows are dequantised once and multiplied with every token in register
+    blocks (prefill; gemm.py)."""
     m = X.shape[0]
-    if m <= _FUSED:
+    if m > _FUSED:
+        deq_matmul(code, w, r0, r1, rb, X, res, off)
+    elif code == F16:
+        nc = np.int64(X.shape[1] // 16)
         for k in range(m):
-            _rows_dot(code, w, r0, r1, rb, X[k], X16[k], DX[k], res[k], off)
-        return
-    deq_matmul(code, w, r0, r1, rb, X, res, off)
+            r = r0
+            while r + 4 <= r1:
+                rows4_f16(w, np.int64(r * rb), np.int64(rb), X[k], DX[k], nc, res[k], np.int64(off + r - r0))
+                r += 4
+            while r < r1:
+                rows1_f16(w, np.int64(r * rb), np.int64(rb), X[k], DX[k], nc, res[k], np.int64(off + r - r0))
+                r += 1
+    else:
+        k = 0
+        while k + 2 <= m and PAIRS:
+            _rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off)
+            k += 2
+        while k < m:
+            _rows_token(code, w, r0, r1, rb, X16, DX, k, res, off)
+            k += 1
 
 
 @njit(fastmath=True, cache=True)

@@ -37,11 +37,30 @@ def _pmadd(builder, a, b):
     return builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", V(I32, 8), [V(I16, 16), V(I16, 16)]), [a, b])
 
 
+# The kernels' float adds and multiplies carry one fast-math flag, nsz (the sign of a zero result may be
+# ignored), which permits no regrouping: numba gives every fadd / fmul of a fastmath function that has no
+# flag all of them, an intrinsic's inlined ops too, so the kernels' sums would round differently with the
+# function that compiled them first (a token pair's rows were 1 ulp off a lone token's, cold caches only).
+_EXACT = ("nsz",)
+
+
+def _fadd(builder, a, b):
+    return builder.fadd(a, b, flags=_EXACT)
+
+
+def _fsub(builder, a, b):
+    return builder.fsub(a, b, flags=_EXACT)
+
+
+def _fmul(builder, a, b):
+    return builder.fmul(a, b, flags=_EXACT)
+
+
 def hsum8(builder, a):
     """<8 x float> -> the sum of its lanes, halving: (0..3 + 4..7), then pairs, then the last two."""
-    s = builder.fadd(_slice(builder, a, 0, 4), _slice(builder, a, 4, 4))
-    s = builder.fadd(_slice(builder, s, 0, 2), _slice(builder, s, 2, 2))
-    return builder.fadd(builder.extract_element(s, ir.Constant(I32, 0)), builder.extract_element(s, ir.Constant(I32, 1)))
+    s = _fadd(builder, _slice(builder, a, 0, 4), _slice(builder, a, 4, 4))
+    s = _fadd(builder, _slice(builder, s, 0, 2), _slice(builder, s, 2, 2))
+    return _fadd(builder, builder.extract_element(s, ir.Constant(I32, 0)), builder.extract_element(s, ir.Constant(I32, 1)))
 
 
 def _splat(builder, v, n):
@@ -50,10 +69,11 @@ def _splat(builder, v, n):
     return builder.shuffle_vector(t, t, ir.Constant(V(I32, n), [0] * n))
 
 
-def _rows(q4: bool, NR: int):
-    """Codegen: res[ro + k] = row_k . x for NR rows at byte woff + k * rb (nb blocks each).
+def _rows(q4: bool, NR: int, MT: int = 1):
+    """Codegen: res[k0 + t, ro + k] = row_k . x_t for NR rows at byte woff + k * rb (nb blocks each) and
+    the MT tokens t of X16 / DX [m, ...] (rows of C arrays) from k0.
 
-    x16 holds each 32-block as [x0, x2, .., x30, x1, x3, .., x31] (quant16), so the weights need
+    X16 holds each 32-block as [x0, x2, .., x30, x1, x3, .., x31] (quant16), so the weights need
     only in-lane ops to become the matching int16 words (no vpmovsxbw / vpmovzxbw widening):
     - Q8_0: words w = q[2j] | q[2j+1] << 8 give the odd values as w >> 8 and the even ones as
       (w << 8) >> 8 (arithmetic shifts);
@@ -63,27 +83,38 @@ def _rows(q4: bool, NR: int):
       block and is undone once in the final sum.
       The -8 offset is subtracted per row in float: scale x 8 sum(x16) (quant16 stores the sums).
     The NR row scales of a block are converted together (one vcvtph2ps, one block ahead: the insert
-    chain stays off the critical path), times dx, and stored to a stack slot from which each row
-    broadcast-loads its own (vbroadcastss m32: a load, where a register broadcast costs a shuffle).
+    chain stays off the critical path), times each token's dx, and stored to a stack slot from which
+    each row broadcast-loads its own (vbroadcastss m32: a load, where a register broadcast costs a
+    shuffle). With MT tokens a row's weights are decoded once for all of them; each token's products,
+    scales and float adds are those of MT = 1, so the results are bitwise the same.
     """
     bs = 18 if q4 else 34
 
     def gen(context, builder, sig, args):
-        wa, woff, rb, xa, da, nb, ra, roff = args
-        data = lambda i, v: cgutils.create_struct_proxy(sig.args[i])(context, builder, value=v).data  # noqa: E731
-        wd, xd, dd, rd = data(0, wa), data(3, xa), data(4, da), data(6, ra)
+        wa, woff, rb, xa, da, k0, nb, ra, roff = args
+        i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+
+        def rows_of(i, v, ty):  # token rows k0 .. k0 + MT - 1 of 2-D array argument i, as ty pointers
+            ary = cgutils.create_struct_proxy(sig.args[i])(context, builder, value=v)
+            s0 = cgutils.unpack_tuple(builder, ary.strides, 2)[0]
+            p = builder.bitcast(ary.data, I8.as_pointer())
+            return [builder.bitcast(builder.gep(p, [builder.mul(builder.add(k0, i64(t)), s0)]), ty.as_pointer())
+                    for t in range(MT)]
+
+        wd = cgutils.create_struct_proxy(sig.args[0])(context, builder, value=wa).data
+        xds, dds, rds = rows_of(3, xa, I16), rows_of(4, da, F32), rows_of(7, ra, F32)
         zero = ir.Constant(V(F32, 8), [0.0] * 8)
-        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(NR)]
-        # two stack slots of NR scales (blocks b and b + 1 alternate); the slot index is not a constant,
+        accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(MT)] for _ in range(NR)]
+        # two stack slots of NR x MT scales (blocks b and b + 1 alternate); the slot index is not a constant,
         # so LLVM keeps the stores and the scalar loads instead of turning them into vector shuffles
-        sbuf = builder.bitcast(cgutils.alloca_once(builder, V(F32, 2 * NR)), F32.as_pointer())
-        one, nr = ir.Constant(I64, 1), ir.Constant(I64, NR)
-        slot = lambda b: builder.gep(sbuf, [builder.mul(builder.and_(b, one), nr)])  # noqa: E731
-        sput = lambda b, v: builder.store(v, builder.bitcast(slot(b), V(F32, NR).as_pointer()), align=4)  # noqa: E731
+        W = NR * MT
+        sbuf = builder.bitcast(cgutils.alloca_once(builder, V(F32, 2 * W)), F32.as_pointer())
+        one = i64(1)
+        slot = lambda b, t: builder.gep(sbuf, [builder.add(builder.mul(builder.and_(b, one), i64(W)), i64(NR * t))])  # noqa: E731
+        sput = lambda b, t, v: builder.store(v, builder.bitcast(slot(b, t), V(F32, NR).as_pointer()), align=4)  # noqa: E731
         fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
         pref = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
         c16 = lambda v: ir.Constant(V(I16, 16), [v] * 16)  # noqa: E731
-        i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
         rbk = [builder.mul(rb, i64(k)) for k in range(NR)]
         pfo = builder.add(woff, builder.mul(rb, i64(NR)))  # the next row group
 
@@ -91,32 +122,37 @@ def _rows(q4: bool, NR: int):
             p0 = builder.gep(wd, [builder.add(woff, builder.mul(b, i64(bs)))])
             return [builder.gep(p0, [rbk[k]]) if k else p0 for k in range(NR)]
 
-        def scales(b):  # <NR x f32>: fp16 scales of block b of the NR rows, times dx[b]
+        def scales(b):  # <NR x f32> per token: fp16 scales of block b of the NR rows, times its dx[b]
             ps = rowptrs(b)
             hv = ir.Constant(V(I16, NR), [0] * NR)  # not undef: vpinsrw would merge into a live register
             for k, p in enumerate(ps):
                 hv = builder.insert_element(hv, builder.load(builder.bitcast(p, I16.as_pointer()), align=1),
                                             ir.Constant(I32, k))
             sv = builder.fpext(builder.bitcast(hv, V(ir.HalfType(), NR)), V(F32, NR))
-            return builder.fmul(sv, _splat(builder, builder.load(builder.gep(dd, [b])), NR))
+            return [_fmul(builder, sv, _splat(builder, builder.load(builder.gep(dds[t], [b])), NR)) for t in range(MT)]
 
-        corr = cgutils.alloca_once_value(builder, ir.Constant(V(F32, NR), [0.0] * NR))
+        def put_scales(b, src):
+            for t, v in enumerate(scales(src)):
+                sput(b, t, v)
+
+        corr = [cgutils.alloca_once_value(builder, ir.Constant(V(F32, NR), [0.0] * NR)) for _ in range(MT)]
         with builder.if_then(builder.icmp_signed(">", nb, i64(0))):
-            sput(i64(0), scales(i64(0)))
+            put_scales(i64(0), i64(0))
         with cgutils.for_range(builder, nb) as loop:
             b = loop.index
             # block b + 1's scales are gathered now (clamped: never past the rows' last block), so that the
             # insert / convert chain is off the critical path of this block's products
             bn = builder.add(b, i64(1))
-            sput(bn, scales(builder.select(builder.icmp_signed("<", bn, nb), bn, b)))
+            put_scales(bn, builder.select(builder.icmp_signed("<", bn, nb), bn, b))
             if q4:  # sum (q - 8) x = sum q x - 8 sum x: the second term per row in float, 8 sum x16 from quant16
-                sb = builder.load(builder.bitcast(slot(b), V(F32, NR).as_pointer()), align=4)
-                cb = _splat(builder, builder.load(builder.gep(dd, [builder.add(nb, b)])), NR)
-                builder.store(builder.fadd(builder.load(corr), builder.fmul(sb, cb)), corr)
-            sread = slot(b)
-            px = builder.bitcast(builder.gep(xd, [builder.mul(b, i64(32))]), V(I16, 16).as_pointer())
-            xe = builder.load(px, align=2)
-            xo = builder.load(builder.gep(px, [i64(1)]), align=2)
+                for t in range(MT):
+                    sb = builder.load(builder.bitcast(slot(b, t), V(F32, NR).as_pointer()), align=4)
+                    cb = _splat(builder, builder.load(builder.gep(dds[t], [builder.add(nb, b)])), NR)
+                    builder.store(_fadd(builder, builder.load(corr[t]), _fmul(builder, sb, cb)), corr[t])
+            xs = []
+            for t in range(MT):
+                px = builder.bitcast(builder.gep(xds[t], [builder.mul(b, i64(32))]), V(I16, 16).as_pointer())
+                xs.append((builder.load(px, align=2), builder.load(builder.gep(px, [i64(1)]), align=2)))
             ps = rowptrs(b)
             if PREFETCH:  # the next row group (contiguous), linearly: NR * bs bytes per block, one
                 # prefetch per cache line instead of one per row and block
@@ -125,8 +161,7 @@ def _rows(q4: bool, NR: int):
                     builder.call(pref, [builder.gep(pf, [i64(64 * i)]), ir.Constant(I32, 0),
                                         ir.Constant(I32, 3), ir.Constant(I32, 1)])
             for k in range(NR):
-                p = ps[k]
-                pq = builder.gep(p, [i64(2)])
+                pq = builder.gep(ps[k], [i64(2)])
                 if q4:  # lane masks: lane 1 holds 16 x its nibble values (undone in the final sum)
                     qv = builder.load(builder.bitcast(pq, V(I8, 16).as_pointer()), align=1)
                     q16 = builder.bitcast(builder.shuffle_vector(qv, qv, ir.Constant(V(I32, 32), list(range(16)) * 2)),
@@ -138,22 +173,24 @@ def _rows(q4: bool, NR: int):
                     qw = builder.load(builder.bitcast(pq, V(I16, 16).as_pointer()), align=1)
                     wo = builder.ashr(qw, c16(8))
                     we = builder.ashr(builder.shl(qw, c16(8)), c16(8))
-                m = builder.add(_pmadd(builder, we, xe), _pmadd(builder, wo, xo))  # [8] int32
-                skv = _splat(builder, builder.load(builder.gep(sread, [ir.Constant(I32, k)]), align=4), 8)
-                acc = builder.call(fma, [builder.sitofp(m, V(F32, 8)), skv, builder.load(accs[k])])
-                builder.store(acc, accs[k])
-        for k in range(NR):
-            a = builder.load(accs[k])
-            hi = _slice(builder, a, 4, 4)
-            if q4:
-                hi = builder.fmul(hi, ir.Constant(V(F32, 4), [1 / 16] * 4))
-            s = builder.fadd(_slice(builder, a, 0, 4), hi)
-            s = builder.fadd(_slice(builder, s, 0, 2), _slice(builder, s, 2, 2))
-            v = builder.fadd(builder.extract_element(s, ir.Constant(I32, 0)),
-                             builder.extract_element(s, ir.Constant(I32, 1)))
-            if q4:
-                v = builder.fsub(v, builder.extract_element(builder.load(corr), ir.Constant(I32, k)))
-            builder.store(v, builder.gep(rd, [builder.add(roff, ir.Constant(I64, k))]))
+                for t, (xe, xo) in enumerate(xs):
+                    m = builder.add(_pmadd(builder, we, xe), _pmadd(builder, wo, xo))  # [8] int32
+                    skv = _splat(builder, builder.load(builder.gep(slot(b, t), [ir.Constant(I32, k)]), align=4), 8)
+                    acc = builder.call(fma, [builder.sitofp(m, V(F32, 8)), skv, builder.load(accs[k][t])])
+                    builder.store(acc, accs[k][t])
+        for t in range(MT):
+            for k in range(NR):
+                a = builder.load(accs[k][t])
+                hi = _slice(builder, a, 4, 4)
+                if q4:
+                    hi = _fmul(builder, hi, ir.Constant(V(F32, 4), [1 / 16] * 4))
+                s = _fadd(builder, _slice(builder, a, 0, 4), hi)
+                s = _fadd(builder, _slice(builder, s, 0, 2), _slice(builder, s, 2, 2))
+                v = _fadd(builder, builder.extract_element(s, ir.Constant(I32, 0)),
+                                 builder.extract_element(s, ir.Constant(I32, 1)))
+                if q4:
+                    v = _fsub(builder, v, builder.extract_element(builder.load(corr[t]), ir.Constant(I32, k)))
+                builder.store(v, builder.gep(rds[t], [builder.add(roff, ir.Constant(I64, k))]))
         return context.get_dummy_value()
 
     return gen
@@ -195,7 +232,7 @@ def _rows_f16(NR: int):
                 builder.store(builder.call(fma, [builder.fpext(hv, V(F32, 16)), xv, builder.load(accs[k])]), accs[k])
         for k in range(NR):
             a = builder.load(accs[k])
-            v = hsum8(builder, builder.fadd(_slice(builder, a, 0, 8), _slice(builder, a, 8, 8)))
+            v = hsum8(builder, _fadd(builder, _slice(builder, a, 0, 8), _slice(builder, a, 8, 8)))
             builder.store(v, builder.gep(rd, [builder.add(roff, ir.Constant(I64, k))]))
         return context.get_dummy_value()
 
@@ -206,36 +243,51 @@ def _sig(w, wo, rb, x16, dx, nb, res, ro):
     return types.none(w, wo, rb, x16, dx, nb, res, ro)
 
 
+def _qsig(w, wo, rb, X16, DX, k0, nb, res, ro):
+    return types.none(w, wo, rb, X16, DX, k0, nb, res, ro)
+
+
 if HAVE_AVX2:
     @intrinsic
-    def rows4_q8(typingctx, w, wo, rb, x16, dx, nb, res, ro):
-        """res[ro:ro+4] = 4 Q8_0 rows (bytes at wo, stride rb) . (x16 * dx)."""
-        return _sig(w, wo, rb, x16, dx, nb, res, ro), _rows(False, 4)
+    def rows8_q8(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
+        """res[k0, ro:ro+8] = 8 Q8_0 rows (bytes at wo, stride rb) . token k0 of (X16 * DX) (2-D, token rows)."""
+        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(False, 8)
 
     @intrinsic
-    def rows1_q8(typingctx, w, wo, rb, x16, dx, nb, res, ro):
-        """res[ro] = Q8_0 row at wo . (x16 * dx)."""
-        return _sig(w, wo, rb, x16, dx, nb, res, ro), _rows(False, 1)
+    def rows4_q8(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
+        """res[k0, ro:ro+4] = 4 Q8_0 rows . token k0."""
+        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(False, 4)
 
     @intrinsic
-    def rows8_q8(typingctx, w, wo, rb, x16, dx, nb, res, ro):
-        """res[ro:ro+8] = 8 Q8_0 rows (bytes at wo, stride rb) . (x16 * dx)."""
-        return _sig(w, wo, rb, x16, dx, nb, res, ro), _rows(False, 8)
+    def rows1_q8(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
+        """res[k0, ro] = the Q8_0 row at wo . token k0."""
+        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(False, 1)
 
     @intrinsic
-    def rows8_q4(typingctx, w, wo, rb, x16, dx, nb, res, ro):
-        """res[ro:ro+8] = 8 Q4_0 rows (bytes at wo, stride rb) . (x16 * dx)."""
-        return _sig(w, wo, rb, x16, dx, nb, res, ro), _rows(True, 8)
+    def rows4x2_q8(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
+        """res[k0:k0+2, ro:ro+4] = 4 Q8_0 rows . tokens k0, k0 + 1 (each row decoded once)."""
+        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(False, 4, 2)
 
     @intrinsic
-    def rows4_q4(typingctx, w, wo, rb, x16, dx, nb, res, ro):
-        """res[ro:ro+4] = 4 Q4_0 rows (bytes at wo, stride rb) . (x16 * dx)."""
-        return _sig(w, wo, rb, x16, dx, nb, res, ro), _rows(True, 4)
+    def rows8_q4(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
+        """res[k0, ro:ro+8] = 8 Q4_0 rows (bytes at wo, stride rb) . token k0 of (X16 * DX)."""
+        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(True, 8)
 
     @intrinsic
-    def rows1_q4(typingctx, w, wo, rb, x16, dx, nb, res, ro):
-        """res[ro] = Q4_0 row at wo . (x16 * dx)."""
-        return _sig(w, wo, rb, x16, dx, nb, res, ro), _rows(True, 1)
+    def rows4_q4(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
+        """res[k0, ro:ro+4] = 4 Q4_0 rows . token k0."""
+        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(True, 4)
+
+    @intrinsic
+    def rows1_q4(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
+        """res[k0, ro] = the Q4_0 row at wo . token k0."""
+        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(True, 1)
+
+    @intrinsic
+    def rows4x2_q4(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
+        """res[k0:k0+2, ro:ro+4] = 4 Q4_0 rows . tokens k0, k0 + 1 (each row decoded once)."""
+        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(True, 4, 2)
+
     @intrinsic
     def rows4_f16(typingctx, w, wo, rb, x, unused, nc, res, ro):
         """res[ro:ro+4] = 4 F16 rows (bytes at wo, stride rb) . x (f32, nc chunks of 16)."""
@@ -257,22 +309,24 @@ else:  # portable fallbacks with the same signatures
         return -v if h & 0x8000 else v
 
     @njit
-    def _slow(q4, n, w, wo, rb, x16, dx, nb, res, ro):
+    def _slow(q4, n, mt, w, wo, rb, X16, DX, k0, nb, res, ro):
         bs = 18 if q4 else 34
-        for k in range(n):
-            acc = np.float32(0.0)
-            for b in range(nb):
-                o = wo + k * rb + b * bs
-                s = 0
-                for j in range(32):
-                    if q4:
-                        q = np.int32(w[o + 2 + (j % 16)])
-                        v = ((q & 15) if j < 16 else (q >> 4)) - 8
-                    else:
-                        v = np.int32(np.int8(w[o + 2 + j]))
-                    s += v * np.int32(x16[b * 32 + (j % 2) * 16 + j // 2])
-                acc += np.float32(s) * _h2f(w[o], w[o + 1]) * dx[b]
-            res[ro + k] = acc
+        for t in range(k0, k0 + mt):
+            x16, dx = X16[t], DX[t]
+            for k in range(n):
+                acc = np.float32(0.0)
+                for b in range(nb):
+                    o = wo + k * rb + b * bs
+                    s = 0
+                    for j in range(32):
+                        if q4:
+                            q = np.int32(w[o + 2 + (j % 16)])
+                            v = ((q & 15) if j < 16 else (q >> 4)) - 8
+                        else:
+                            v = np.int32(np.int8(w[o + 2 + j]))
+                        s += v * np.int32(x16[b * 32 + (j % 2) * 16 + j // 2])
+                    acc += np.float32(s) * _h2f(w[o], w[o + 1]) * dx[b]
+                res[t, ro + k] = acc
 
     @njit
     def _slow_f16(n, w, wo, rb, x, nc, res, ro):
@@ -292,28 +346,36 @@ else:  # portable fallbacks with the same signatures
         _slow_f16(1, w, wo, rb, x, nc, res, ro)
 
     @njit
-    def rows8_q8(w, wo, rb, x16, dx, nb, res, ro):
-        _slow(False, 8, w, wo, rb, x16, dx, nb, res, ro)
+    def rows8_q8(w, wo, rb, X16, DX, k0, nb, res, ro):
+        _slow(False, 8, 1, w, wo, rb, X16, DX, k0, nb, res, ro)
 
     @njit
-    def rows4_q8(w, wo, rb, x16, dx, nb, res, ro):
-        _slow(False, 4, w, wo, rb, x16, dx, nb, res, ro)
+    def rows4_q8(w, wo, rb, X16, DX, k0, nb, res, ro):
+        _slow(False, 4, 1, w, wo, rb, X16, DX, k0, nb, res, ro)
 
     @njit
-    def rows1_q8(w, wo, rb, x16, dx, nb, res, ro):
-        _slow(False, 1, w, wo, rb, x16, dx, nb, res, ro)
+    def rows1_q8(w, wo, rb, X16, DX, k0, nb, res, ro):
+        _slow(False, 1, 1, w, wo, rb, X16, DX, k0, nb, res, ro)
 
     @njit
-    def rows8_q4(w, wo, rb, x16, dx, nb, res, ro):
-        _slow(True, 8, w, wo, rb, x16, dx, nb, res, ro)
+    def rows4x2_q8(w, wo, rb, X16, DX, k0, nb, res, ro):
+        _slow(False, 4, 2, w, wo, rb, X16, DX, k0, nb, res, ro)
 
     @njit
-    def rows4_q4(w, wo, rb, x16, dx, nb, res, ro):
-        _slow(True, 4, w, wo, rb, x16, dx, nb, res, ro)
+    def rows8_q4(w, wo, rb, X16, DX, k0, nb, res, ro):
+        _slow(True, 8, 1, w, wo, rb, X16, DX, k0, nb, res, ro)
 
     @njit
-    def rows1_q4(w, wo, rb, x16, dx, nb, res, ro):
-        _slow(True, 1, w, wo, rb, x16, dx, nb, res, ro)
+    def rows4_q4(w, wo, rb, X16, DX, k0, nb, res, ro):
+        _slow(True, 4, 1, w, wo, rb, X16, DX, k0, nb, res, ro)
+
+    @njit
+    def rows1_q4(w, wo, rb, X16, DX, k0, nb, res, ro):
+        _slow(True, 1, 1, w, wo, rb, X16, DX, k0, nb, res, ro)
+
+    @njit
+    def rows4x2_q4(w, wo, rb, X16, DX, k0, nb, res, ro):
+        _slow(True, 4, 2, w, wo, rb, X16, DX, k0, nb, res, ro)
 
 
 @intrinsic

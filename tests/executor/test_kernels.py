@@ -47,3 +47,21 @@ def test_kernels_read_in_place(tiny):
         base = base.base
     assert isinstance(base, np.memmap) or np.shares_memory(w.data, m.reader.data)
     assert not w.data.flags.owndata
+
+
+@settings(max_examples=40, deadline=None)
+@given(qt=st.sampled_from(TYPES[:2]), rows=st.integers(1, 40), nb=st.integers(1, 12), seed=st.integers(0, 2**31))
+def test_token_pairs_give_each_tokens_bits(qk, qt, rows, nb, seed):
+    """Two tokens through one 4-row group (each row decoded once, kernels._rows_pair) give the bits of
+    each token alone (_rows_token): the same int16 products, scales and float adds per row."""
+    rng = np.random.default_rng(seed)
+    w = qk.tensor(rng, qt, 2, rows, nb * 32)
+    x = (rng.standard_normal((3, nb * 32)) * rng.uniform(0.01, 10)).astype(np.float32)
+    X16, DX = K._quant_rows(x)
+    flat = K.flat(w)[1]
+    rb = flat.shape[0] // rows
+    pair, alone = np.full((3, rows + 2), np.nan, np.float32), np.full((3, rows + 2), np.nan, np.float32)
+    K._rows_pair(w.code, flat, 0, rows, rb, X16, DX, 1, pair, 2)
+    for k in (1, 2):
+        K._rows_token(w.code, flat, 0, rows, rb, X16, DX, k, alone, 2)
+    assert np.array_equal(pair[1:, 2:], alone[1:, 2:]) and np.isnan(pair[0]).all() and np.isnan(pair[:, :2]).all()

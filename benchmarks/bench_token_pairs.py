@@ -1,0 +1,91 @@
+"""Two tokens per row decode (kernels._rows_pair: a 4-row group's weights decoded once for both tokens)
+against the same two tokens one at a time (_rows_token), and the fused int16 path with pairs against
+dequantise-then-GEMM (gemm.deq_matmul) at m tokens an expert: where kernels._FUSED sits. Expert 0's
+gate of each model, in cache, the two ways interleaved in one process, one thread:
+
+    python benchmarks/bench_token_pairs.py [--dir /tmp/moe-offload-bench] [--presets tiny small small-q4]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from numba import njit
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from calibration.local import ensure_model  # noqa: E402
+from executor import kernels as K  # noqa: E402
+from executor.gemm import deq_matmul  # noqa: E402
+from executor.gguf_model import GGUFModel  # noqa: E402
+
+
+@njit(fastmath=True)
+def _alone(code, w, R, rb, X16, DX, res, reps):
+    for _ in range(reps):
+        for k in range(X16.shape[0]):
+            K._rows_token(code, w, 0, R, rb, X16, DX, k, res, 0)
+
+
+@njit(fastmath=True)
+def _pairs(code, w, R, rb, X16, DX, res, reps):
+    m = X16.shape[0]
+    for _ in range(reps):
+        k = 0
+        while k + 2 <= m:
+            K._rows_pair(code, w, 0, R, rb, X16, DX, k, res, 0)
+            k += 2
+        if k < m:
+            K._rows_token(code, w, 0, R, rb, X16, DX, k, res, 0)
+
+
+@njit(fastmath=True)
+def _deq(code, w, R, rb, X, res, reps):
+    for _ in range(reps):
+        deq_matmul(code, w, 0, R, rb, X, res, 0)
+
+
+def _time(fns, rounds: int = 7) -> list[float]:
+    """Median seconds of each zero-argument callable, interleaved round by round."""
+    ts = [[] for _ in fns]
+    for _ in range(rounds):
+        for f, t in zip(fns, ts):
+            t0 = time.perf_counter()
+            f()
+            t.append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in ts]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", default="/tmp/moe-offload-bench")
+    ap.add_argument("--presets", nargs="+", default=["tiny", "small", "small-q4"])
+    a = ap.parse_args()
+    K.set_threads(1)
+    for preset in a.presets:
+        W = GGUFModel(ensure_model(preset, a.dir, engram=False)).experts(0, "gate")
+        w, R = K.flat(W)[0], W.rows
+        rb = w.shape[0] // R
+        line = []
+        for m in (2, 8, 12, 16, 24):
+            X = np.random.default_rng(m).standard_normal((m, W.cols)).astype(np.float32)
+            X16, DX = K._quant_rows(X)
+            res = np.empty((m, R), np.float32)
+            reps = max(1, int(2e6 // (R * W.cols * m // 1000 + 1)))
+            calls = [lambda: _pairs(W.code, w, R, rb, X16, DX, res, reps)]
+            calls.append((lambda: _alone(W.code, w, R, rb, X16, DX, res, reps)) if m == 2 else
+                         (lambda: _deq(W.code, w, R, rb, X, res, reps)))
+            for f in calls:
+                f()  # compiled
+            t_pairs, t_other = _time(calls)
+            line.append(f"m={m}: {'alone' if m == 2 else 'deq'} / pairs {t_other / t_pairs:.2f}")
+        print(f"{preset} gate {R}x{W.cols} ({W.qtype.name}): " + "; ".join(line), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
