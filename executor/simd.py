@@ -247,47 +247,21 @@ def _qsig(w, wo, rb, X16, DX, k0, nb, res, ro):
     return types.none(w, wo, rb, X16, DX, k0, nb, res, ro)
 
 
+def _qkernel(q4: bool, NR: int, MT: int = 1):
+    """rows{NR}[x{MT}]_{q8|q4}(w, wo, rb, X16, DX, k0, nb, res, ro): res[k0:k0+MT, ro:ro+NR] = NR Q8_0 / Q4_0
+    rows (bytes at wo, stride rb, nb blocks) . tokens k0.. of X16 * DX (2-D, a token a row)."""
+    if HAVE_AVX2:
+        @intrinsic
+        def kernel(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
+            return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(q4, NR, MT)
+    else:  # a portable fallback with the same signature
+        @njit
+        def kernel(w, wo, rb, X16, DX, k0, nb, res, ro):
+            _slow(q4, NR, MT, w, wo, rb, X16, DX, k0, nb, res, ro)
+    return kernel
+
+
 if HAVE_AVX2:
-    @intrinsic
-    def rows8_q8(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
-        """res[k0, ro:ro+8] = 8 Q8_0 rows (bytes at wo, stride rb) . token k0 of (X16 * DX) (2-D, token rows)."""
-        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(False, 8)
-
-    @intrinsic
-    def rows4_q8(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
-        """res[k0, ro:ro+4] = 4 Q8_0 rows . token k0."""
-        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(False, 4)
-
-    @intrinsic
-    def rows1_q8(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
-        """res[k0, ro] = the Q8_0 row at wo . token k0."""
-        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(False, 1)
-
-    @intrinsic
-    def rows4x2_q8(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
-        """res[k0:k0+2, ro:ro+4] = 4 Q8_0 rows . tokens k0, k0 + 1 (each row decoded once)."""
-        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(False, 4, 2)
-
-    @intrinsic
-    def rows8_q4(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
-        """res[k0, ro:ro+8] = 8 Q4_0 rows (bytes at wo, stride rb) . token k0 of (X16 * DX)."""
-        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(True, 8)
-
-    @intrinsic
-    def rows4_q4(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
-        """res[k0, ro:ro+4] = 4 Q4_0 rows . token k0."""
-        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(True, 4)
-
-    @intrinsic
-    def rows1_q4(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
-        """res[k0, ro] = the Q4_0 row at wo . token k0."""
-        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(True, 1)
-
-    @intrinsic
-    def rows4x2_q4(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
-        """res[k0:k0+2, ro:ro+4] = 4 Q4_0 rows . tokens k0, k0 + 1 (each row decoded once)."""
-        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(True, 4, 2)
-
     @intrinsic
     def rows4_f16(typingctx, w, wo, rb, x, unused, nc, res, ro):
         """res[ro:ro+4] = 4 F16 rows (bytes at wo, stride rb) . x (f32, nc chunks of 16)."""
@@ -345,37 +319,9 @@ else:  # portable fallbacks with the same signatures
     def rows1_f16(w, wo, rb, x, unused, nc, res, ro):
         _slow_f16(1, w, wo, rb, x, nc, res, ro)
 
-    @njit
-    def rows8_q8(w, wo, rb, X16, DX, k0, nb, res, ro):
-        _slow(False, 8, 1, w, wo, rb, X16, DX, k0, nb, res, ro)
 
-    @njit
-    def rows4_q8(w, wo, rb, X16, DX, k0, nb, res, ro):
-        _slow(False, 4, 1, w, wo, rb, X16, DX, k0, nb, res, ro)
-
-    @njit
-    def rows1_q8(w, wo, rb, X16, DX, k0, nb, res, ro):
-        _slow(False, 1, 1, w, wo, rb, X16, DX, k0, nb, res, ro)
-
-    @njit
-    def rows4x2_q8(w, wo, rb, X16, DX, k0, nb, res, ro):
-        _slow(False, 4, 2, w, wo, rb, X16, DX, k0, nb, res, ro)
-
-    @njit
-    def rows8_q4(w, wo, rb, X16, DX, k0, nb, res, ro):
-        _slow(True, 8, 1, w, wo, rb, X16, DX, k0, nb, res, ro)
-
-    @njit
-    def rows4_q4(w, wo, rb, X16, DX, k0, nb, res, ro):
-        _slow(True, 4, 1, w, wo, rb, X16, DX, k0, nb, res, ro)
-
-    @njit
-    def rows1_q4(w, wo, rb, X16, DX, k0, nb, res, ro):
-        _slow(True, 1, 1, w, wo, rb, X16, DX, k0, nb, res, ro)
-
-    @njit
-    def rows4x2_q4(w, wo, rb, X16, DX, k0, nb, res, ro):
-        _slow(True, 4, 2, w, wo, rb, X16, DX, k0, nb, res, ro)
+rows8_q8, rows4_q8, rows1_q8, rows4x2_q8 = (_qkernel(False, n, t) for n, t in ((8, 1), (4, 1), (1, 1), (4, 2)))
+rows8_q4, rows4_q4, rows1_q4, rows4x2_q4 = (_qkernel(True, n, t) for n, t in ((8, 1), (4, 1), (1, 1), (4, 2)))
 
 
 @intrinsic
