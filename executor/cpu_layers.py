@@ -8,10 +8,12 @@ the arguments bound once (`LayerTables`: typed lists, cheap to pass) and returns
 routed ids, experts run and the clock at each part's end (clock_gettime(CLOCK_MONOTONIC), the clock
 behind time.perf_counter on Linux).
 
-numba compiles the kernels again into this function and LLVM re-optimises that copy in place: its
-sums can round differently from the kernels called from Python (~3e-7 of the residual a layer on
-`tiny`, ~1e-4 of the logits after 100 tokens; the same tokens), so this path is not bitwise the
-general step's, as CpuStep's per-layer path is (tests/executor/test_cpu_step.py checks both).
+numba compiles the kernels again into this function, with fast-math flags on the float ops of the
+fastmath ones (norms, attention, SwiGLU, activation quantisation; the row kernels' own ops are exempt,
+simd._EXACT), and LLVM optimises those copies in place: their sums can round differently from the
+same kernels called from Python. So this path is not bitwise the general step's, as CpuStep's
+per-layer path is: on `tiny` its logits are 1.4-2.2e-4 apart after 5 tokens (of values up to ~4),
+with the same tokens and records (tests/executor/test_cpu_step.py checks both).
 """
 from __future__ import annotations
 

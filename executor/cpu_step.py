@@ -14,7 +14,7 @@ kernels that produce them (their `residual` / `resid` arguments: the same float 
 numpy calls: the layer loop ~4-6% faster on `tiny`, paired in one process,
 benchmarks/bench_residual_adds.py). Where every layer is plain CPU work whatever the routing (no
 slots, no static layer, the `cpu` miss policy), runs of layers go to cpu_layers.run_layers, one numba
-call each: no Python between the kernels, results within ~1e-7 of the per-layer path's (see there).
+call each: no Python between the kernels, the same tokens, logits a few ulps a layer apart (see there).
 Runner.step takes this path when the dense weights are read in place on the CPU.
 """
 from __future__ import annotations
