@@ -1,4 +1,4 @@
-"""cpu_layers: the clock run_layers reads, and its layer range."""
+"""cpu_layers: the clock run_layers reads, its layer range, and when the fused steps' records are written."""
 from __future__ import annotations
 
 import sys
@@ -54,5 +54,24 @@ def test_run_layers_runs_only_its_range_and_times_each_part(tiny):
         assert [x["layer"] for x in recs] == [1, 2] and all(x["step"] == 9 for x in recs)
         assert recs[0]["routed"] == [out[1, 4 + E:].tolist()]
         assert recs[1]["t_dense_ms"] == (out[2, 1] - out[2, 0]) * 1e-6
+    finally:
+        r.experts.close()
+
+
+def test_fused_steps_write_their_records_at_flush(tiny):
+    """A fused CpuStep.step leaves its records pending (built after the timed steps); flush() appends
+    them in step order, one a layer; Runner.step flushes after its step, so its caller sees them."""
+    r = Runner(Plan(placement=Placement(engram="none")), tiny, 8)
+    try:
+        L = r.c.n_layers
+        r.cpu.step(default_prompts(1, 2, r.c.vocab), "prefill", 0)
+        r.cpu.step(np.array([[5]]), "decode", 1)
+        assert r.trace == [] and len(r.cpu.pending) == 2
+        r.cpu.flush()
+        assert [(x["step"], x["layer"], x["tokens"]) for x in r.trace] == \
+            [(0, i, 2) for i in range(L)] + [(1, i, 1) for i in range(L)]
+        assert r.cpu.pending == []
+        r.step(np.array([[7]]), "decode", 2)
+        assert [x["step"] for x in r.trace[-L:]] == [2] * L and len(r.trace) == 3 * L
     finally:
         r.experts.close()
