@@ -1,7 +1,8 @@
 """Two tokens per row decode (kernels._rows_pair: a 4-row group's weights decoded once for both tokens)
 against the same two tokens one at a time (_rows_token), and the fused int16 path with pairs against
-dequantise-then-GEMM (gemm.deq_matmul) at m tokens an expert: where kernels._FUSED sits. Expert 0's
-gate of each model, in cache, the two ways interleaved in one process, one thread:
+dequantise-then-GEMM (gemm.deq_matmul) at m tokens an expert: where kernels._FUSED sits (F16 rows, one
+token at a time, too). Expert 0's gate of each model, in cache, the ways interleaved in one process,
+one thread:
 
     python benchmarks/bench_token_pairs.py [--dir /tmp/moe-offload-bench] [--presets tiny small small-q4]
 """
@@ -41,6 +42,20 @@ def _pairs(code, w, R, rb, X16, DX, res, reps):
             k += 2
         if k < m:
             K._rows_token(code, w, 0, R, rb, X16, DX, k, res, 0)
+
+
+@njit(fastmath=True)
+def _f16_tokens(w, R, rb, X, DX, res, reps):
+    nc = np.int64(X.shape[1] // 16)
+    for _ in range(reps):
+        for k in range(X.shape[0]):
+            r = 0
+            while r + 4 <= R:
+                K.rows4_f16(w, np.int64(r * rb), np.int64(rb), X[k], DX[k], nc, res[k], np.int64(r))
+                r += 4
+            while r < R:
+                K.rows1_f16(w, np.int64(r * rb), np.int64(rb), X[k], DX[k], nc, res[k], np.int64(r))
+                r += 1
 
 
 @njit(fastmath=True)
@@ -84,6 +99,24 @@ def main() -> int:
             t_pairs, t_other = _time(calls)
             line.append(f"m={m}: {'alone' if m == 2 else 'deq'} / pairs {t_other / t_pairs:.2f}")
         print(f"{preset} gate {R}x{W.cols} ({W.qtype.name}): " + "; ".join(line), flush=True)
+        m_ = GGUFModel(ensure_model(preset, a.dir, engram=False))
+        f16 = [m_.experts(i, "gate") for i in range(m_.cfg.n_layers) if m_.experts(i, "gate").code == K.F16]
+        if f16:  # F16 rows take float32 activations one token at a time up to _FUSED tokens too
+            W = f16[0]
+            w, R = K.flat(W)[0], W.rows
+            rb = w.shape[0] // R
+            line = []
+            for m in (8, 12, 16):
+                X = np.random.default_rng(m).standard_normal((m, W.cols)).astype(np.float32)
+                DX = np.zeros((m, 2 * (W.cols // 32)), np.float32)
+                res = np.empty((m, R), np.float32)
+                reps = max(1, int(2e6 // (R * W.cols * m // 1000 + 1)))
+                calls = [lambda: _f16_tokens(w, R, rb, X, DX, res, reps), lambda: _deq(W.code, w, R, rb, X, res, reps)]
+                for f in calls:
+                    f()
+                t_tok, t_deq = _time(calls)
+                line.append(f"m={m}: deq / per token {t_deq / t_tok:.2f}")
+            print(f"{preset} F16 gate {R}x{W.cols}: " + "; ".join(line), flush=True)
     return 0
 
 
