@@ -82,7 +82,8 @@ def main() -> int:
     a = ap.parse_args()
     K.set_threads(1)
     for preset in a.presets:
-        W = GGUFModel(ensure_model(preset, a.dir, engram=False)).experts(0, "gate")
+        model = GGUFModel(ensure_model(preset, a.dir, engram=False))
+        W = model.experts(0, "gate")
         w, R = K.flat(W)[0], W.rows
         rb = w.shape[0] // R
         line = []
@@ -99,8 +100,7 @@ def main() -> int:
             t_pairs, t_other = _time(calls)
             line.append(f"m={m}: {'alone' if m == 2 else 'deq'} / pairs {t_other / t_pairs:.2f}")
         print(f"{preset} gate {R}x{W.cols} ({W.qtype.name}): " + "; ".join(line), flush=True)
-        m_ = GGUFModel(ensure_model(preset, a.dir, engram=False))
-        f16 = [m_.experts(i, "gate") for i in range(m_.cfg.n_layers) if m_.experts(i, "gate").code == K.F16]
+        f16 = [g for g in (model.experts(i, "gate") for i in range(model.cfg.n_layers)) if g.code == K.F16]
         if f16:  # F16 rows take float32 activations one token at a time up to _FUSED tokens too
             W = f16[0]
             w, R = K.flat(W)[0], W.rows

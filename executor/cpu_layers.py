@@ -27,6 +27,7 @@ from numba.extending import intrinsic
 from numba.typed import List
 
 from . import cpu_experts as CE
+from . import experts as X
 from .dense_kernels import attention_step, norm_route
 from .kernels import drop_stale_cache
 
@@ -124,11 +125,10 @@ def layer_records(out: np.ndarray, i0: int, i1: int, T: int, k: int, ebytes: lis
     for i, o in zip(range(i0, i1), out[i0:i1].tolist()):
         t0, t1, t2, nr = o[:4]
         miss, ids = o[4:4 + nr], o[4 + E:]
-        recs.append({"hits": [], "misses": miss, "cpu": list(miss), "pcie": [], "k_cpu": None, "t_dev_ms": 0.0,
-                     "t_cpu_ms": (t2 - t1) * 1e-6, "t_wait_ms": 0.0, "bytes_cpu": nr * ebytes[i], "bytes_pcie": 0,
-                     "bytes_dev": 0, "step": step, "phase": phase, "layer": i, "tokens": T,
-                     "routed": [ids[t * k:(t + 1) * k] for t in range(T)], "t_dense_ms": (t1 - t0) * 1e-6,
-                     "t_experts_ms": (t2 - t1) * 1e-6, "engram_pages": pages, "t_engram_ms": t_eng * 1e3,
-                     "engram_rows": rows, "engram_major_faults": faults})
+        rec = X.cpu_record(miss, (t2 - t1) * 1e-6, nr * ebytes[i])
+        rec.update(step=step, phase=phase, layer=i, tokens=T, routed=[ids[t * k:(t + 1) * k] for t in range(T)],
+                   t_dense_ms=(t1 - t0) * 1e-6, t_experts_ms=(t2 - t1) * 1e-6, engram_pages=pages,
+                   t_engram_ms=t_eng * 1e3, engram_rows=rows, engram_major_faults=faults)
         pages, rows, faults, t_eng = 0, 0, 0, 0.0
+        recs.append(rec)
     return recs

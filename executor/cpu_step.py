@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 
+import numba
 import numpy as np
 import torch
 
@@ -72,7 +73,7 @@ class CpuStep:
         self.cpu_misses = ex.plan.miss_policy.kind == "cpu" and not X.THREAD_ALWAYS
         self.bufs: tuple | None = None
         self.pending: list[tuple] = []  # fused steps whose trace records flush() has yet to build
-        self.nthr = K.threads()
+        self.nthr = numba.get_num_threads()
         # every layer plain CPU work whatever the routing: whole runs of layers in one numba call
         plain = self.cpu_misses and not ex.static and not ex.cache.slots and not self.observes
         self.tables = CL.LayerTables(self) if plain and fused and CL.AVAILABLE else None
@@ -178,7 +179,7 @@ class CpuStep:
         for s in range(S):
             r.hist[s].extend(ids[s].tolist())
         self._buffers(T)
-        self.nthr = K.threads()
+        self.nthr = numba.get_num_threads()
         cos, sin = self.cos[p0:p0 + n], self.sin[p0:p0 + n]  # [n, hd/2]
         t0 = pc()
         x = r.dense.embed_np(ids)  # [T, H]

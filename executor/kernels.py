@@ -53,7 +53,6 @@ def prange_only() -> dict:
 
 _ROWS = 32  # rows per parallel work item (16 -> 32: ~5% on Q4_0 expert GB/s, fewer item switches)
 _FUSED = 16  # tokens per expert up to which each token gets fused in-place dots (8 before token pairs)
-PAIRS = True  # fused dots two tokens at a time (rows decoded once for both)
 
 
 @njit(fastmath=True)
@@ -122,7 +121,7 @@ def _rows_matmul(code, w, r0, r1, rb, X, X16, DX, res, off):
                 r += 1
     else:
         k = 0
-        while k + 2 <= m and PAIRS:
+        while k + 2 <= m:
             _rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off)
             k += 2
         while k < m:
@@ -269,16 +268,6 @@ def read_bandwidth(nbytes: int = 1 << 30, repeat: int = 5, pool: np.ndarray | No
     return best
 
 
-_threads: int | None = None  # the last set_threads, read by threads() (numba.get_num_threads: 1-4 us a call)
-
-
 def set_threads(n: int | None) -> None:
     """Use `n` CPU threads for the kernels (None: all)."""
-    global _threads
-    _threads = min(n, numba.config.NUMBA_NUM_THREADS) if n else numba.config.NUMBA_NUM_THREADS
-    numba.set_num_threads(_threads)
-
-
-def threads() -> int:
-    """The kernels' thread count: set_threads' last value, else numba's."""
-    return _threads if _threads is not None else numba.get_num_threads()
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS) if n else numba.config.NUMBA_NUM_THREADS)
