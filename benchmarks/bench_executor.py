@@ -3,9 +3,10 @@
     python benchmarks/bench_executor.py [--dir /tmp/moe-offload-bench] [--threads 2] [--gen 32] [--json OUT]
 
 Prints: memory read bandwidth (numba parallel sum over 1 GiB); CPU expert kernel GB/s for Q8_0 and
-Q4_0 (decode-like: top-k random experts of every layer of `small` / `small-q4`, page-cached) and its
-ratio to the bandwidth (the run's highest read, and paired round by round with a read just before),
-beside the same kernels with rows split across threads; all-CPU decode of
+Q4_0 (decode-like: top-k random experts of every layer of `small` / `small-q4`, page-cached, the layers
+in one compiled loop as the executor's step runs them) and its ratio to the bandwidth (the run's
+highest read, and paired round by round with a read just before), beside the same kernels with rows
+split across threads and called from Python a layer at a time; all-CPU decode of
 `small` against its bandwidth ceiling (bytes read per token / bandwidth: the run's highest read, and
 the better of the reads just before and after the decode); Python overhead per layer;
 the cost of an OpenMP region that wakes sleeping kernel threads; resident memory added by executing
@@ -20,7 +21,10 @@ import sys
 import time
 from pathlib import Path
 
+import numba
 import numpy as np
+from numba import njit
+from numba.typed import List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -58,29 +62,61 @@ def warm(path: Path) -> None:
             pass
 
 
+@njit(nogil=True)
+def _layers_moe(gate, up, down, codes, F, H, x, experts, offs, tok, wts, act, out, nthr, whole):
+    """Every layer's routed experts in one compiled loop, as the executor's all-CPU step calls them
+    (cpu_layers.run_layers: one numba call a step, no Python between layers): cpu_experts._moe per layer."""
+    for i in range(len(gate)):
+        out[:] = 0.0
+        CE._moe(gate[i], codes[0], up[i], codes[1], down[i], codes[2], F, H, x, experts[i], offs[i], tok[i], wts[i],
+                act, out, nthr, whole)
+
+
 def kernel_gbs(path: Path, reps: int = 24, pool: np.ndarray | None = None) -> dict:
     """GB/s of expert bytes the CPU kernel reads: top-k random experts per layer, one token, all layers,
-    median of `reps`; 'whole' (whole experts per thread, the executor's decode) and 'rows' (each
-    matrix's rows split across the threads) on the same routes, in alternating order. With `pool`,
-    each round first reads it once (kernels.read_bandwidth, one pass): 'paired' is the median of whole / that read, the
-    kernel against the bandwidth of the same moment (this VM's bus drifts 31-45 GB/s in spells)."""
+    median of `reps`. 'whole' (whole experts per thread, the executor's decode) and 'rows' (each matrix's
+    rows split across the threads) run the layers in one compiled loop, as the executor's step does;
+    'python' is 'whole' called from Python a layer at a time (cpu_experts.moe_cpu), the call's cost
+    included. The three run in rotating order, each on routes of its own (a pass on the routes the
+    pass before read would find some of its experts in the last-level cache). With `pool`, each round
+    first reads it once (kernels.read_bandwidth, one pass): 'paired' is the median of whole / that read,
+    the kernel against the bandwidth of the same moment (this VM's bus drifts 31-45 GB/s in spells)."""
     m = GGUFModel(path)
     c = m.cfg
     W = [tuple(m.experts(i, p) for p in ("gate", "up", "down")) for i in range(c.n_layers)]
+    lists = tuple(List([K.flat(w[j]) for w in W]) for j in range(3))
+    codes = np.array([W[0][j].code for j in range(3)], np.int64)
+    F, H = W[0][0].rows, W[0][2].rows
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, c.hidden)).astype(np.float32)
+    act = np.empty((c.top_k, F), np.float32)
+    out = np.zeros((1, H), np.float32)
     for i in range(c.n_layers):  # map every page once
         CE.moe_cpu(*W[i], x, *CE.csr(np.arange(c.n_experts)[None, :], np.ones((1, c.n_experts), np.float32)))
-    rates: dict[str, list[float]] = {"whole": [], "rows": [], "paired": [], "read": []}
+
+    def routes():  # CSR routes of one token through every layer, as typed lists
+        rs = [CE.csr(rng.choice(c.n_experts, c.top_k, replace=False)[None, :],
+                     np.full((1, c.top_k), 1 / c.top_k, np.float32)) for _ in range(c.n_layers)]
+        return rs, tuple(List([r[j] for r in rs]) for j in range(4))
+
+    def run(how, rs, lr):
+        if how == "python":
+            for i in range(c.n_layers):
+                CE.moe_cpu(*W[i], x, *rs[i], whole=True)
+        else:
+            _layers_moe(*lists, codes, F, H, x, *lr, act, out, numba.get_num_threads(), how == "whole")
+
+    for how in ("whole", "rows", "python"):  # compile
+        run(how, *routes())
+    hows = ["whole", "rows", "python"]
+    rates: dict[str, list[float]] = {h: [] for h in hows + ["paired", "read"]}
     for r in range(reps):
         if pool is not None:
             rates["read"].append(K.read_bandwidth(pool=pool, repeat=1))
-        routes = [CE.csr(rng.choice(c.n_experts, c.top_k, replace=False)[None, :],
-                        np.full((1, c.top_k), 1 / c.top_k, np.float32)) for _ in range(c.n_layers)]
-        for how in (("whole", "rows") if r % 2 == 0 else ("rows", "whole")):
+        for how in hows[r % 3:] + hows[:r % 3]:
+            rs, lr = routes()
             t = time.perf_counter()
-            for i in range(c.n_layers):
-                CE.moe_cpu(*W[i], x, *routes[i], whole=how == "whole")
+            run(how, rs, lr)
             dt = time.perf_counter() - t
             rates[how].append(c.n_layers * c.top_k * m.expert_bytes(0) / dt / 1e9)
         if pool is not None:
@@ -140,6 +176,7 @@ def measure(paths: dict, a) -> dict:
     both = {"Q8_0": kernel_gbs(paths["small"], pool=pool), "Q4_0": kernel_gbs(paths["small-q4"], pool=pool)}
     res["kernel_gbs"] = {k: v["whole"] for k, v in both.items()}  # the executor's decode path
     res["kernel_rows_gbs"] = {k: v["rows"] for k, v in both.items()}
+    res["kernel_python_gbs"] = {k: v["python"] for k, v in both.items()}
     res["kernel_paired"] = {k: {"ratio": v["paired"], "read_gbs": v["read"]} for k, v in both.items()}
     bw1 = K.read_bandwidth(pool=pool)
     res["region_us"] = {"after 0 us": region_us(0), "after 500 us": region_us(500)}
@@ -200,6 +237,8 @@ def main() -> None:
         rows = res["kernel_rows_gbs"][k]
         print(f"kernel {k}: {v:.1f} GB/s = {v / bw:.0%} of {bw:.1f} GB/s ({v / bw0:.0%} of the {bw0:.1f} read before "
               f"them); rows split instead of whole experts per thread, same routes: {rows:.1f} GB/s ({v / rows:.2f}x)")
+        py = res["kernel_python_gbs"][k]
+        print(f"  called from Python a layer at a time (moe_cpu): {py:.1f} GB/s ({v / py:.2f}x in one compiled loop)")
         pr = res["kernel_paired"][k]
         print(f"  paired with a read just before each round: median {pr['ratio']:.0%} "
               f"(reads: median {pr['read_gbs']:.1f} GB/s)")
