@@ -32,6 +32,10 @@ def torch_dequant(b: torch.Tensor, code: int, cols: int) -> torch.Tensor:
     R = b.shape[0]
     if code == K.F16:
         return b.contiguous().view(torch.float16).float().reshape(R, cols)
+    if code == K.Q4_K:
+        return _torch_q4_k(b.reshape(R, cols // 256, 144)).reshape(R, cols)
+    if code == K.Q6_K:
+        return _torch_q6_k(b.reshape(R, cols // 256, 210)).reshape(R, cols)
     nb = cols // 32
     if code == K.Q8_0:
         blk = b.reshape(R, nb, 34)
@@ -43,6 +47,36 @@ def torch_dequant(b: torch.Tensor, code: int, cols: int) -> torch.Tensor:
     q = blk[..., 2:].to(torch.int16)  # [R, nb, 16]
     v = torch.cat([(q & 15) - 8, (q >> 4) - 8], dim=-1).float()  # [R, nb, 32]
     return (v * d).reshape(R, cols)
+
+
+def _f16(b: torch.Tensor) -> torch.Tensor:
+    """Little-endian fp16 bytes b uint8 [..., 2] -> float32 [..., 1]."""
+    return b.contiguous().view(torch.float16).float()
+
+
+def _torch_q4_k(blk: torch.Tensor) -> torch.Tensor:
+    """Q4_K super-blocks uint8 [R, n, 144] -> f32 [R, n, 256] (gemm._deq_q4_k's layout)."""
+    d, dmin = _f16(blk[..., 0:2]), _f16(blk[..., 2:4])  # [R, n, 1]
+    s = blk[..., 4:16].to(torch.int32)
+    lo, mid, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = torch.cat([lo & 63, (hi & 15) | ((lo >> 6) << 4)], dim=-1).float()  # [R, n, 8]
+    mn = torch.cat([mid & 63, (hi >> 4) | ((mid >> 6) << 4)], dim=-1).float()
+    q = blk[..., 16:].to(torch.int32).reshape(*blk.shape[:2], 4, 1, 32)
+    q = torch.cat([q & 15, q >> 4], dim=-2).reshape(*blk.shape[:2], 8, 32).float()  # sub-block 2j + h
+    return ((d * sc).unsqueeze(-1) * q - (dmin * mn).unsqueeze(-1)).reshape(*blk.shape[:2], 256)
+
+
+def _torch_q6_k(blk: torch.Tensor) -> torch.Tensor:
+    """Q6_K super-blocks uint8 [R, n, 210] -> f32 [R, n, 256] (gemm._deq_q6_k's layout)."""
+    R, n = blk.shape[:2]
+    ql = blk[..., 0:128].to(torch.int32).reshape(R, n, 2, 1, 64)
+    ql = torch.cat([ql & 15, ql >> 4], dim=-2).reshape(R, n, 2, 4, 32)  # [half, i, l]: i = 2 (nibble) + 32-block
+    qh = blk[..., 128:192].to(torch.int32).reshape(R, n, 2, 1, 32)
+    qh = (qh >> torch.tensor([0, 2, 4, 6], dtype=torch.int32, device=blk.device).reshape(4, 1)) & 3  # [half, i, l]
+    q = ((ql | (qh << 4)) - 32).float().reshape(R, n, 16, 16)
+    sc = blk[..., 192:208].contiguous().view(torch.int8).float()  # [R, n, 16]
+    d = _f16(blk[..., 208:210])
+    return ((d * sc).unsqueeze(-1) * q).reshape(R, n, 256)
 
 
 def load_expert(w: ExpertTensor, e: int, device, dtype) -> torch.Tensor:

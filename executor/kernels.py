@@ -3,8 +3,10 @@ SwiGLU experts built on them are in cpu_experts.py).
 
 Weights are uint8 views of the file mapping (no copies). One-token products use the AVX2 row
 intrinsics of simd.py (Q8_0 / Q4_0 with int16 activations, F16 with float32 ones); more than
-_FUSED tokens per expert dequantise each row once. Kernels release the GIL (nogil) and split rows
-across threads (prange); little work runs serially. Type codes: 1 = F16, 2 = Q8_0, 3 = Q4_0.
+_FUSED tokens per expert dequantise each row once. The K-quants of llama.cpp's Q4_K_M files have
+kernels of their own (kquants.py, int16 activations too). Kernels release the GIL (nogil)
+and split rows across threads (prange); little work runs serially. Type codes: 1 = F16, 2 = Q8_0,
+3 = Q4_0, 4 = Q4_K, 5 = Q6_K.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import numpy as np
 from numba import njit, prange
 
 from .gemm import deq_matmul
+from .kquants import rows1_q4_k, rows1_q6_k, rows4_q4_k, rows4_q6_k
 from .simd import (quant16, rows1_f16, rows1_q4, rows1_q8, rows4_f16, rows4_q4, rows4_q8, rows4x2_q4, rows4x2_q8,
                    rows8_q4, rows8_q8)
 
@@ -40,7 +43,7 @@ def drop_stale_cache(stem: str, deps: tuple[str, ...]) -> None:
 
 drop_stale_cache("kernels", ("simd.py", "gemm.py"))
 
-F16, Q8_0, Q4_0 = 1, 2, 3
+F16, Q8_0, Q4_0, Q4_K, Q6_K = 1, 2, 3, 4, 5
 
 
 def prange_only() -> dict:
@@ -57,11 +60,26 @@ _FUSED = 16  # tokens per expert up to which each token gets fused in-place dots
 
 @njit(fastmath=True)
 def _rows_token(code, w, r0, r1, rb, X16, DX, k, res, off):
-    """res[k, off + r - r0] = row_r . token k for rows [r0, r1) of flat Q8_0 / Q4_0 bytes w (row stride rb),
-    the token's int16 activations X16[k] * DX[k] (simd.py intrinsics, 8 rows at a time)."""
+    """res[k, off + r - r0] = row_r . token k for rows [r0, r1) of flat Q8_0 / Q4_0 / Q4_K / Q6_K bytes w (row
+    stride rb), the token's int16 activations X16[k] * DX[k] (simd.py / kquants.py intrinsics, 8 or 4 rows
+    at a time)."""
     nb = np.int64(X16.shape[1] // 32)
     r = r0
-    if code == Q8_0:
+    if code == Q6_K:
+        while r + 4 <= r1:
+            rows4_q6_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+            r += 4
+        while r < r1:
+            rows1_q6_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+            r += 1
+    elif code == Q4_K:
+        while r + 4 <= r1:
+            rows4_q4_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+            r += 4
+        while r < r1:
+            rows1_q4_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+            r += 1
+    elif code == Q8_0:
         while r + 8 <= r1:
             rows8_q8(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
             r += 8
@@ -103,12 +121,15 @@ def _rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off):
 @njit(fastmath=True)
 def _rows_matmul(code, w, r0, r1, rb, X, X16, DX, res, off):
     """res[k, off + r - r0] = row_r . X[k] for the m rows of X [m, cols]: fused in-place dots up to _FUSED
-    tokens (Q8_0 / Q4_0: int16 activations X16 * DX, tokens in pairs; F16: float32 X), the weight rows
-    staying in L1/L2; else the rows are dequantised once and multiplied with every token in register
-    blocks (prefill; gemm.py)."""
+    tokens (Q8_0 / Q4_0: int16 activations X16 * DX, tokens in pairs; Q4_K / Q6_K: int16, a token at a
+    time; F16: float32 X), the weight rows staying in L1/L2; else the rows are dequantised once and
+    multiplied with every token in register blocks (prefill; gemm.py)."""
     m = X.shape[0]
     if m > _FUSED:
         deq_matmul(code, w, r0, r1, rb, X, res, off)
+    elif code >= Q4_K:
+        for k in range(m):
+            _rows_token(code, w, r0, r1, rb, X16, DX, k, res, off)
     elif code == F16:
         nc = np.int64(X.shape[1] // 16)
         for k in range(m):

@@ -26,6 +26,44 @@ def test_matmul_matches_dequantised(qk, qt, rows, nb, T, seed):
     qk.close(got, want, np.abs(x) @ np.abs(W).T)
 
 
+@settings(max_examples=30, deadline=None)
+@given(qt=st.sampled_from([QT.Q4_K, QT.Q6_K]), rows=st.integers(1, 40), nsb=st.integers(1, 4),
+       T=st.integers(1, 20), seed=st.integers(0, 2**31))
+def test_k_quant_matmul_matches_dequantised(qk, qt, rows, nsb, T, seed):
+    """Q4_K / Q6_K rows (256-weight super-blocks) read in place match gguf.dequantize then a float matmul: up
+    to 16 tokens through the int16 kernels (kquants.py), more dequantised a row at a time (gemm.py)."""
+    rng = np.random.default_rng(seed)
+    w = qk.tensor(rng, qt, 2, rows, nsb * 256)
+    x = rng.standard_normal((T, nsb * 256)).astype(np.float32)
+    W = qk.deq(w, 1)
+    qk.close(K.expert_matmul(w, 1, x), x @ W.T, np.abs(x) @ np.abs(W).T)
+
+
+@settings(max_examples=30, deadline=None)
+@given(qt=st.sampled_from([QT.Q4_K, QT.Q6_K]), rows=st.integers(1, 6), nsb=st.integers(1, 3),
+       seed=st.integers(0, 2**31))
+def test_k_quant_rows_dequantise_bitwise(qt, rows, nsb, seed):
+    """Arbitrary K-quant super-blocks (every scale, min and quant bit pattern; finite fp16 d / dmin) decode to
+    gguf.dequantize's values bit for bit, both in numba (gemm.deq_rows: embeddings, prefill) and in torch
+    (experts.torch_dequant: the device tier's slots)."""
+    import torch
+    from executor.experts import torch_dequant
+    from executor.gemm import deq_rows
+    rng = np.random.default_rng(seed)
+    size = gguf.GGML_QUANT_SIZES[qt][1]
+    raw = rng.integers(0, 256, size=(rows, nsb, size), dtype=np.uint8)
+    at = [0, 2] if qt == QT.Q4_K else [208]  # the fp16 fields: d, dmin / d
+    for o in at:
+        raw[..., o:o + 2] = rng.uniform(-0.1, 0.1, (rows, nsb, 1)).astype(np.float16).view(np.uint8)
+    raw = raw.reshape(rows, -1)
+    want = gguf.dequantize(raw, qt).reshape(rows, nsb * 256)
+    got = np.empty_like(want)
+    deq_rows(K.Q4_K if qt == QT.Q4_K else K.Q6_K, raw, got)
+    assert np.array_equal(got, want)
+    assert np.array_equal(torch_dequant(torch.from_numpy(raw), K.Q4_K if qt == QT.Q4_K else K.Q6_K,
+                                        nsb * 256).numpy(), want)
+
+
 def test_fp16_special_values_exact():
     """F16 decoding is exact for subnormals, zeros, signs and the largest finite value."""
     vals = np.array([0.0, -0.0, 6e-8, -6e-8, 1e-5, 65504.0, -2.5, 1.0] * 4, np.float16)

@@ -52,6 +52,19 @@ def test_mixtral_style_llama_arch(tmp_path, reference):
     _check(path, reference, Plan(placement=Placement(engram="none")))
 
 
+@pytest.mark.parametrize("plan", [
+    Plan(placement=Placement(engram="none")),
+    Plan(placement=Placement(engram="none", gpu_expert_layers=[0, 1, 2, 3])),
+], ids=["cpu-tier", "device-tier"])
+def test_k_quant_experts_match_reference(tmp_path_factory, reference, plan):
+    """A model whose experts are llama.cpp's Q4_K_M types (Q4_K, Q6_K, and mixed with Q8_0: PRESETS["tiny-k"])
+    gives the reference's logits within 1e-3 on the CPU kernels (dequantised in place) and the device tier."""
+    path = tmp_path_factory.getbasetemp() / "tiny-k.gguf"
+    if not path.exists():
+        write_model(PRESETS["tiny-k"], path, seed=5)
+    _check(path, reference, plan)
+
+
 def test_dense_torch_path_matches_inplace(tiny):
     """The torch dense path (CUDA's, weights dequantised) gives the logits of the in-place CPU path."""
     from executor.runner import Runner, default_prompts
