@@ -16,7 +16,7 @@ from numba import njit, prange
 from .kernels import drop_stale_cache, prange_only
 from .simd import exp32
 
-drop_stale_cache("attention", ("simd.py", "kernels.py"))
+drop_stale_cache("attention", ("simd.py", "kernels.py", "kquants.py"))
 
 # multiply-adds (scores and values, all heads) below which the items run on the calling thread
 SERIAL_MACS = 1 << 16

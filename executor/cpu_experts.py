@@ -16,7 +16,7 @@ from .kernels import (_ROWS, _SERIAL_BYTES, _parts, _parts_serial, _quant_rows, 
                       flat, prange_only)
 from .simd import silu_mul
 
-drop_stale_cache("cpu_experts", ("kernels.py", "simd.py", "gemm.py"))
+drop_stale_cache("cpu_experts", ("kernels.py", "simd.py", "gemm.py", "kquants.py"))
 # moe_routed calls a parallel kernel from compiled code, which finds numba's thread pool running only
 # if a call from Python started it (as in dense_kernels)
 numba.get_num_threads()

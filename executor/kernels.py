@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit, prange
 
 from .gemm import deq_matmul
-from .kquants import rows1_q4_k, rows1_q6_k, rows4_q4_k, rows4_q6_k
+from .kquants import rows1_q4_k, rows1_q6_k, rows4_q4_k, rows4_q6_k, rows4x2_q4_k, rows4x2_q6_k
 from .simd import (quant16, rows1_f16, rows1_q4, rows1_q8, rows4_f16, rows4_q4, rows4_q8, rows4x2_q4, rows4x2_q8,
                    rows8_q4, rows8_q8)
 
@@ -41,7 +41,7 @@ def drop_stale_cache(stem: str, deps: tuple[str, ...]) -> None:
         pass
 
 
-drop_stale_cache("kernels", ("simd.py", "gemm.py"))
+drop_stale_cache("kernels", ("simd.py", "gemm.py", "kquants.py"))
 
 F16, Q8_0, Q4_0, Q4_K, Q6_K = 1, 2, 3, 4, 5
 
@@ -110,8 +110,12 @@ def _rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off):
     while r + 4 <= r1:
         if code == Q8_0:
             rows4x2_q8(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-        else:
+        elif code == Q4_0:
             rows4x2_q4(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+        elif code == Q4_K:
+            rows4x2_q4_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+        else:
+            rows4x2_q6_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
         r += 4
     if r < r1:
         _rows_token(code, w, r, r1, rb, X16, DX, k, res, off + r - r0)
@@ -121,15 +125,12 @@ def _rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off):
 @njit(fastmath=True)
 def _rows_matmul(code, w, r0, r1, rb, X, X16, DX, res, off):
     """res[k, off + r - r0] = row_r . X[k] for the m rows of X [m, cols]: fused in-place dots up to _FUSED
-    tokens (Q8_0 / Q4_0: int16 activations X16 * DX, tokens in pairs; Q4_K / Q6_K: int16, a token at a
-    time; F16: float32 X), the weight rows staying in L1/L2; else the rows are dequantised once and
+    tokens (Q8_0 / Q4_0 / Q4_K / Q6_K: int16 activations X16 * DX, tokens in pairs; F16: float32 X), the
+    weight rows staying in L1/L2; else the rows are dequantised once and
     multiplied with every token in register blocks (prefill; gemm.py)."""
     m = X.shape[0]
     if m > _FUSED:
         deq_matmul(code, w, r0, r1, rb, X, res, off)
-    elif code >= Q4_K:
-        for k in range(m):
-            _rows_token(code, w, r0, r1, rb, X16, DX, k, res, off)
     elif code == F16:
         nc = np.int64(X.shape[1] // 16)
         for k in range(m):

@@ -88,13 +88,16 @@ def test_kernels_read_in_place(tiny):
 
 
 @settings(max_examples=40, deadline=None)
-@given(qt=st.sampled_from(TYPES[:2]), rows=st.integers(1, 40), nb=st.integers(1, 12), seed=st.integers(0, 2**31))
+@given(qt=st.sampled_from(TYPES[:2] + [QT.Q4_K, QT.Q6_K]), rows=st.integers(1, 40), nb=st.integers(1, 12),
+       seed=st.integers(0, 2**31))
 def test_token_pairs_give_each_tokens_bits(qk, qt, rows, nb, seed):
     """Two tokens through one 4-row group (each row decoded once, kernels._rows_pair) give the bits of
-    each token alone (_rows_token): the same int16 products, scales and float adds per row."""
+    each token alone (_rows_token): the same int16 products, scales and float adds per row (the K-quants'
+    rows in 256-weight super-blocks: nb of them)."""
     rng = np.random.default_rng(seed)
-    w = qk.tensor(rng, qt, 2, rows, nb * 32)
-    x = (rng.standard_normal((3, nb * 32)) * rng.uniform(0.01, 10)).astype(np.float32)
+    cols = nb * (256 if qt in (QT.Q4_K, QT.Q6_K) else 32)
+    w = qk.tensor(rng, qt, 2, rows, cols)
+    x = (rng.standard_normal((3, cols)) * rng.uniform(0.01, 10)).astype(np.float32)
     X16, DX = K._quant_rows(x)
     flat = K.flat(w)[1]
     rb = flat.shape[0] // rows
