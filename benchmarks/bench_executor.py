@@ -2,8 +2,9 @@
 
     python benchmarks/bench_executor.py [--dir /tmp/moe-offload-bench] [--threads 2] [--gen 32] [--json OUT]
 
-Prints: memory read bandwidth (numba parallel sum over 1 GiB); CPU expert kernel GB/s for Q8_0 and
-Q4_0 (decode-like: top-k random experts of every layer of `small` / `small-q4`, page-cached, the layers
+Prints: memory read bandwidth (numba parallel sum over 1 GiB); CPU expert kernel GB/s for Q8_0, Q4_0
+and llama.cpp's Q4_K_M types (decode-like: top-k random experts of every layer of `small` / `small-q4` /
+`small-q4k`, page-cached, the layers
 in one compiled loop as the executor's step runs them) and its ratio to the bandwidth (the run's
 highest read, and paired round by round with a read just before), beside the same kernels with rows
 split across threads and called from Python a layer at a time; all-CPU decode of
@@ -68,8 +69,8 @@ def _layers_moe(gate, up, down, codes, F, H, x, experts, offs, tok, wts, act, ou
     (cpu_layers.run_layers: one numba call a step, no Python between layers): cpu_experts._moe per layer."""
     for i in range(len(gate)):
         out[:] = 0.0
-        CE._moe(gate[i], codes[0], up[i], codes[1], down[i], codes[2], F, H, x, experts[i], offs[i], tok[i], wts[i],
-                act, out, nthr, whole)
+        CE._moe(gate[i], codes[i, 0], up[i], codes[i, 1], down[i], codes[i, 2], F, H, x, experts[i], offs[i], tok[i],
+                wts[i], act, out, nthr, whole)
 
 
 def kernel_gbs(path: Path, reps: int = 24, pool: np.ndarray | None = None) -> dict:
@@ -85,7 +86,8 @@ def kernel_gbs(path: Path, reps: int = 24, pool: np.ndarray | None = None) -> di
     c = m.cfg
     W = [tuple(m.experts(i, p) for p in ("gate", "up", "down")) for i in range(c.n_layers)]
     lists = tuple(List([K.flat(w[j]) for w in W]) for j in range(3))
-    codes = np.array([W[0][j].code for j in range(3)], np.int64)
+    codes = np.array([[w.code for w in ws] for ws in W], np.int64)  # [L, 3]: types may differ by layer (Q4_K_M)
+    nbytes = c.top_k * sum(m.expert_bytes(i) for i in range(c.n_layers))  # a pass's expert bytes
     F, H = W[0][0].rows, W[0][2].rows
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, c.hidden)).astype(np.float32)
@@ -118,7 +120,7 @@ def kernel_gbs(path: Path, reps: int = 24, pool: np.ndarray | None = None) -> di
             t = time.perf_counter()
             run(how, rs, lr)
             dt = time.perf_counter() - t
-            rates[how].append(c.n_layers * c.top_k * m.expert_bytes(0) / dt / 1e9)
+            rates[how].append(nbytes / dt / 1e9)
         if pool is not None:
             rates["paired"].append(rates["whole"][-1] / rates["read"][-1])
     return {k: float(np.median(v)) for k, v in rates.items() if v}
@@ -173,7 +175,8 @@ def measure(paths: dict, a) -> dict:
     j0 = cpu_jiffies()
     pool = np.ones((1 << 30) // 8, np.uint64)  # 1 GiB, allocated once for every read of the run
     bw0 = K.read_bandwidth(pool=pool)
-    both = {"Q8_0": kernel_gbs(paths["small"], pool=pool), "Q4_0": kernel_gbs(paths["small-q4"], pool=pool)}
+    both = {"Q8_0": kernel_gbs(paths["small"], pool=pool), "Q4_0": kernel_gbs(paths["small-q4"], pool=pool),
+            "Q4_K_M": kernel_gbs(paths["small-q4k"], pool=pool)}  # Q4_K_M: gate / up Q4_K, down Q6_K or Q4_K
     res["kernel_gbs"] = {k: v["whole"] for k, v in both.items()}  # the executor's decode path
     res["kernel_rows_gbs"] = {k: v["rows"] for k, v in both.items()}
     res["kernel_python_gbs"] = {k: v["python"] for k, v in both.items()}
@@ -212,7 +215,7 @@ def main() -> None:
     a = ap.parse_args()
     d = Path(a.dir)
     paths = {}
-    for name in ("tiny", "small", "small-q4"):
+    for name in ("tiny", "small", "small-q4", "small-q4k"):
         p = d / f"{name}.gguf"
         if not p.exists():
             make_model(name, p)

@@ -1,10 +1,11 @@
 """Two tokens per row decode (kernels._rows_pair: a 4-row group's weights decoded once for both tokens)
 against the same two tokens one at a time (_rows_token), and the fused int16 path with pairs against
 dequantise-then-GEMM (gemm.deq_matmul) at m tokens an expert: where kernels._FUSED sits (F16 rows, one
-token at a time, too). Expert 0's gate of each model, in cache, the ways interleaved in one process,
-one thread:
+token at a time, too). Expert 0's gate (or --parts) of each model, in cache, the ways interleaved in one
+process, one thread; with each line the single-token rate (G weights/s):
 
     python benchmarks/bench_token_pairs.py [--dir /tmp/moe-offload-bench] [--presets tiny small small-q4]
+    python benchmarks/bench_token_pairs.py --presets small-q4k --parts gate down   # Q4_K, Q6_K
 """
 from __future__ import annotations
 
@@ -79,11 +80,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default="/tmp/moe-offload-bench")
     ap.add_argument("--presets", nargs="+", default=["tiny", "small", "small-q4"])
+    ap.add_argument("--parts", nargs="+", default=["gate"], choices=("gate", "up", "down"))
     a = ap.parse_args()
     K.set_threads(1)
-    for preset in a.presets:
+    for preset, part in ((p, q) for p in a.presets for q in a.parts):
         model = GGUFModel(ensure_model(preset, a.dir, engram=False))
-        W = model.experts(0, "gate")
+        W = model.experts(0, part)
         w, R = K.flat(W)[0], W.rows
         rb = w.shape[0] // R
         line = []
@@ -98,8 +100,10 @@ def main() -> int:
             for f in calls:
                 f()  # compiled
             t_pairs, t_other = _time(calls)
+            if m == 2:  # two tokens alone: the single-token rate
+                line.append(f"one token {2 * reps * R * W.cols / t_other / 1e9:.1f} G weights/s")
             line.append(f"m={m}: {'alone' if m == 2 else 'deq'} / pairs {t_other / t_pairs:.2f}")
-        print(f"{preset} gate {R}x{W.cols} ({W.qtype.name}): " + "; ".join(line), flush=True)
+        print(f"{preset} {part} {R}x{W.cols} ({W.qtype.name}): " + "; ".join(line), flush=True)
         f16 = [g for g in (model.experts(i, "gate") for i in range(model.cfg.n_layers)) if g.code == K.F16]
         if f16:  # F16 rows take float32 activations one token at a time up to _FUSED tokens too
             W = f16[0]
