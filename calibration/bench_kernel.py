@@ -144,7 +144,8 @@ def toy_expert_job(rows: int = 256, cols: int = 256, pool: int = 16):
 
 
 # executor kernel formats this module can synthesise: name -> (row bytes for `cols` weights)
-_ROW_BYTES = {"F16": lambda c: 2 * c, "Q8_0": lambda c: c // 32 * 34, "Q4_0": lambda c: c // 32 * 18}
+_ROW_BYTES = {"F16": lambda c: 2 * c, "Q8_0": lambda c: c // 32 * 34, "Q4_0": lambda c: c // 32 * 18,
+              "Q4_K": lambda c: c // 256 * 144, "Q6_K": lambda c: c // 256 * 210}
 
 
 def kernel_version() -> str:
@@ -183,6 +184,9 @@ def _synth_tensor(fmt: str, n: int, rows: int, cols: int, rng):
     rb = _ROW_BYTES[fmt](cols)
     if fmt == "F16":
         data = (rng.standard_normal((n, rows, cols), dtype=np.float32) * 0.02).astype(np.float16).view(np.uint8)
+    elif fmt in ("Q4_K", "Q6_K"):  # super-blocks with sane scales (make_model's)
+        from executor.make_model import _rand_tensor
+        data = _rand_tensor(rng, (n, rows, cols), qt, 0.02).reshape(n, rows, rb)
     else:
         data = rng.integers(0, 256, (n, rows, rb), dtype=np.uint8)
         blk = 34 if fmt == "Q8_0" else 18

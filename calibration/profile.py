@@ -33,10 +33,12 @@ def _m(value: float, method: str, date: str) -> Figure:
 
 
 def derived_block_rates(measured: dict[str, float], names: list[str], date: str, suffix: str = "") -> dict[str, Figure]:
-    """cpu.expert_gbs for the GGUF block formats `names` that calibrate does not time (K-quants, BF16):
+    """cpu.expert_gbs for the GGUF block formats `names` that calibrate does not time (Q5_K, BF16, ...):
     each at the weights/s of the timed block format nearest in bits per weight (`measured`: {format:
-    GB/s}), times its own bits. Plain block formats decode alike (a scale or two per block, then
-    integer products), so weights/s carries over between them; bytes/s does not, since bits differ."""
+    GB/s}), a K-quant's among the timed K-quants where there are any (super-blocks with packed
+    sub-block scales decode alike, and slower than Q4_0 / Q8_0), times its own bits. Plain block formats
+    decode alike (a scale or two per block, then integer products), so weights/s carries over between
+    them; bytes/s does not, since bits differ."""
     from specs.formats import parse_format
     timed = {f: (parse_format(f).bits, gbs) for f, gbs in measured.items() if _is_block_key(f)}
     out: dict[str, Figure] = {}
@@ -46,7 +48,8 @@ def derived_block_rates(measured: dict[str, float], names: list[str], date: str,
         fmt = parse_format(name)
         if name in timed or fmt.codebook or not fmt.block_weights:
             continue
-        src = min(timed, key=lambda f: (abs(timed[f][0] - fmt.bits), f))
+        kq = name.endswith("_K")
+        src = min(timed, key=lambda f: (f.endswith("_K") != kq, abs(timed[f][0] - fmt.bits), f))
         bits, gbs = timed[src]
         gw = gbs * 8 / bits
         out[name + suffix] = Figure(gw * fmt.bits / 8, "derived",

@@ -49,11 +49,12 @@ def test_expert_kernel_hook_with_own_numba_kernel():
 
 
 @pytest.mark.skipif(not executor_kernel_available(), reason="executor kernel not there yet")
-@pytest.mark.parametrize("fmt", ["Q4_0", "Q8_0", "F16"])
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q8_0", "F16", "Q4_K", "Q6_K"])
 def test_executor_kernel_job(fmt):
-    job, eb = executor_expert_job(fmt, hidden=64, ffn=32, pool_bytes=1 << 16, max_k=4)
+    H, F = (256, 256) if fmt.endswith("_K") else (64, 32)  # K-quant rows are 256-weight super-blocks
+    job, eb = executor_expert_job(fmt, hidden=H, ffn=F, pool_bytes=1 << 16, max_k=4)
     rb = _ROW_BYTES[fmt]
-    assert eb == 2 * 32 * rb(64) + 64 * rb(32)
+    assert eb == 2 * F * rb(H) + H * rb(F)
     f = bench_expert_kernel(job, [1, 2, 4], eb, repeats=2, label=fmt, budget_s=0.3)
     assert all(t > 0 for t in f.t_ms) and f.c_b_ms >= 0
 
@@ -62,9 +63,10 @@ def test_executor_kernel_job(fmt):
 def test_synthetic_experts_have_finite_outputs():
     from executor import kernels
     rng = np.random.default_rng(1)
-    for fmt in ("Q4_0", "Q8_0", "F16"):
-        w = _synth_tensor(fmt, 2, 32, 64, rng)
-        y = kernels.expert_matmul(w, 1, rng.standard_normal((1, 64)).astype(np.float32))
+    for fmt in ("Q4_0", "Q8_0", "F16", "Q4_K", "Q6_K"):
+        cols = 256 if fmt.endswith("_K") else 64
+        w = _synth_tensor(fmt, 2, 32, cols, rng)
+        y = kernels.expert_matmul(w, 1, rng.standard_normal((1, cols)).astype(np.float32))
         assert y.shape == (1, 32) and np.isfinite(y).all() and np.abs(y).max() > 0
 
 

@@ -264,6 +264,17 @@ def test_untimed_block_formats_take_the_nearest_timed_formats_weights_per_second
     assert derived_block_rates({"toy-f32": 5.0}, ["Q4_K"], "2026-11-30") == {}
 
 
+def test_untimed_k_quants_take_a_timed_k_quants_weights_per_second():
+    """With Q4_K and Q6_K timed too (calibrate's default formats), Q5_K (5.5 bits) takes Q4_K's weights/s
+    (1.0 bits away; Q4_0 is as near but decodes no packed sub-block scales), Q2_K the same; Q4_0-family
+    formats still take the nearest legacy one."""
+    from calibration.profile import derived_block_rates
+    timed = {"Q4_0": 27.0, "Q8_0": 34.0, "F16": 30.0, "Q4_K": 20.0, "Q6_K": 21.0}
+    out = derived_block_rates(timed, ["Q5_K", "Q2_K", "Q5_0"], "2026-11-30")
+    assert float(out["Q5_K"]) == pytest.approx(20.0 / 4.5 * 5.5) and "Q4_K" in out["Q5_K"].ref
+    assert "Q4_K" in out["Q2_K"].ref and "Q4_0" in out["Q5_0"].ref
+
+
 def _fit(fmt_gbs: float, expert_bytes: int = 1_000_000, threads: int = 2):
     from calibration.bench_kernel import KernelFit
     c_b = expert_bytes / (fmt_gbs * 1e9) * 1e3
