@@ -4,10 +4,10 @@
 
 Prints: memory read bandwidth (numba parallel sum over 1 GiB); CPU expert kernel GB/s for Q8_0, Q4_0
 and llama.cpp's Q4_K_M types (decode-like: top-k random experts of every layer of `small` / `small-q4` /
-`small-q4k`, page-cached, the layers
-in one compiled loop as the executor's step runs them) and its ratio to the bandwidth (the run's
-highest read, and paired round by round with a read just before), beside the same kernels with rows
-split across threads and called from Python a layer at a time; all-CPU decode of
+`small-q4k`, page-cached, the layers in one compiled loop as the executor's step runs them) and its
+ratio to the bandwidth (the run's highest read, and paired round by round with a read just before),
+beside the same kernels with rows split across threads and called from Python a layer at a time;
+all-CPU decode of
 `small` against its bandwidth ceiling (bytes read per token / bandwidth: the run's highest read, and
 the better of the reads just before and after the decode); Python overhead per layer;
 the cost of an OpenMP region that wakes sleeping kernel threads; resident memory added by executing
@@ -239,7 +239,7 @@ def main() -> None:
     for k, v in res["kernel_gbs"].items():
         rows = res["kernel_rows_gbs"][k]
         print(f"kernel {k}: {v:.1f} GB/s = {v / bw:.0%} of {bw:.1f} GB/s ({v / bw0:.0%} of the {bw0:.1f} read before "
-              f"them); rows split instead of whole experts per thread, same routes: {rows:.1f} GB/s ({v / rows:.2f}x)")
+              f"them); rows split instead of whole experts per thread: {rows:.1f} GB/s ({v / rows:.2f}x)")
         py = res["kernel_python_gbs"][k]
         print(f"  called from Python a layer at a time (moe_cpu): {py:.1f} GB/s ({v / py:.2f}x in one compiled loop)")
         pr = res["kernel_paired"][k]

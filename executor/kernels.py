@@ -126,8 +126,8 @@ def _rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off):
 def _rows_matmul(code, w, r0, r1, rb, X, X16, DX, res, off):
     """res[k, off + r - r0] = row_r . X[k] for the m rows of X [m, cols]: fused in-place dots up to _FUSED
     tokens (Q8_0 / Q4_0 / Q4_K / Q6_K: int16 activations X16 * DX, tokens in pairs; F16: float32 X), the
-    weight rows staying in L1/L2; else the rows are dequantised once and
-    multiplied with every token in register blocks (prefill; gemm.py)."""
+    weight rows staying in L1/L2; else the rows are dequantised once and multiplied with every token in
+    register blocks (prefill; gemm.py)."""
     m = X.shape[0]
     if m > _FUSED:
         deq_matmul(code, w, r0, r1, rb, X, res, off)

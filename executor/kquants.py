@@ -2,9 +2,10 @@
 Q4_K_M files), as AVX2 numba intrinsics on simd.py's scheme: int16 activations (simd.quant16, one
 32-block of x per Q4_K sub-block, per two Q6_K 16-value runs), the weights' integers made int16 words
 with in-lane shifts and masks, `vpmaddwd`, each run's int32 sums scaled in float. Layouts:
-gemm._deq_q4_k / _deq_q6_k (ggml-quants.c dequantize_row_q4_K / _q6_K). One core, in cache (the
-experts of `small-q4k`): Q4_K 14.4 G weights/s, Q6_K 10.0, against 6.6 and 4.2 for the same products
-in float (LLVM-vectorised loops), 24 for simd.py's Q4_0.
+gemm._deq_q4_k / _deq_q6_k (ggml-quants.c dequantize_row_q4_K / _q6_K); tokens in pairs as simd._rows.
+One core, in cache, one token (`benchmarks/bench_token_pairs.py --presets small-q4k --parts gate down`):
+Q4_K 20-21 G weights/s, Q6_K 14, against simd.py's Q4_0 at 24-25; the same products in float
+(LLVM-vectorised loops) ran at 6.6 and 4.2. Without AVX2: plain numba loops of the same signatures.
 """
 from __future__ import annotations
 
