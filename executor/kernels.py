@@ -65,19 +65,18 @@ def _rows_token(code, w, r0, r1, rb, X16, DX, k, res, off):
     at a time)."""
     nb = np.int64(X16.shape[1] // 32)
     r = r0
-    if code == Q6_K:
+    if code >= Q4_K:  # K-quants: 4-row groups (8 were slower: registers), then single rows
         while r + 4 <= r1:
-            rows4_q6_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+            if code == Q4_K:
+                rows4_q4_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+            else:
+                rows4_q6_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
             r += 4
         while r < r1:
-            rows1_q6_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-            r += 1
-    elif code == Q4_K:
-        while r + 4 <= r1:
-            rows4_q4_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-            r += 4
-        while r < r1:
-            rows1_q4_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+            if code == Q4_K:
+                rows1_q4_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+            else:
+                rows1_q6_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
             r += 1
     elif code == Q8_0:
         while r + 8 <= r1:

@@ -17,7 +17,7 @@ from numba.extending import intrinsic
 
 from .gemm import _deq_q6_k, h2f
 from .simd import (F32, HAVE_AVX2, I8, I16, I32, I64, PREFETCH, V, _fadd, _fmul, _fn, _fsub, _pmadd, _qsig, _splat,
-                   hsum8)
+                   hsum8, token_rows)
 
 _U = np.uint64
 
@@ -34,18 +34,10 @@ def _q4_k_scale_min(w, s, c):
 def _prologue(context, builder, sig, args, NR: int, MT: int):
     """The K-quant kernels' common set-up: i64 constant maker, weight bytes, per token t the X16 / DX / res
     row pointers of token k0 + t, the NR row offsets, the next row group's offset, super-blocks per row."""
-    wa, woff, rb, xa, da, k0, nb, ra, roff = args
+    wa, woff, rb, nb = args[0], args[1], args[2], args[6]
     i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
-
-    def rows_of(i, v, ty):  # token rows k0 .. k0 + MT - 1 of 2-D array argument i, as ty pointers
-        ary = cgutils.create_struct_proxy(sig.args[i])(context, builder, value=v)
-        s0 = cgutils.unpack_tuple(builder, ary.strides, 2)[0]
-        p = builder.bitcast(ary.data, I8.as_pointer())
-        return [builder.bitcast(builder.gep(p, [builder.mul(builder.add(k0, i64(t)), s0)]), ty.as_pointer())
-                for t in range(MT)]
-
     wd = cgutils.create_struct_proxy(sig.args[0])(context, builder, value=wa).data
-    return (i64, wd, rows_of(3, xa, I16), rows_of(4, da, F32), rows_of(7, ra, F32),
+    return (i64, wd, *token_rows(context, builder, sig, args, MT),
             [builder.mul(rb, i64(k)) for k in range(NR)], builder.add(woff, builder.mul(rb, i64(NR))),
             builder.lshr(nb, i64(3)))
 
@@ -158,22 +150,6 @@ def _slow_q4_k(n, w, wo, rb, X16, DX, k0, nb, res, ro):
         res[k0, ro + k] = acc
 
 
-def _q4_k_kernel(NR: int, MT: int = 1):
-    """rows{NR}[x{MT}]_q4_k(w, wo, rb, X16, DX, k0, nb, res, ro): res[k0:k0+MT, ro:ro+NR] = NR Q4_K rows . tokens
-    k0.. of X16 * DX."""
-    if HAVE_AVX2:
-        @intrinsic
-        def kernel(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
-            return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows_q4_k_ir(NR, MT)
-    else:  # a portable fallback with the same signature
-        @njit
-        def kernel(w, wo, rb, X16, DX, k0, nb, res, ro):
-            for t in range(MT):
-                _slow_q4_k(NR, w, wo, rb, X16, DX, k0 + t, nb, res, ro)
-    return kernel
-
-
-rows4_q4_k, rows1_q4_k, rows4x2_q4_k = _q4_k_kernel(4), _q4_k_kernel(1), _q4_k_kernel(4, 2)
 
 
 def _rows_q6_k_ir(NR: int, MT: int = 1):
@@ -269,18 +245,20 @@ def _slow_q6_k(n, w, wo, rb, X16, DX, k0, nb, res, ro):
         res[k0, ro + k] = acc
 
 
-def _q6_k_kernel(NR: int, MT: int = 1):
-    """rows{NR}[x{MT}]_q6_k(...): as _q4_k_kernel, for Q6_K rows."""
+def _k_kernel(codegen, slow, NR: int, MT: int = 1):
+    """rows{NR}[x{MT}]_q4_k / _q6_k(w, wo, rb, X16, DX, k0, nb, res, ro): res[k0:k0+MT, ro:ro+NR] = NR rows (the
+    intrinsic `codegen` makes, or the portable `slow` loops without AVX2) . tokens k0.. of X16 * DX."""
     if HAVE_AVX2:
         @intrinsic
         def kernel(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
-            return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows_q6_k_ir(NR, MT)
-    else:
+            return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), codegen(NR, MT)
+    else:  # a portable fallback with the same signature
         @njit
         def kernel(w, wo, rb, X16, DX, k0, nb, res, ro):
             for t in range(MT):
-                _slow_q6_k(NR, w, wo, rb, X16, DX, k0 + t, nb, res, ro)
+                slow(NR, w, wo, rb, X16, DX, k0 + t, nb, res, ro)
     return kernel
 
 
-rows4_q6_k, rows1_q6_k, rows4x2_q6_k = _q6_k_kernel(4), _q6_k_kernel(1), _q6_k_kernel(4, 2)
+rows4_q4_k, rows1_q4_k, rows4x2_q4_k = (_k_kernel(_rows_q4_k_ir, _slow_q4_k, n, t) for n, t in ((4, 1), (1, 1), (4, 2)))
+rows4_q6_k, rows1_q6_k, rows4x2_q6_k = (_k_kernel(_rows_q6_k_ir, _slow_q6_k, n, t) for n, t in ((4, 1), (1, 1), (4, 2)))

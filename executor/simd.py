@@ -69,6 +69,20 @@ def _splat(builder, v, n):
     return builder.shuffle_vector(t, t, ir.Constant(V(I32, n), [0] * n))
 
 
+def token_rows(context, builder, sig, args, MT: int) -> tuple[list, list, list]:
+    """Codegen for the row kernels' signature (_qsig): pointers to rows k0 .. k0 + MT - 1 of the 2-D X16
+    (int16), DX and res (float32) arguments, one list each."""
+    k0 = args[5]
+
+    def rows_of(i, ty):
+        ary = cgutils.create_struct_proxy(sig.args[i])(context, builder, value=args[i])
+        s0 = cgutils.unpack_tuple(builder, ary.strides, 2)[0]
+        p = builder.bitcast(ary.data, I8.as_pointer())
+        return [builder.bitcast(builder.gep(p, [builder.mul(builder.add(k0, ir.Constant(I64, t)), s0)]),
+                                ty.as_pointer()) for t in range(MT)]
+    return rows_of(3, I16), rows_of(4, F32), rows_of(7, F32)
+
+
 def _rows(q4: bool, NR: int, MT: int = 1):
     """Codegen: res[k0 + t, ro + k] = row_k . x_t for NR rows at byte woff + k * rb (nb blocks each) and
     the MT tokens t of X16 / DX [m, ...] (rows of C arrays) from k0.
@@ -93,16 +107,8 @@ def _rows(q4: bool, NR: int, MT: int = 1):
     def gen(context, builder, sig, args):
         wa, woff, rb, xa, da, k0, nb, ra, roff = args
         i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
-
-        def rows_of(i, v, ty):  # token rows k0 .. k0 + MT - 1 of 2-D array argument i, as ty pointers
-            ary = cgutils.create_struct_proxy(sig.args[i])(context, builder, value=v)
-            s0 = cgutils.unpack_tuple(builder, ary.strides, 2)[0]
-            p = builder.bitcast(ary.data, I8.as_pointer())
-            return [builder.bitcast(builder.gep(p, [builder.mul(builder.add(k0, i64(t)), s0)]), ty.as_pointer())
-                    for t in range(MT)]
-
         wd = cgutils.create_struct_proxy(sig.args[0])(context, builder, value=wa).data
-        xds, dds, rds = rows_of(3, xa, I16), rows_of(4, da, F32), rows_of(7, ra, F32)
+        xds, dds, rds = token_rows(context, builder, sig, args, MT)
         zero = ir.Constant(V(F32, 8), [0.0] * 8)
         accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(MT)] for _ in range(NR)]
         # two stack slots of NR x MT scales (blocks b and b + 1 alternate); the slot index is not a constant,
