@@ -55,11 +55,12 @@ def _deq_q6_k(w, o, buf, y0, qk):
             qh = o + _U(128 + 32 * h)
             sl, sh = np.int32(4 * (i // 2)), np.int32(2 * i)
             base = 128 * h + 32 * i
-            a0 = d * np.float32(np.int8(w[o + _U(192 + base // 16)]))
-            a1 = d * np.float32(np.int8(w[o + _U(192 + base // 16 + 1)]))
-            for l in range(qk):
-                q = ((np.int32(w[ql + l]) >> sl) & 15) | (((np.int32(w[qh + l]) >> sh) & 3) << 4)
-                buf[y0 + base + np.int64(l)] = (a0 if l < _U(16) else a1) * np.float32(q - 32)
+            for half in range(2):  # two 16-value runs, a scale each
+                a = d * np.float32(np.int8(w[o + _U(192 + base // 16 + half)]))
+                l0 = _U(16 * half)
+                for l in range(qk // _U(2)):
+                    q = ((np.int32(w[ql + l0 + l]) >> sl) & 15) | (((np.int32(w[qh + l0 + l]) >> sh) & 3) << 4)
+                    buf[y0 + base + 16 * half + np.int64(l)] = a * np.float32(q - 32)
 
 
 @njit(fastmath=True, inline="always")
