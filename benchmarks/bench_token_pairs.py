@@ -89,7 +89,7 @@ def main() -> int:
         w, R = K.flat(W)[0], W.rows
         rb = w.shape[0] // R
         line = []
-        for m in (2, 8, 12, 16, 24):
+        for m in (2, 4, 6, 8, 12, 16, 24):
             X = np.random.default_rng(m).standard_normal((m, W.cols)).astype(np.float32)
             X16, DX = K._quant_rows(X)
             res = np.empty((m, R), np.float32)

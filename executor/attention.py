@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .kernels import drop_stale_cache, prange_only
+from .kernels import prange_only
+from .nbcache import drop_stale_cache
 from .simd import exp32
 
 drop_stale_cache("attention", ("simd.py", "kernels.py", "kquants.py"))

@@ -12,8 +12,9 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .kernels import (_ROWS, _SERIAL_BYTES, _parts, _parts_serial, _quant_rows, _rows_matmul, drop_stale_cache,
+from .kernels import (_ROWS, _SERIAL_BYTES, _parts, _parts_serial, _quant_rows, _rows_matmul,
                       flat, prange_only)
+from .nbcache import drop_stale_cache
 from .simd import silu_mul
 
 drop_stale_cache("cpu_experts", ("kernels.py", "simd.py", "gemm.py", "kquants.py"))

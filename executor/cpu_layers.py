@@ -29,7 +29,7 @@ from numba.typed import List
 from . import cpu_experts as CE
 from . import experts as X
 from .dense_kernels import attention_step, norm_route
-from .kernels import drop_stale_cache
+from .nbcache import drop_stale_cache
 
 drop_stale_cache("cpu_layers", ("dense_kernels.py", "cpu_experts.py", "kernels.py", "simd.py", "gemm.py",
                                 "kquants.py", "attention.py"))

@@ -9,7 +9,8 @@ import numpy as np
 from numba import njit
 
 from .attention import attn_cached
-from .kernels import SERIAL_BYTES_HOT, _parts, _parts_serial, drop_stale_cache
+from .kernels import SERIAL_BYTES_HOT, _parts, _parts_serial
+from .nbcache import drop_stale_cache
 
 drop_stale_cache("dense_kernels", ("kernels.py", "simd.py", "gemm.py", "kquants.py", "attention.py"))
 # attention_step calls a parallel kernel from compiled code, which finds numba's thread pool

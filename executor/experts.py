@@ -55,7 +55,7 @@ def _f16(b: torch.Tensor) -> torch.Tensor:
 
 
 def _torch_q4_k(blk: torch.Tensor) -> torch.Tensor:
-    """Q4_K super-blocks uint8 [R, n, 144] -> f32 [R, n, 256] (gemm._deq_q4_k's layout)."""
+    """Q4_K super-blocks uint8 [R, n, 144] -> f32 [R, n, 256] (kquants._q4_k_block's layout)."""
     d, dmin = _f16(blk[..., 0:2]), _f16(blk[..., 2:4])  # [R, n, 1]
     s = blk[..., 4:16].to(torch.int32)
     lo, mid, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
@@ -67,7 +67,7 @@ def _torch_q4_k(blk: torch.Tensor) -> torch.Tensor:
 
 
 def _torch_q6_k(blk: torch.Tensor) -> torch.Tensor:
-    """Q6_K super-blocks uint8 [R, n, 210] -> f32 [R, n, 256] (gemm._deq_q6_k's layout)."""
+    """Q6_K super-blocks uint8 [R, n, 210] -> f32 [R, n, 256] (kquants._q6_k_block's layout)."""
     R, n = blk.shape[:2]
     ql = blk[..., 0:128].to(torch.int32).reshape(R, n, 2, 1, 64)
     ql = torch.cat([ql & 15, ql >> 4], dim=-2).reshape(R, n, 2, 4, 32)  # [half, i, l]: i = 2 (nibble) + 32-block

@@ -10,57 +10,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .simd import f32_from_f16_bits
+from .kquants import deq_q4_k_row, deq_q6_k_row
+from .simd import h2f
 
 F16, Q8_0, Q4_0, Q4_K, Q6_K = 1, 2, 3, 4, 5
 _U = np.uint64
-
-
-@njit(inline="always")
-def h2f(lo, hi):
-    """fp16 (two little-endian bytes) -> float32."""
-    return f32_from_f16_bits(np.int32(lo) | (np.int32(hi) << 8))
-
-
-@njit(fastmath=True, inline="always")
-def _deq_q4_k(w, o, buf, y0, qk):
-    """One Q4_K super-block (144 bytes at o: d, dmin fp16, 12 bytes of 6-bit scales and mins for its eight
-    32-weight sub-blocks, 128 bytes of nibbles) into buf[y0:y0 + 256]: sub-block c = 2j + h holds the low
-    (h = 0) or high (h = 1) nibbles of bytes 32j..32j+31, value d sc_c q - dmin m_c (qk: 32, opaque)."""
-    d, dmin = h2f(w[o], w[o + _U(1)]), h2f(w[o + _U(2)], w[o + _U(3)])
-    s = o + _U(4)
-    for c in range(8):
-        if c < 4:
-            sc = np.int32(w[s + _U(c)]) & 63
-            mn = np.int32(w[s + _U(c + 4)]) & 63
-        else:
-            sc = (np.int32(w[s + _U(c + 4)]) & 15) | ((np.int32(w[s + _U(c - 4)]) >> 6) << 4)
-            mn = (np.int32(w[s + _U(c + 4)]) >> 4) | ((np.int32(w[s + _U(c)]) >> 6) << 4)
-        a, m = d * np.float32(sc), dmin * np.float32(mn)
-        q0 = o + _U(16) + _U(32) * _U(c // 2)
-        sh = np.int32(4 * (c % 2))
-        for l in range(qk):
-            buf[y0 + 32 * c + np.int64(l)] = a * np.float32((np.int32(w[q0 + l]) >> sh) & 15) - m
-
-
-@njit(fastmath=True, inline="always")
-def _deq_q6_k(w, o, buf, y0, qk):
-    """One Q6_K super-block (210 bytes at o: 128 of low nibbles ql, 64 of high bit pairs qh, 16 int8 scales,
-    d fp16) into buf[y0:y0 + 256]: value 128 h + 32 i + l is ((ql[64 h + 32 (i % 2) + l] >> 4 (i // 2)) & 15
-    | ((qh[32 h + l] >> 2 i) & 3) << 4) - 32, times d x scale[value // 16]."""
-    d = h2f(w[o + _U(208)], w[o + _U(209)])
-    for h in range(2):
-        for i in range(4):
-            ql = o + _U(64 * h + 32 * (i % 2))
-            qh = o + _U(128 + 32 * h)
-            sl, sh = np.int32(4 * (i // 2)), np.int32(2 * i)
-            base = 128 * h + 32 * i
-            for half in range(2):  # two 16-value runs, a scale each
-                a = d * np.float32(np.int8(w[o + _U(192 + base // 16 + half)]))
-                l0 = _U(16 * half)
-                for l in range(qk // _U(2)):
-                    q = ((np.int32(w[ql + l0 + l]) >> sl) & 15) | (((np.int32(w[qh + l0 + l]) >> sh) & 3) << 4)
-                    buf[y0 + base + 16 * half + np.int64(l)] = a * np.float32(q - 32)
 
 
 @njit(fastmath=True, inline="always")
@@ -77,11 +31,9 @@ def deq_row(code, w, o0, buf, qk):
             for j in range(qk):
                 buf[_U(b) * _U(32) + j] = np.float32(np.int8(w[o + _U(2) + j])) * d
     elif code == Q4_K:
-        for b in range(n // _U(256)):
-            _deq_q4_k(w, o0 + _U(b) * _U(144), buf, np.int64(b) * 256, qk)
+        deq_q4_k_row(w, np.int64(o0), buf, np.int64(n // _U(256)))
     elif code == Q6_K:
-        for b in range(n // _U(256)):
-            _deq_q6_k(w, o0 + _U(b) * _U(210), buf, np.int64(b) * 256, qk)
+        deq_q6_k_row(w, np.int64(o0), buf, np.int64(n // _U(256)))
     else:  # low nibbles are values 0..15 of the block, high ones 16..31: two unit-stride loops
         for b in range(n // _U(32)):
             o = o0 + _U(b) * _U(18)

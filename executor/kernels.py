@@ -11,7 +11,6 @@ and split rows across threads (prange); little work runs serially. Type codes: 1
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numba
 import numpy as np
@@ -19,26 +18,9 @@ from numba import njit, prange
 
 from .gemm import deq_matmul
 from .kquants import rows1_q4_k, rows1_q6_k, rows4_q4_k, rows4_q6_k, rows4x2_q4_k, rows4x2_q6_k
+from .nbcache import drop_stale_cache
 from .simd import (quant16, rows1_f16, rows1_q4, rows1_q8, rows4_f16, rows4_q4, rows4_q8, rows4x2_q4, rows4x2_q8,
                    rows8_q4, rows8_q8)
-
-
-def drop_stale_cache(stem: str, deps: tuple[str, ...]) -> None:
-    """numba's cache=True watches only the cached function's own file: drop module `stem`'s cached
-    kernels when one of the modules `deps` (beside it) changed, since their code is compiled in."""
-    here = Path(__file__).resolve().parent
-    srcs = [here / d for d in deps]
-    stamp = here / "__pycache__" / f"{stem}.deps-stamp"
-    now = " ".join(f"{f.stat().st_mtime_ns} {f.stat().st_size}" for f in srcs)
-    try:
-        if stamp.exists() and stamp.read_text() == now:
-            return
-        for f in (here / "__pycache__").glob(f"{stem}.*.nb[ic]"):
-            f.unlink()
-        stamp.parent.mkdir(exist_ok=True)
-        stamp.write_text(now)
-    except OSError:  # read-only install: the cache is whatever was shipped
-        pass
 
 
 drop_stale_cache("kernels", ("simd.py", "gemm.py", "kquants.py"))
@@ -56,6 +38,10 @@ def prange_only() -> dict:
 
 _ROWS = 32  # rows per parallel work item (16 -> 32: ~5% on Q4_0 expert GB/s, fewer item switches)
 _FUSED = 16  # tokens per expert up to which each token gets fused in-place dots (8 before token pairs)
+# the same for the K-quants, whose rows dequantise faster than their fused dots run (kquants.deq_q*_k_row):
+# dequantise-then-GEMM / pairs 1.17 at 8 tokens and 0.94 at 12 for Q4_K, 1.11 at 4 and 0.93 at 6 for Q6_K
+# (bench_token_pairs.py --presets small-q4k --parts gate down)
+_FUSED_Q4_K, _FUSED_Q6_K = 10, 4
 
 
 @njit(fastmath=True)
@@ -124,11 +110,12 @@ def _rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off):
 @njit(fastmath=True)
 def _rows_matmul(code, w, r0, r1, rb, X, X16, DX, res, off):
     """res[k, off + r - r0] = row_r . X[k] for the m rows of X [m, cols]: fused in-place dots up to _FUSED
-    tokens (Q8_0 / Q4_0 / Q4_K / Q6_K: int16 activations X16 * DX, tokens in pairs; F16: float32 X), the
+    tokens (_FUSED_Q4_K / _Q6_K for those; Q8_0 / Q4_0 / Q4_K / Q6_K: int16 activations X16 * DX, tokens in
+    pairs; F16: float32 X), the
     weight rows staying in L1/L2; else the rows are dequantised once and multiplied with every token in
     register blocks (prefill; gemm.py)."""
     m = X.shape[0]
-    if m > _FUSED:
+    if m > (_FUSED_Q4_K if code == Q4_K else _FUSED_Q6_K if code == Q6_K else _FUSED):
         deq_matmul(code, w, r0, r1, rb, X, res, off)
     elif code == F16:
         nc = np.int64(X.shape[1] // 16)

@@ -2,7 +2,7 @@
 Q4_K_M files), as AVX2 numba intrinsics on simd.py's scheme: int16 activations (simd.quant16, one
 32-block of x per Q4_K sub-block, per two Q6_K 16-value runs), the weights' integers made int16 words
 with in-lane shifts and masks, `vpmaddwd`, each run's int32 sums scaled in float. Layouts:
-gemm._deq_q4_k / _deq_q6_k (ggml-quants.c dequantize_row_q4_K / _q6_K); tokens in pairs as simd._rows.
+_q4_k_block / _q6_k_block (ggml-quants.c dequantize_row_q4_K / _q6_K); tokens in pairs as simd._rows.
 One core, in cache, one token (`benchmarks/bench_token_pairs.py --presets small-q4k --parts gate down`):
 Q4_K 20-21 G weights/s, Q6_K 14, against simd.py's Q4_0 at 24-25; the same products in float
 (LLVM-vectorised loops) ran at 6.6 and 4.2. Without AVX2: plain numba loops of the same signatures.
@@ -12,12 +12,11 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import njit
-from numba.core import cgutils
+from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from .gemm import _deq_q6_k, h2f
 from .simd import (F32, HAVE_AVX2, I8, I16, I32, I64, PREFETCH, V, _fadd, _fmul, _fn, _fsub, _pmadd, _qsig, _splat,
-                   hsum8, token_rows)
+                   h2f, hsum8, token_rows)
 
 _U = np.uint64
 
@@ -29,6 +28,47 @@ def _q4_k_scale_min(w, s, c):
         return np.int32(w[s + _U(c)]) & 63, np.int32(w[s + _U(c + 4)]) & 63
     return ((np.int32(w[s + _U(c + 4)]) & 15) | ((np.int32(w[s + _U(c - 4)]) >> 6) << 4),
             (np.int32(w[s + _U(c + 4)]) >> 4) | ((np.int32(w[s + _U(c)]) >> 6) << 4))
+
+
+@njit(fastmath=True, inline="always")
+def _q4_k_block(w, o, buf, y0, qk):
+    """One Q4_K super-block (144 bytes at o: d, dmin fp16, 12 bytes of 6-bit scales and mins for its eight
+    32-weight sub-blocks, 128 bytes of nibbles) into buf[y0:y0 + 256]: sub-block c = 2j + h holds the low
+    (h = 0) or high (h = 1) nibbles of bytes 32j..32j+31, value d sc_c q - dmin m_c (qk: 32, opaque)."""
+    d, dmin = h2f(w[o], w[o + _U(1)]), h2f(w[o + _U(2)], w[o + _U(3)])
+    s = o + _U(4)
+    for c in range(8):
+        if c < 4:
+            sc = np.int32(w[s + _U(c)]) & 63
+            mn = np.int32(w[s + _U(c + 4)]) & 63
+        else:
+            sc = (np.int32(w[s + _U(c + 4)]) & 15) | ((np.int32(w[s + _U(c - 4)]) >> 6) << 4)
+            mn = (np.int32(w[s + _U(c + 4)]) >> 4) | ((np.int32(w[s + _U(c)]) >> 6) << 4)
+        a, m = d * np.float32(sc), dmin * np.float32(mn)
+        q0 = o + _U(16) + _U(32) * _U(c // 2)
+        sh = np.int32(4 * (c % 2))
+        for l in range(qk):
+            buf[y0 + 32 * c + np.int64(l)] = a * np.float32((np.int32(w[q0 + l]) >> sh) & 15) - m
+
+
+@njit(fastmath=True, inline="always")
+def _q6_k_block(w, o, buf, y0, qk):
+    """One Q6_K super-block (210 bytes at o: 128 of low nibbles ql, 64 of high bit pairs qh, 16 int8 scales,
+    d fp16) into buf[y0:y0 + 256]: value 128 h + 32 i + l is ((ql[64 h + 32 (i % 2) + l] >> 4 (i // 2)) & 15
+    | ((qh[32 h + l] >> 2 i) & 3) << 4) - 32, times d x scale[value // 16]."""
+    d = h2f(w[o + _U(208)], w[o + _U(209)])
+    for h in range(2):
+        for i in range(4):
+            ql = o + _U(64 * h + 32 * (i % 2))
+            qh = o + _U(128 + 32 * h)
+            sl, sh = np.int32(4 * (i // 2)), np.int32(2 * i)
+            base = 128 * h + 32 * i
+            for half in range(2):  # two 16-value runs, a scale each
+                a = d * np.float32(np.int8(w[o + _U(192 + base // 16 + half)]))
+                l0 = _U(16 * half)
+                for l in range(qk // _U(2)):
+                    q = ((np.int32(w[ql + l0 + l]) >> sl) & 15) | (((np.int32(w[qh + l0 + l]) >> sh) & 3) << 4)
+                    buf[y0 + base + 16 * half + np.int64(l)] = a * np.float32(q - 32)
 
 
 def _prologue(context, builder, sig, args, NR: int, MT: int):
@@ -231,13 +271,13 @@ def _rows_q6_k_ir(NR: int, MT: int = 1):
 
 @njit(fastmath=True)
 def _slow_q6_k(n, w, wo, rb, X16, DX, k0, nb, res, ro):
-    """The Q6_K kernels' products without AVX2 (gemm._deq_q6_k's values against x16 dx)."""
+    """The Q6_K kernels' products without AVX2 (_q6_k_block's values against x16 dx)."""
     x16, dx = X16[k0], DX[k0]
     buf = np.empty(256, np.float32)
     for k in range(n):
         acc = np.float32(0.0)
         for sb in range(nb // 8):
-            _deq_q6_k(w, _U(wo + k * rb + sb * 210), buf, 0, _U(32))
+            _q6_k_block(w, _U(wo + k * rb + sb * 210), buf, 0, _U(32))
             for blk in range(8):
                 for i in range(32):
                     acc += buf[32 * blk + i] * np.float32(x16[32 * (8 * sb + blk) + (i % 2) * 16 + i // 2]) \
@@ -262,3 +302,103 @@ def _k_kernel(codegen, slow, NR: int, MT: int = 1):
 
 rows4_q4_k, rows1_q4_k, rows4x2_q4_k = (_k_kernel(_rows_q4_k_ir, _slow_q4_k, n, t) for n, t in ((4, 1), (1, 1), (4, 2)))
 rows4_q6_k, rows1_q6_k, rows4x2_q6_k = (_k_kernel(_rows_q6_k_ir, _slow_q6_k, n, t) for n, t in ((4, 1), (1, 1), (4, 2)))
+
+
+# ---------------------------------------------------------------------------------------------
+# whole super-blocks to float32 (prefill's dequantise-then-GEMM, embeddings): the values of
+# _q4_k_block / _q6_k_block, the same float multiplies and subtractions, eight lanes at a time
+# ---------------------------------------------------------------------------------------------
+
+def _deq_ir(q4k: bool):
+    """Codegen: buf[0 : 256 nsb] = the nsb Q4_K / Q6_K super-blocks at byte o of w, as gguf.dequantize gives
+    them (Q4_K: (d sc) q - (dmin m); Q6_K: (d sc) (q - 32)). A chunk's bytes split into nibbles (and bit
+    pairs) as byte vectors, widened eight at a time (vpmovzxbd / vpmovsxbd), converted and scaled."""
+    bs = 144 if q4k else 210
+
+    def gen(context, builder, sig, args):
+        wa, o, ba, nsb = args
+        i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+        i32 = lambda v: ir.Constant(I32, v)  # noqa: E731
+        c8 = lambda v: ir.Constant(V(I8, 32), [v] * 32)  # noqa: E731
+        wd = cgutils.create_struct_proxy(sig.args[0])(context, builder, value=wa).data
+        bd = cgutils.create_struct_proxy(sig.args[2])(context, builder, value=ba).data
+        slot = builder.bitcast(cgutils.alloca_once(builder, V(F32, 16)), F32.as_pointer())
+        half = ir.HalfType()
+
+        def eight(v, g, signed):  # <8 x f32> of bytes 8g .. 8g + 7 of the <32 x i8> v
+            b8 = builder.shuffle_vector(v, v, ir.Constant(V(I32, 8), list(range(8 * g, 8 * g + 8))))
+            return builder.sitofp((builder.sext if signed else builder.zext)(b8, V(I32, 8)), V(F32, 8))
+
+        def put(v, at):  # store <8 x f32> v at buf[at]
+            builder.store(v, builder.bitcast(builder.gep(bd, [at]), V(F32, 8).as_pointer()), align=4)
+
+        with cgutils.for_range(builder, nsb) as loop:
+            sb = loop.index
+            p = builder.gep(wd, [builder.add(o, builder.mul(sb, i64(bs)))])
+            y0 = builder.mul(sb, i64(256))
+            ld16 = lambda off: builder.fpext(builder.load(builder.bitcast(builder.gep(p, [i64(off)]),  # noqa: E731
+                                                                          half.as_pointer()), align=1), F32)
+            ld32 = lambda off: builder.load(builder.bitcast(builder.gep(p, [i64(off)]),  # noqa: E731
+                                                            V(I8, 32).as_pointer()), align=1)
+            if q4k:  # slot[0:8] = d sc, slot[8:16] = dmin m (the row kernels' unpacking of the 6-bit fields)
+                b16 = builder.load(builder.bitcast(builder.gep(p, [i64(4)]), V(I8, 16).as_pointer()), align=1)
+                pick = lambda idx: builder.zext(builder.shuffle_vector(b16, b16, ir.Constant(V(I32, 8), idx)),  # noqa: E731
+                                                V(I32, 8))
+                c32 = lambda lo, hi: ir.Constant(V(I32, 8), [lo] * 4 + [hi] * 4)  # noqa: E731
+                top = lambda v: builder.and_(builder.lshr(v, c32(2, 2)), c32(0, 0x30))  # noqa: E731
+                sc = builder.or_(builder.and_(pick([0, 1, 2, 3, 8, 9, 10, 11]), c32(63, 15)), top(pick([0, 1, 2, 3] * 2)))
+                mn = builder.or_(builder.and_(builder.lshr(pick([4, 5, 6, 7, 8, 9, 10, 11]), c32(0, 4)), c32(63, 15)),
+                                 top(pick([4, 5, 6, 7] * 2)))
+                sv = builder.bitcast(slot, V(F32, 8).as_pointer())
+                builder.store(_fmul(builder, _splat(builder, ld16(0), 8), builder.sitofp(sc, V(F32, 8))), sv, align=4)
+                builder.store(_fmul(builder, _splat(builder, ld16(2), 8), builder.sitofp(mn, V(F32, 8))),
+                              builder.gep(sv, [i64(1)]), align=4)
+                for j in range(4):
+                    q = ld32(16 + 32 * j)
+                    for h, v in enumerate((builder.and_(q, c8(15)), builder.lshr(q, c8(4)))):
+                        c = 2 * j + h
+                        f = _splat(builder, builder.load(builder.gep(slot, [i32(c)]), align=4), 8)
+                        m = _splat(builder, builder.load(builder.gep(slot, [i32(8 + c)]), align=4), 8)
+                        for g in range(4):
+                            put(_fsub(builder, _fmul(builder, f, eight(v, g, False)), m),
+                                builder.add(y0, i64(32 * c + 8 * g)))
+            else:  # slot[0:16] = d sc of the sixteen runs
+                sc = builder.load(builder.bitcast(builder.gep(p, [i64(192)]), V(I8, 16).as_pointer()), align=1)
+                d = _splat(builder, ld16(208), 8)
+                sv = builder.bitcast(slot, V(F32, 8).as_pointer())
+                for u in range(2):
+                    s8 = builder.shuffle_vector(sc, sc, ir.Constant(V(I32, 8), list(range(8 * u, 8 * u + 8))))
+                    builder.store(_fmul(builder, d, builder.sitofp(s8, V(F32, 8))), builder.gep(sv, [i64(u)]), align=4)
+                for h in range(2):
+                    qh = ld32(128 + 32 * h)
+                    for i in range(4):
+                        ql = ld32(64 * h + 32 * (i % 2))
+                        nib = builder.and_(ql, c8(15)) if i < 2 else builder.lshr(ql, c8(4))
+                        pair = builder.and_(builder.lshr(qh, c8(2 * i)) if i else qh, c8(3))
+                        q = builder.sub(builder.or_(nib, builder.shl(pair, c8(4))), c8(32))  # -32 .. 31 as i8
+                        for g in range(4):
+                            f = _splat(builder, builder.load(builder.gep(slot, [i32(8 * h + 2 * i + g // 2)]), align=4), 8)
+                            put(_fmul(builder, f, eight(q, g, True)), builder.add(y0, i64(128 * h + 32 * i + 8 * g)))
+        return context.get_dummy_value()
+
+    return gen
+
+
+def _deq_kernel(q4k: bool):
+    """deq_q4_k_row / deq_q6_k_row(w, o, buf, nsb): buf[0 : 256 nsb] = nsb super-blocks at byte o of w."""
+    if HAVE_AVX2:
+        @intrinsic
+        def kernel(typingctx, w, o, buf, nsb):
+            return types.none(w, o, buf, nsb), _deq_ir(q4k)
+    else:
+        @njit
+        def kernel(w, o, buf, nsb):
+            for b in range(nsb):
+                if q4k:
+                    _q4_k_block(w, _U(o + 144 * b), buf, 256 * b, _U(32))
+                else:
+                    _q6_k_block(w, _U(o + 210 * b), buf, 256 * b, _U(32))
+    return kernel
+
+
+deq_q4_k_row, deq_q6_k_row = _deq_kernel(True), _deq_kernel(False)

@@ -347,6 +347,12 @@ def f32_from_f16_bits(typingctx, i):
     return types.float32(types.int32), gen
 
 
+@njit(inline="always")
+def h2f(lo, hi):
+    """fp16 (two little-endian bytes) -> float32."""
+    return f32_from_f16_bits(np.int32(lo) | (np.int32(hi) << 8))
+
+
 @njit(fastmath=True, error_model="numpy", inline="always")
 def exp32(x):
     """e**x for float32 x in [-87, 88] (clamped), as Cephes' expf: 2**n e**r with |r| <= ln2 / 2 and a

@@ -31,7 +31,7 @@ def test_matmul_matches_dequantised(qk, qt, rows, nb, T, seed):
        T=st.integers(1, 20), seed=st.integers(0, 2**31))
 def test_k_quant_matmul_matches_dequantised(qk, qt, rows, nsb, T, seed):
     """Q4_K / Q6_K rows (256-weight super-blocks) read in place match gguf.dequantize then a float matmul: up
-    to 16 tokens through the int16 kernels (kquants.py), more dequantised a row at a time (gemm.py)."""
+    to 10 / 4 tokens through the int16 kernels (kquants.py), more dequantised a row at a time (gemm.py)."""
     rng = np.random.default_rng(seed)
     w = qk.tensor(rng, qt, 2, rows, nsb * 256)
     x = rng.standard_normal((T, nsb * 256)).astype(np.float32)

@@ -1,0 +1,23 @@
+"""numba's on-disk cache across modules: cache=True watches only a cached function's own file, so a
+module whose kernels compile in code from others drops its cached kernels when one of them changes."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def drop_stale_cache(stem: str, deps: tuple[str, ...]) -> None:
+    """numba's cache=True watches only the cached function's own file: drop module `stem`'s cached
+    kernels when one of the modules `deps` (beside it) changed, since their code is compiled in."""
+    here = Path(__file__).resolve().parent
+    srcs = [here / d for d in deps]
+    stamp = here / "__pycache__" / f"{stem}.deps-stamp"
+    now = " ".join(f"{f.stat().st_mtime_ns} {f.stat().st_size}" for f in srcs)
+    try:
+        if stamp.exists() and stamp.read_text() == now:
+            return
+        for f in (here / "__pycache__").glob(f"{stem}.*.nb[ic]"):
+            f.unlink()
+        stamp.parent.mkdir(exist_ok=True)
+        stamp.write_text(now)
+    except OSError:  # read-only install: the cache is whatever was shipped
+        pass
