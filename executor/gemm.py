@@ -11,7 +11,10 @@ import numpy as np
 from numba import njit
 
 from .kquants import deq_q4_k_row, deq_q6_k_row
+from .nbcache import drop_stale_cache
 from .simd import h2f
+
+drop_stale_cache("gemm", ("simd.py", "kquants.py"))
 
 F16, Q8_0, Q4_0, Q4_K, Q6_K = 1, 2, 3, 4, 5
 _U = np.uint64

@@ -3,6 +3,7 @@ Q4_K_M files), as AVX2 numba intrinsics on simd.py's scheme: int16 activations (
 32-block of x per Q4_K sub-block, per two Q6_K 16-value runs), the weights' integers made int16 words
 with in-lane shifts and masks, `vpmaddwd`, each run's int32 sums scaled in float. Layouts:
 _q4_k_block / _q6_k_block (ggml-quants.c dequantize_row_q4_K / _q6_K); tokens in pairs as simd._rows.
+Also whole super-blocks to float32 (deq_q4_k_row / deq_q6_k_row), for dequantise-then-GEMM (gemm.py).
 One core, in cache, one token (`benchmarks/bench_token_pairs.py --presets small-q4k --parts gate down`):
 Q4_K 20-21 G weights/s, Q6_K 14, against simd.py's Q4_0 at 24-25; the same products in float
 (LLVM-vectorised loops) ran at 6.6 and 4.2. Without AVX2: plain numba loops of the same signatures.
