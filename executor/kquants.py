@@ -37,14 +37,8 @@ def _q4_k_block(w, o, buf, y0, qk):
     32-weight sub-blocks, 128 bytes of nibbles) into buf[y0:y0 + 256]: sub-block c = 2j + h holds the low
     (h = 0) or high (h = 1) nibbles of bytes 32j..32j+31, value d sc_c q - dmin m_c (qk: 32, opaque)."""
     d, dmin = h2f(w[o], w[o + _U(1)]), h2f(w[o + _U(2)], w[o + _U(3)])
-    s = o + _U(4)
     for c in range(8):
-        if c < 4:
-            sc = np.int32(w[s + _U(c)]) & 63
-            mn = np.int32(w[s + _U(c + 4)]) & 63
-        else:
-            sc = (np.int32(w[s + _U(c + 4)]) & 15) | ((np.int32(w[s + _U(c - 4)]) >> 6) << 4)
-            mn = (np.int32(w[s + _U(c + 4)]) >> 4) | ((np.int32(w[s + _U(c)]) >> 6) << 4)
+        sc, mn = _q4_k_scale_min(w, o + _U(4), c)
         a, m = d * np.float32(sc), dmin * np.float32(mn)
         q0 = o + _U(16) + _U(32) * _U(c // 2)
         sh = np.int32(4 * (c % 2))
