@@ -2,7 +2,7 @@
 against the same two tokens one at a time (_rows_token), and the fused int16 path with pairs against
 dequantise-then-GEMM (gemm.deq_matmul) at m tokens an expert: where kernels._FUSED sits (F16 rows, one
 token at a time, too). Expert 0's gate (or --parts) of each model, in cache, the ways interleaved in one
-process, one thread; with each line the single-token rate (G weights/s):
+process, one thread; with each line the single-token rate and the rate rows dequantise at (G weights/s):
 
     python benchmarks/bench_token_pairs.py [--dir /tmp/moe-offload-bench] [--presets tiny small small-q4]
     python benchmarks/bench_token_pairs.py --presets small-q4k --parts gate down   # Q4_K, Q6_K
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from calibration.local import ensure_model  # noqa: E402
 from executor import kernels as K  # noqa: E402
-from executor.gemm import deq_matmul  # noqa: E402
+from executor.gemm import deq_matmul, deq_rows  # noqa: E402
 from executor.gguf_model import GGUFModel  # noqa: E402
 
 
@@ -103,6 +103,9 @@ def main() -> int:
             if m == 2:  # two tokens alone: the single-token rate
                 line.append(f"one token {2 * reps * R * W.cols / t_other / 1e9:.1f} G weights/s")
             line.append(f"m={m}: {'alone' if m == 2 else 'deq'} / pairs {t_other / t_pairs:.2f}")
+        out = np.empty((R, W.cols), np.float32)  # the whole matrix dequantised (prefill's first half), 1 pass
+        t_deq, = _time([lambda: deq_rows(W.code, w.reshape(R, rb), out)])
+        line.append(f"rows dequantised {R * W.cols / t_deq / 1e9:.1f} G weights/s")
         print(f"{preset} {part} {R}x{W.cols} ({W.qtype.name}): " + "; ".join(line), flush=True)
         f16 = [g for g in (model.experts(i, "gate") for i in range(model.cfg.n_layers)) if g.code == K.F16]
         if f16:  # F16 rows take float32 activations one token at a time up to _FUSED tokens too
