@@ -77,6 +77,20 @@ def _prologue(context, builder, sig, args, NR: int, MT: int):
             builder.lshr(nb, i64(3)))
 
 
+def _q4_k_scales_ir(builder, p):
+    """Codegen: the eight 6-bit scales and mins of the Q4_K super-block at p as two <8 x i32> (ggml's
+    get_scale_min_k4 on eight lanes: sub-blocks 0-3 from bytes 0-3 / 4-7 of the 12, sub-blocks 4-7 from the
+    nibbles of bytes 8-11 and the top two bits of bytes 0-3 / 4-7), by byte shuffles and lane shifts."""
+    b16 = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(I64, 4)]), V(I8, 16).as_pointer()), align=1)
+    pick = lambda idx: builder.zext(builder.shuffle_vector(b16, b16, ir.Constant(V(I32, 8), idx)), V(I32, 8))  # noqa: E731
+    c32 = lambda lo, hi: ir.Constant(V(I32, 8), [lo] * 4 + [hi] * 4)  # noqa: E731
+    top = lambda v: builder.and_(builder.lshr(v, c32(2, 2)), c32(0, 0x30))  # noqa: E731
+    sc = builder.or_(builder.and_(pick([0, 1, 2, 3, 8, 9, 10, 11]), c32(63, 15)), top(pick([0, 1, 2, 3] * 2)))
+    mn = builder.or_(builder.and_(builder.lshr(pick([4, 5, 6, 7, 8, 9, 10, 11]), c32(0, 4)), c32(63, 15)),
+                     top(pick([4, 5, 6, 7] * 2)))
+    return sc, mn
+
+
 def _rows_q4_k_ir(NR: int, MT: int = 1):
     """Codegen: res[k0 + t, ro + k] = row_k . x_t for NR Q4_K rows at byte woff + k * rb (nb 32-blocks each) and
     the MT tokens t of X16 / DX from k0 (simd.quant16's layout: each 32-block even values first; dx, then 8 x
@@ -100,7 +114,6 @@ def _rows_q4_k_ir(NR: int, MT: int = 1):
         fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
         pref = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
         c16 = lambda v: ir.Constant(V(I16, 16), [v] * 16)  # noqa: E731
-        c32 = lambda lo, hi: ir.Constant(V(I32, 8), [lo] * 4 + [hi] * 4)  # noqa: E731
         half = ir.HalfType()
         with cgutils.for_range(builder, nsb) as loop:
             sb = loop.index
@@ -121,15 +134,7 @@ def _rows_q4_k_ir(NR: int, MT: int = 1):
             for k, p in enumerate(ps):  # each row's eight d sc dx to its slots; dmin m dx sum(x16) to its corr
                 ld16 = lambda off: builder.fpext(builder.load(builder.bitcast(builder.gep(p, [i64(off)]),  # noqa: E731
                                                                               half.as_pointer()), align=1), F32)
-                b16 = builder.load(builder.bitcast(builder.gep(p, [i64(4)]), V(I8, 16).as_pointer()), align=1)
-                pick = lambda idx: builder.zext(builder.shuffle_vector(b16, b16, ir.Constant(V(I32, 8), idx)),  # noqa: E731
-                                                V(I32, 8))
-                # ggml's get_scale_min_k4 on eight lanes: sub-blocks 0-3 from bytes 0-3 / 4-7 (6 bits), 4-7 from
-                # the nibbles of bytes 8-11 and the top two bits of bytes 0-3 / 4-7
-                top = lambda v: builder.and_(builder.lshr(v, c32(2, 2)), c32(0, 0x30))  # noqa: E731
-                sc = builder.or_(builder.and_(pick([0, 1, 2, 3, 8, 9, 10, 11]), c32(63, 15)), top(pick([0, 1, 2, 3] * 2)))
-                mn = builder.or_(builder.and_(builder.lshr(pick([4, 5, 6, 7, 8, 9, 10, 11]), c32(0, 4)), c32(63, 15)),
-                                 top(pick([4, 5, 6, 7] * 2)))
+                sc, mn = _q4_k_scales_ir(builder, p)
                 dsc = _fmul(builder, _splat(builder, ld16(0), 8), builder.sitofp(sc, V(F32, 8)))
                 dmn = _fmul(builder, _splat(builder, ld16(2), 8), builder.sitofp(mn, V(F32, 8)))
                 for t in range(MT):
@@ -336,14 +341,7 @@ def _deq_ir(q4k: bool):
             ld32 = lambda off: builder.load(builder.bitcast(builder.gep(p, [i64(off)]),  # noqa: E731
                                                             V(I8, 32).as_pointer()), align=1)
             if q4k:  # slot[0:8] = d sc, slot[8:16] = dmin m (the row kernels' unpacking of the 6-bit fields)
-                b16 = builder.load(builder.bitcast(builder.gep(p, [i64(4)]), V(I8, 16).as_pointer()), align=1)
-                pick = lambda idx: builder.zext(builder.shuffle_vector(b16, b16, ir.Constant(V(I32, 8), idx)),  # noqa: E731
-                                                V(I32, 8))
-                c32 = lambda lo, hi: ir.Constant(V(I32, 8), [lo] * 4 + [hi] * 4)  # noqa: E731
-                top = lambda v: builder.and_(builder.lshr(v, c32(2, 2)), c32(0, 0x30))  # noqa: E731
-                sc = builder.or_(builder.and_(pick([0, 1, 2, 3, 8, 9, 10, 11]), c32(63, 15)), top(pick([0, 1, 2, 3] * 2)))
-                mn = builder.or_(builder.and_(builder.lshr(pick([4, 5, 6, 7, 8, 9, 10, 11]), c32(0, 4)), c32(63, 15)),
-                                 top(pick([4, 5, 6, 7] * 2)))
+                sc, mn = _q4_k_scales_ir(builder, p)
                 sv = builder.bitcast(slot, V(F32, 8).as_pointer())
                 builder.store(_fmul(builder, _splat(builder, ld16(0), 8), builder.sitofp(sc, V(F32, 8))), sv, align=4)
                 builder.store(_fmul(builder, _splat(builder, ld16(2), 8), builder.sitofp(mn, V(F32, 8))),
