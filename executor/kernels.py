@@ -16,7 +16,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .gemm import deq_matmul
+from .gemm import F16, Q4_0, Q4_K, Q6_K, Q8_0, deq_matmul  # noqa: F401  (the type codes, re-exported)
 from .kquants import rows1_q4_k, rows1_q6_k, rows4_q4_k, rows4_q6_k, rows4x2_q4_k, rows4x2_q6_k
 from .nbcache import drop_stale_cache
 from .simd import (quant16, rows1_f16, rows1_q4, rows1_q8, rows4_f16, rows4_q4, rows4_q8, rows4x2_q4, rows4x2_q8,
@@ -25,7 +25,6 @@ from .simd import (quant16, rows1_f16, rows1_q4, rows1_q8, rows4_f16, rows4_q4, 
 
 drop_stale_cache("kernels", ("simd.py", "gemm.py", "kquants.py"))
 
-F16, Q8_0, Q4_0, Q4_K, Q6_K = 1, 2, 3, 4, 5
 
 
 def prange_only() -> dict:
@@ -111,9 +110,8 @@ def _rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off):
 def _rows_matmul(code, w, r0, r1, rb, X, X16, DX, res, off):
     """res[k, off + r - r0] = row_r . X[k] for the m rows of X [m, cols]: fused in-place dots up to _FUSED
     tokens (_FUSED_Q4_K / _Q6_K for those; Q8_0 / Q4_0 / Q4_K / Q6_K: int16 activations X16 * DX, tokens in
-    pairs; F16: float32 X), the
-    weight rows staying in L1/L2; else the rows are dequantised once and multiplied with every token in
-    register blocks (prefill; gemm.py)."""
+    pairs; F16: float32 X), the weight rows staying in L1/L2; else the rows are dequantised once and
+    multiplied with every token in register blocks (prefill; gemm.py)."""
     m = X.shape[0]
     if m > (_FUSED_Q4_K if code == Q4_K else _FUSED_Q6_K if code == Q6_K else _FUSED):
         deq_matmul(code, w, r0, r1, rb, X, res, off)

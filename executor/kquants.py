@@ -16,8 +16,8 @@ from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from .simd import (F32, HAVE_AVX2, I8, I16, I32, I64, PREFETCH, V, _fadd, _fmul, _fn, _fsub, _pmadd, _qsig, _splat,
-                   h2f, hsum8, token_rows)
+from .simd import (F32, HAVE_AVX2, I8, I16, I32, I64, V, _fadd, _fmul, _fn, _fsub, _pmadd, _qsig, _splat, h2f,
+                   hsum8, prefetch_lines, token_rows, x_halves)
 
 _U = np.uint64
 
@@ -77,6 +77,16 @@ def _prologue(context, builder, sig, args, NR: int, MT: int):
             builder.lshr(nb, i64(3)))
 
 
+def _super_block(builder, wd, woff, rbk, pfo, sb, bs: int) -> list:
+    """Codegen: pointers to super-block sb (bs bytes) of each row of the group (row offsets rbk from byte woff
+    of wd), the next row group's same super-blocks prefetched (linearly from byte pfo: len(rbk) x bs)."""
+    i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+    p0 = builder.gep(wd, [builder.add(woff, builder.mul(sb, i64(bs)))])
+    nr = len(rbk)
+    prefetch_lines(builder, builder.gep(wd, [builder.add(pfo, builder.mul(sb, i64(nr * bs)))]), nr * bs)
+    return [builder.gep(p0, [rbk[k]]) if k else p0 for k in range(nr)]
+
+
 def _q4_k_scales_ir(builder, p):
     """Codegen: the eight 6-bit scales and mins of the Q4_K super-block at p as two <8 x i32> (ggml's
     get_scale_min_k4 on eight lanes: sub-blocks 0-3 from bytes 0-3 / 4-7 of the 12, sub-blocks 4-7 from the
@@ -112,17 +122,11 @@ def _rows_q4_k_ir(NR: int, MT: int = 1):
         corr = [[cgutils.alloca_once_value(builder, zero) for _ in range(MT)] for _ in range(NR)]
         slots = [[cgutils.alloca_once(builder, V(F32, 8)) for _ in range(MT)] for _ in range(NR)]  # d sc dx
         fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
-        pref = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
         c16 = lambda v: ir.Constant(V(I16, 16), [v] * 16)  # noqa: E731
         half = ir.HalfType()
         with cgutils.for_range(builder, nsb) as loop:
             sb = loop.index
-            p0 = builder.gep(wd, [builder.add(woff, builder.mul(sb, i64(144)))])
-            ps = [builder.gep(p0, [rbk[k]]) if k else p0 for k in range(NR)]
-            if PREFETCH:  # the next row group, linearly: NR x 144 bytes per super-block
-                pf = builder.gep(wd, [builder.add(pfo, builder.mul(sb, i64(NR * 144)))])
-                for i in range((NR * 144 + 63) // 64):
-                    builder.call(pref, [builder.gep(pf, [i64(64 * i)]), i32(0), i32(3), i32(1)])
+            ps = _super_block(builder, wd, woff, rbk, pfo, sb, 144)
             # per token, the eight sub-blocks' x scales dx and dx sum(x16), a vector each (contiguous in DX)
             blk0 = builder.mul(sb, i64(8))
             dxv, s8v = [], []
@@ -141,14 +145,8 @@ def _rows_q4_k_ir(NR: int, MT: int = 1):
                     builder.store(_fmul(builder, dsc, dxv[t]), slots[k][t])
                     builder.store(_fadd(builder, builder.load(corr[k][t]), _fmul(builder, dmn, s8v[t])), corr[k][t])
             for j in range(4):
-                xs = []  # [t][h]: x block of sub-block 2j + h, even / odd halves
-                for xd in xds:
-                    xt = []
-                    for h in range(2):
-                        blk = builder.add(blk0, i64(2 * j + h))
-                        px = builder.bitcast(builder.gep(xd, [builder.mul(blk, i64(32))]), V(I16, 16).as_pointer())
-                        xt.append((builder.load(px, align=2), builder.load(builder.gep(px, [i64(1)]), align=2)))
-                    xs.append(xt)
+                # [t][h]: x block of sub-block 2j + h, even / odd halves
+                xs = [[x_halves(builder, xd, builder.add(blk0, i64(2 * j + h))) for h in range(2)] for xd in xds]
                 for k, p in enumerate(ps):
                     q = builder.load(builder.bitcast(builder.gep(p, [i64(16 + 32 * j)]), V(I16, 16).as_pointer()), align=1)
                     halves = ((builder.and_(q, c16(15)), builder.and_(builder.lshr(q, c16(8)), c16(15))),
@@ -190,8 +188,6 @@ def _slow_q4_k(n, w, wo, rb, X16, DX, k0, nb, res, ro):
         res[k0, ro + k] = acc
 
 
-
-
 def _rows_q6_k_ir(NR: int, MT: int = 1):
     """Codegen: res[k0 + t, ro + k] = row_k . x_t for NR Q6_K rows at byte woff + k * rb and the MT tokens from
     k0 of X16 / DX, as _rows_q4_k_ir. The 32 values of block (h, i) of a super-block (one 32-block of x) take the
@@ -207,17 +203,11 @@ def _rows_q6_k_ir(NR: int, MT: int = 1):
                 for _ in range(NR)]
         slots = [[cgutils.alloca_once(builder, V(F32, 16)) for _ in range(MT)] for _ in range(NR)]  # d sc dx per run
         fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
-        pref = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
         c16 = lambda v: ir.Constant(V(I16, 16), [v] * 16)  # noqa: E731
         vec16 = V(I16, 16).as_pointer()
         with cgutils.for_range(builder, nsb) as loop:
             sb = loop.index
-            p0 = builder.gep(wd, [builder.add(woff, builder.mul(sb, i64(210)))])
-            ps = [builder.gep(p0, [rbk[k]]) if k else p0 for k in range(NR)]
-            if PREFETCH:
-                pf = builder.gep(wd, [builder.add(pfo, builder.mul(sb, i64(NR * 210)))])
-                for i in range((NR * 210 + 63) // 64):
-                    builder.call(pref, [builder.gep(pf, [i64(64 * i)]), i32(0), i32(3), i32(1)])
+            ps = _super_block(builder, wd, woff, rbk, pfo, sb, 210)
             # per token, dx of each run (its 32-block's: two runs a block), as two vectors
             blk0 = builder.mul(sb, i64(8))
             dxr = []
@@ -237,11 +227,7 @@ def _rows_q6_k_ir(NR: int, MT: int = 1):
                         builder.store(_fmul(builder, dsc[u], dxr[t][u]), builder.gep(fs, [i64(u)]), align=4)
             for h in range(2):
                 for i in range(4):
-                    blk = builder.add(blk0, i64(4 * h + i))
-                    xs = []
-                    for xd in xds:
-                        px = builder.bitcast(builder.gep(xd, [builder.mul(blk, i64(32))]), vec16)
-                        xs.append((builder.load(px, align=2), builder.load(builder.gep(px, [i64(1)]), align=2)))
+                    xs = [x_halves(builder, xd, builder.add(blk0, i64(4 * h + i))) for xd in xds]
                     s = 4 * (i // 2)
                     for k, p in enumerate(ps):
                         wl = builder.load(builder.bitcast(builder.gep(p, [i64(64 * h + 32 * (i % 2))]), vec16), align=1)

@@ -69,6 +69,23 @@ def _splat(builder, v, n):
     return builder.shuffle_vector(t, t, ir.Constant(V(I32, n), [0] * n))
 
 
+def prefetch_lines(builder, p, nbytes: int) -> None:
+    """Codegen: prefetch (into L1, read) the nbytes from pointer p, one prefetch per 64-byte line: the next
+    row group, linearly, while this one is computed (+40% from DRAM on one Zen 3 core)."""
+    if not PREFETCH:
+        return
+    pref = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
+    for i in range((nbytes + 63) // 64):
+        builder.call(pref, [builder.gep(p, [ir.Constant(I64, 64 * i)]), ir.Constant(I32, 0), ir.Constant(I32, 3),
+                            ir.Constant(I32, 1)])
+
+
+def x_halves(builder, xd, blk) -> tuple:
+    """Codegen: the even and the odd half (<16 x i16> each, quant16's layout) of 32-block blk of int16 row xd."""
+    px = builder.bitcast(builder.gep(xd, [builder.mul(blk, ir.Constant(I64, 32))]), V(I16, 16).as_pointer())
+    return builder.load(px, align=2), builder.load(builder.gep(px, [ir.Constant(I64, 1)]), align=2)
+
+
 def token_rows(context, builder, sig, args, MT: int) -> tuple[list, list, list]:
     """Codegen for the row kernels' signature (_qsig): pointers to rows k0 .. k0 + MT - 1 of the 2-D X16
     (int16), DX and res (float32) arguments, one list each."""
@@ -119,7 +136,6 @@ def _rows(q4: bool, NR: int, MT: int = 1):
         slot = lambda b, t: builder.gep(sbuf, [builder.add(builder.mul(builder.and_(b, one), i64(W)), i64(NR * t))])  # noqa: E731
         sput = lambda b, t, v: builder.store(v, builder.bitcast(slot(b, t), V(F32, NR).as_pointer()), align=4)  # noqa: E731
         fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
-        pref = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
         c16 = lambda v: ir.Constant(V(I16, 16), [v] * 16)  # noqa: E731
         rbk = [builder.mul(rb, i64(k)) for k in range(NR)]
         pfo = builder.add(woff, builder.mul(rb, i64(NR)))  # the next row group
@@ -155,17 +171,10 @@ def _rows(q4: bool, NR: int, MT: int = 1):
                     sb = builder.load(builder.bitcast(slot(b, t), V(F32, NR).as_pointer()), align=4)
                     cb = _splat(builder, builder.load(builder.gep(dds[t], [builder.add(nb, b)])), NR)
                     builder.store(_fadd(builder, builder.load(corr[t]), _fmul(builder, sb, cb)), corr[t])
-            xs = []
-            for t in range(MT):
-                px = builder.bitcast(builder.gep(xds[t], [builder.mul(b, i64(32))]), V(I16, 16).as_pointer())
-                xs.append((builder.load(px, align=2), builder.load(builder.gep(px, [i64(1)]), align=2)))
+            xs = [x_halves(builder, xd, b) for xd in xds]
             ps = rowptrs(b)
-            if PREFETCH:  # the next row group (contiguous), linearly: NR * bs bytes per block, one
-                # prefetch per cache line instead of one per row and block
-                pf = builder.gep(wd, [builder.add(pfo, builder.mul(b, i64(NR * bs)))])
-                for i in range((NR * bs + 63) // 64):
-                    builder.call(pref, [builder.gep(pf, [i64(64 * i)]), ir.Constant(I32, 0),
-                                        ir.Constant(I32, 3), ir.Constant(I32, 1)])
+            # the next row group (contiguous): NR * bs bytes per block, one prefetch per cache line
+            prefetch_lines(builder, builder.gep(wd, [builder.add(pfo, builder.mul(b, i64(NR * bs)))]), NR * bs)
             for k in range(NR):
                 pq = builder.gep(ps[k], [i64(2)])
                 if q4:  # lane masks: lane 1 holds 16 x its nibble values (undone in the final sum)
@@ -218,7 +227,6 @@ def _rows_f16(NR: int):
         accs = [cgutils.alloca_once_value(builder, zero) for _ in range(NR)]
         i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
         fma = _fn(builder, "llvm.fma.v16f32", V(F32, 16), [V(F32, 16)] * 3)
-        pref = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
         p0 = builder.gep(wd, [woff])
         rows = [builder.gep(p0, [builder.mul(rb, i64(k))]) if k else p0 for k in range(NR)]
         pf0 = builder.gep(p0, [builder.mul(rb, i64(NR))])  # the next row group (contiguous)
@@ -227,11 +235,7 @@ def _rows_f16(NR: int):
             px = builder.gep(xd, [builder.mul(c, i64(16))])
             xv = builder.load(builder.bitcast(px, V(F32, 16).as_pointer()), align=4)
             off = builder.mul(c, i64(32))
-            if PREFETCH:  # NR x 32 bytes of the next group per chunk
-                pf = builder.gep(pf0, [builder.mul(c, i64(NR * 32))])
-                for i in range((NR * 32 + 63) // 64):
-                    builder.call(pref, [builder.gep(pf, [i64(64 * i)]), ir.Constant(I32, 0),
-                                        ir.Constant(I32, 3), ir.Constant(I32, 1)])
+            prefetch_lines(builder, builder.gep(pf0, [builder.mul(c, i64(NR * 32))]), NR * 32)  # the next group
             for k in range(NR):
                 hv = builder.load(builder.bitcast(builder.gep(rows[k], [off]), V(ir.HalfType(), 16).as_pointer()),
                                   align=1)
