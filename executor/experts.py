@@ -87,6 +87,11 @@ def load_expert(w: ExpertTensor, e: int, device, dtype) -> torch.Tensor:
     return torch_dequant(b, w.code, w.cols).to(dtype)
 
 
+def _host(h: torch.Tensor) -> np.ndarray:
+    """h as f32 numpy on the host (a view on the CPU)."""
+    return h.numpy() if h.device.type == "cpu" and h.dtype == torch.float32 else h.detach().float().cpu().numpy()
+
+
 def cpu_record(miss: list[int], t_cpu_ms: float, bytes_cpu: int) -> dict:
     """The experts' fields of a layer's trace record when every routed expert ran on the CPU."""
     return dict(hits=[], misses=miss, cpu=list(miss), pcie=[], k_cpu=None, t_dev_ms=0.0, t_cpu_ms=t_cpu_ms,
@@ -118,10 +123,12 @@ class Experts:
                                    for w in self.W[i])
         self.cache = make_cache(plan.expert_cache, c.n_layers, c.n_experts)
         n = self.cache.slots
-        self.slot_g = torch.empty(n, c.expert_ff, c.hidden, device=device, dtype=dtype)
-        self.slot_u = torch.empty(n, c.expert_ff, c.hidden, device=device, dtype=dtype)
-        self.slot_d = torch.empty(n, c.hidden, c.expert_ff, device=device, dtype=dtype)
+        self.slot_g = torch.zeros(n, c.expert_ff, c.hidden, device=device, dtype=dtype)
+        self.slot_u = torch.zeros(n, c.expert_ff, c.hidden, device=device, dtype=dtype)
+        self.slot_d = torch.zeros(n, c.hidden, c.expert_ff, device=device, dtype=dtype)
         self.slot: dict[tuple[int, int], int] = {}
+        # the same residency on the device, for device_step's resident experts: slot of (layer, expert), -1 if none
+        self.slot_map = torch.full((c.n_layers, c.n_experts), -1, dtype=torch.int64, device=device)
         self.free = list(range(n - 1, -1, -1))
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cpu-experts")
         self.apply(self.cache.end_step() if n and self.cache.n_resident else [])
@@ -134,6 +141,7 @@ class Experts:
         for layer, e_in, e_out in changes:
             if e_out >= 0 and (layer, e_out) in self.slot:
                 self.free.append(self.slot.pop((layer, e_out)))
+                self.slot_map[layer, e_out] = -1
             if e_in >= 0 and (layer, e_in) not in self.slot and self.free:
                 s = self.free.pop()
                 g, u, d = self.W[layer]
@@ -141,6 +149,7 @@ class Experts:
                 self.slot_u[s] = load_expert(u, e_in, self.device, self.dtype)
                 self.slot_d[s] = load_expert(d, e_in, self.device, self.dtype)
                 self.slot[(layer, e_in)] = s
+                self.slot_map[layer, e_in] = s
                 loaded += 1
         return loaded
 
@@ -153,6 +162,7 @@ class Experts:
         self.cache.release()
         self.free.extend(self.slot.values())
         self.slot.clear()
+        self.slot_map.fill_(-1)
 
     # --- one layer ---------------------------------------------------------------------------
     def _cpu_job(self, layer: int, x: np.ndarray, routing) -> tuple[np.ndarray, float]:
@@ -162,11 +172,14 @@ class Experts:
         y = CE.moe_cpu(*self.W[layer], x, *routing, whole=self.device.type != "cpu")
         return y, (time.perf_counter() - t) * 1e3
 
-    def forward(self, layer: int, h: torch.Tensor, ids: np.ndarray, w: np.ndarray) -> tuple[torch.Tensor, dict]:
-        """Routed experts of `layer` for h [T, H], routing ids/w [T, k] -> (y [T, H], trace record)."""
+    def forward(self, layer: int, h: torch.Tensor, ids: np.ndarray, w: np.ndarray, resident=None,
+                h_host: np.ndarray | None = None) -> tuple[torch.Tensor, dict]:
+        """Routed experts of `layer` for h [T, H], routing ids/w [T, k] -> (y [T, H], trace record).
+        resident: a callable giving the resident experts' sum [T, H] (device_step's E), else they run
+        one by one here; h_host: h as f32 numpy on the host, when the caller has it."""
         static = self.static.get(layer)
         if static is None and not self.slot and self.plan.miss_policy.kind == "cpu" and not THREAD_ALWAYS:
-            return self._forward_cpu(layer, h, ids, w)
+            return self._forward_cpu(layer, h, ids, w, h_host)
         union = np.unique(ids)
         if static is not None:
             dev, miss = union, union[:0]
@@ -193,7 +206,7 @@ class Experts:
             cpu, pcie = miss[:0], miss
         fut = cpu_args = None
         if len(cpu):
-            xs = h.numpy() if h.device.type == "cpu" and h.dtype == torch.float32 else h.detach().float().cpu().numpy()
+            xs = _host(h) if h_host is None else h_host
             keep = None
             if len(cpu) < len(union):
                 keep = np.zeros(self.m.cfg.n_experts, dtype=bool)
@@ -202,9 +215,11 @@ class Experts:
             if THREAD_ALWAYS or len(dev) or len(pcie):  # overlap: CPU experts on the worker thread, device work here
                 fut = self.pool.submit(self._cpu_job, *cpu_args)
         t0 = time.perf_counter()
-        y = None
-        if len(dev) or len(pcie):
-            y = self._device_experts(layer, h, ids, w, dev, pcie, static)
+        y = resident() if resident is not None and len(dev) else None
+        eager = dev if resident is None else dev[:0]
+        if len(eager) or len(pcie):
+            ye = self._device_experts(layer, h, ids, w, eager, pcie, static)
+            y = ye if y is None else y + ye
         if h.device.type == "cuda":
             torch.cuda.synchronize()
         t_dev = (time.perf_counter() - t0) * 1e3
@@ -256,10 +271,11 @@ class Experts:
                 y.index_add_(0, tki, swiglu(h[tki], g, u, d) * wt_d[off[j]:off[j + 1], None])
         return y
 
-    def _forward_cpu(self, layer: int, h: torch.Tensor, ids: np.ndarray, w: np.ndarray) -> tuple[torch.Tensor, dict]:
+    def _forward_cpu(self, layer: int, h: torch.Tensor, ids: np.ndarray, w: np.ndarray,
+                     h_host: np.ndarray | None = None) -> tuple[torch.Tensor, dict]:
         """forward() when every routed expert is a CPU miss (no device slots, CPU miss policy): inline,
         numpy in and out, no device bookkeeping."""
-        xs = h.numpy() if h.device.type == "cpu" and h.dtype == torch.float32 else h.detach().float().cpu().numpy()
+        xs = _host(h) if h_host is None else h_host
         args, eb = self.moe_args[layer]
         xs = np.ascontiguousarray(xs, dtype=np.float32)
         y = np.zeros((xs.shape[0], args[7]), np.float32)  # [T, H]

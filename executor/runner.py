@@ -4,6 +4,8 @@ A step runs each layer once for all streams: attention per stream (lock-step pos
 of routed experts once. The trace (JSONL, one record per step and layer) holds routed experts, hits,
 misses, the auction's k and the time of each part (the Engram lookup and add in t_engram_ms, apart
 from t_dense_ms, with its rows and major page faults); `execute` returns speed and bandwidth per tier.
+Three ways through a step: cpu_step.CpuStep when the dense path is read in place on the CPU; on the
+torch path, decode steps as device_step's static calls (CUDA graphs on CUDA), prefill op by op here.
 """
 from __future__ import annotations
 
@@ -22,8 +24,10 @@ from specs.plan import Plan
 
 from . import cpu_experts as CE
 from . import kernels as K
+from . import device_step as DS
 from .cpu_step import CpuStep, fits
 from .dense import Dense, KVCache, pick_device
+from .device_step import DeviceStep
 from .engram import Engram, major_faults
 from .experts import Experts
 from .gguf_model import GGUFModel
@@ -58,7 +62,9 @@ def default_prompts(streams: int, n: int, vocab: int, seed: int = 0) -> np.ndarr
 class Runner:
     """A model loaded for a plan: dense path, experts, KV cache, optional Engram."""
 
-    def __init__(self, plan: Plan, model_path: str | Path, context: int, dense_inplace: bool | None = None):
+    def __init__(self, plan: Plan, model_path: str | Path, context: int, dense_inplace: bool | None = None,
+                 static_decode: bool | None = None):
+        """static_decode: decode steps through device_step's static calls (default: on CUDA, as graphs)."""
         self.plan, self.m = plan, GGUFModel(model_path)
         c = self.c = self.m.cfg
         self.device = pick_device(plan.placement.dense == "gpu")
@@ -74,6 +80,10 @@ class Runner:
         self.trace: list[dict] = []
         self.hist: list[list[int]] = [[] for _ in range(plan.streams)]
         self.cpu = CpuStep(self) if fits(self) else None  # the dense path in numpy on the CPU
+        if static_decode is None:
+            static_decode = self.device.type == "cuda"
+        self.static = DeviceStep(self, self.device.type == "cuda" and DS.GRAPHS) \
+            if static_decode and self.cpu is None else None
 
     def _run(self, ids: np.ndarray, phase: str, step: int) -> np.ndarray | torch.Tensor:
         """step() -> logits [S, V], f32 numpy on the CPU dense path (no torch glue), else a tensor."""
@@ -90,8 +100,11 @@ class Runner:
         S, n = ids.shape
         for s in range(S):
             self.hist[s].extend(int(t) for t in ids[s])
+        g = self.static if n == 1 else None  # decode: static calls (CUDA graphs), else eager torch
         td = time.perf_counter()
         x = self.dense.embed(ids)  # [S, n, H]
+        if g is not None:
+            x = g.begin(x, self.kv.len)
         t_embed = (time.perf_counter() - td) * 1e3
         for i in range(self.c.n_layers):
             t0 = time.perf_counter()
@@ -99,18 +112,23 @@ class Runner:
             if self.engram is not None and i in self.engram.layers:
                 f0 = major_faults()
                 add, pages = self.engram.lookup_step(i, self.hist, n)
-                x = x + torch.from_numpy(add).to(x.device, x.dtype).view(S, n, -1)
+                x.add_(torch.from_numpy(add).to(x.device, x.dtype).view(S, n, -1))  # in place: g reads g.x
                 rows, faults = S * n * self.engram.rows_per_token, major_faults() - f0
                 t_eng = time.perf_counter() - t0
-            x = x + self.dense.attention(i, x, self.kv)
-            h, eids, w = self.dense.ffn_route(i, x, self.k)  # [T, H], [T, k] x 2
+            if g is None:
+                xa = x + self.dense.attention(i, x, self.kv)
+                h, eids, w = self.dense.ffn_route(i, xa, self.k)  # [T, H], [T, k] x 2
+                resident = h_host = None
+            else:
+                xa, h, eids, w, h_host = g.layer(i)
+                resident = g.E[i]
             t1 = time.perf_counter()
-            y, rec = self.experts.forward(i, h, eids, w)
+            y, rec = self.experts.forward(i, h, eids, w, resident, h_host)
             t2 = time.perf_counter()
             sh = self.dense.shared(i, h)
             if sh is not None:
                 y = y + sh
-            x = x + y.view(S, n, -1)
+            x = xa + y.view(S, n, -1) if g is None else torch.add(xa, y.view(S, n, -1), out=g.x)
             t3 = time.perf_counter()
             rec.update(step=step, phase=phase, layer=i, tokens=S * n, routed=eids.tolist(),
                        t_dense_ms=((t1 - t0 - t_eng) + (t3 - t2)) * 1e3 + (t_embed if i == 0 else 0.0),
