@@ -108,6 +108,7 @@ class DeviceStep:
 
     def __init__(self, runner, graph: bool):
         r = self.r = runner
+        self.graph = graph
         d, c, kv = r.dense, r.c, r.kv
         dev = r.device
         ctx = kv.k[0].shape[2]
@@ -115,6 +116,9 @@ class DeviceStep:
         self.pos = torch.zeros(1, dtype=torch.int64, device=dev)
         self.ar = torch.arange(ctx, device=dev)
         self.cos, self.sin = rope_table(ctx, c.head_dim, c.rope_base, dev, d.dtype)  # [ctx, hd/2]
+        # one memory pool for every layer's graphs (E's gathered slots would otherwise be held once per
+        # layer): safe here because each graph's outputs are held for good (no later capture reuses them)
+        # and consumed before any other graph replays, but A_i's, which E_i reads and is captured after
         pool = torch.cuda.graph_pool_handle() if graph else None
         self.A = [StaticCall(lambda i=i: attn_route(d, i, kv, self.x, self.pos, self.ar, self.cos, self.sin, r.k),
                              graph, pool) for i in range(c.n_layers)]

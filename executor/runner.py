@@ -85,6 +85,15 @@ class Runner:
         self.static = DeviceStep(self, self.device.type == "cuda" and DS.GRAPHS) \
             if static_decode and self.cpu is None else None
 
+    def decode_path(self) -> str:
+        """How decode steps run: cpu-step (numpy / numba, no torch), cuda-graphs, static (device_step's
+        calls, eagerly) or eager (torch op by op)."""
+        if self.cpu is not None:
+            return "cpu-step"
+        if self.static is not None:
+            return "cuda-graphs" if self.static.graph else "static"
+        return "eager"
+
     def _run(self, ids: np.ndarray, phase: str, step: int) -> np.ndarray | torch.Tensor:
         """step() -> logits [S, V], f32 numpy on the CPU dense path (no torch glue), else a tensor."""
         if self.cpu is not None:
@@ -246,7 +255,7 @@ def execute(plan: Plan, model_path: str | Path, prompt_tokens: int = 32, gen_tok
     """Run `plan` on the GGUF at model_path: prefill prompt_tokens, decode gen_tokens per stream.
 
     Returns decode_tok_s (tok/s, all streams), ttft_s, itl_p50_ms, tokens [S][G], trace (JSONL path),
-    bandwidth_gbs per tier, cache_hit_rate and the time split (ms)."""
+    bandwidth_gbs per tier, cache_hit_rate, the time split (ms) and decode_path (Runner.decode_path)."""
     model_path = Path(model_path)
     m = GGUFModel(model_path)
     check_plan(plan, m, prompt_tokens, gen_tokens)
@@ -265,6 +274,7 @@ def execute(plan: Plan, model_path: str | Path, prompt_tokens: int = 32, gen_tok
         trace_path = Path("runs") / f"trace-{model_path.stem}-{int(time.time())}.jsonl"
     out = summarise(r.trace, times, plan.streams, gen_tokens)
     out.update(tokens=tokens.tolist(), trace=str(write_trace(r.trace, trace_path)), device=str(r.device),
+               decode_path=r.decode_path(),
                streams=plan.streams, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
                dense_bytes_per_token=r.dense.nbytes_per_token())
     if keep_logits:

@@ -162,7 +162,8 @@ def render_execution(r: dict, console: Console | None = None) -> None:
     (when the run was given a profile) and the simulator's prediction of the run."""
     c = console or Console()
     c.print(f"decode {r['decode_tok_s']:.2f} tok/s (ITL p50 {r['itl_p50_ms']:.2f} ms); TTFT {r['ttft_s']:.3f} s; "
-            f"{r.get('streams', 1)} stream(s) on {r.get('device', '?')}; trace {r['trace']}")
+            f"{r.get('streams', 1)} stream(s) on {r.get('device', '?')}"
+            + (f" ({r['decode_path']})" if r.get("decode_path") else "") + f"; trace {r['trace']}")
     got, roofs, moved = r.get("bandwidth_gbs") or {}, r.get("roof_gbs") or {}, r.get("bytes") or {}
     t = Table(title="Expert tiers: bandwidth achieved (bytes read / time in the tier)")
     for col in ("tier", "bytes read", "achieved GB/s", "roof GB/s", "of the roof"):

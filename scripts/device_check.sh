@@ -42,7 +42,7 @@ for name, path, gen in (("tiny", tiny, 16), ("small", small, 24)):
         n = min(len(lg), len(base[0]))
         rel = float((np.abs(lg[:n] - base[0][:n]).max(1) / np.abs(base[0][:n]).max(1)).max())
         same = sum(a == b for a, b in zip(r["tokens"][0], base[1][0])) / gen
-        row = dict(device=r["device"], decode_tok_s=round(r["decode_tok_s"], 2), ttft_s=round(r["ttft_s"], 3),
+        row = dict(device=r["device"], path=r["decode_path"], decode_tok_s=round(r["decode_tok_s"], 2), ttft_s=round(r["ttft_s"], 3),
                    itl_p50_ms=round(r["itl_p50_ms"], 2), hit_rate=r["cache_hit_rate"], logits_rel_vs_cpu=rel,
                    same_tokens=same, bw_gbs={k: (round(v, 1) if v else v) for k, v in r["bandwidth_gbs"].items()})
         out[f"{name}/{pname}"] = row

@@ -19,6 +19,7 @@ def _decode(tiny, plan, static: bool, prompts):
     r = Runner(plan, tiny, P + G, dense_inplace=False, static_decode=static)
     try:
         assert (r.static is not None) == static and r.cpu is None
+        assert r.decode_path() == ("eager" if not static else "cuda-graphs" if r.device.type == "cuda" else "static")
         toks, _, logits = r.generate(prompts, G, keep_logits=True)
         return toks, np.stack(logits), r.trace
     finally:

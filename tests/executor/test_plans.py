@@ -75,6 +75,7 @@ def test_trace_and_result_fields(tiny):
     for key in ("decode_tok_s", "ttft_s", "itl_p50_ms", "tokens", "trace", "bandwidth_gbs", "cache_hit_rate"):
         assert key in r
     assert r["decode_tok_s"] > 0 and r["ttft_s"] > 0
+    assert r["decode_path"] == ("cuda-graphs" if r["device"] == "cuda" else "cpu-step")
     recs = [json.loads(line) for line in open(r["trace"])]
     assert len(recs) == 4 * G  # one per step and layer
     for key in ("step", "layer", "routed", "hits", "misses", "k_cpu", "t_dense_ms", "t_cpu_ms", "t_dev_ms",
