@@ -31,8 +31,6 @@ from executor.runner import Runner, _argmax, default_prompts  # noqa: E402
 
 HOST_EVENTS = ("cudaLaunchKernel", "cudaMemcpyAsync", "cudaStreamSynchronize", "cudaDeviceSynchronize",
                "cudaLaunchKernelExC", "cuLaunchKernel", "cudaHostAlloc", "cudaEventSynchronize")
-
-
 MODES = ("eager", "static", "graphs")  # per-op torch step; device_step's calls eagerly; as CUDA graphs
 
 
@@ -81,7 +79,8 @@ def profile_plan(plan, path: Path, prompt: int, warm: int, tokens: int, top: int
         return dict(
             device=str(r.device), mode="cpu-step" if r.static is None and mode != "eager" else
             "static" if mode == "graphs" and r.device.type != "cuda" else mode,  # graphs need CUDA
-            tok_s=tok_s, first_step_ms=warm_ms[0] if warm_ms else None, step_ms_p50_profiled=float(np.median(steps) * 1e3),
+            tok_s=tok_s, first_step_ms=warm_ms[0] if warm_ms else None,
+            step_ms_p50_profiled=float(np.median(steps) * 1e3),
             layer_dense_ms=float(np.median([x["t_dense_ms"] for x in recs])),
             layer_experts_ms=float(np.median([x["t_experts_ms"] for x in recs])),
             layer_dev_ms=float(np.median([x["t_dev_ms"] for x in recs])),
@@ -116,8 +115,8 @@ def main(argv=None) -> int:
     out = {}
     for name in a.plans or list(plans):
         for mode in a.modes if name != "cpu-only" else ["eager"]:
-            res = out[f"{name}/{mode}"] = profile_plan(plans[name], path, a.prompt, a.warm, a.tokens, a.top, mode,
-                                                                a.torch_dense)
+            res = profile_plan(plans[name], path, a.prompt, a.warm, a.tokens, a.top, mode, a.torch_dense)
+            out[f"{name}/{mode}"] = res
             _show(f"{name}/{res['mode']}", res)
     for name in a.plans or list(plans):  # the modes side by side
         row = {m: out[f"{name}/{m}"]["tok_s"] for m in a.modes if f"{name}/{m}" in out}
@@ -137,6 +136,7 @@ def _show(name: str, res: dict) -> None:
     print("   host calls per step:", json.dumps({k: round(v, 1) for k, v in res["host_calls_per_step"].items()}))
     for k, us, n in res["top_self_cpu_us_per_step"]:
         print(f"   {k:45s} {us:9.1f} us/step  x{n:.1f}")
+
 
 if __name__ == "__main__":
     raise SystemExit(main())
