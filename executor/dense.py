@@ -233,14 +233,9 @@ class Dense:
             dk.qk_post(qkv.view(S * n, -1, c.head_dim).numpy(), qn.numpy(), kn.numpy(), c.eps, cos.numpy(),
                       sin.numpy(), c.n_heads, c.n_kv, c.rope_style == "neox", c.qk_norm)
             qk = qkv[:, :, :nq].transpose(1, 2)
+            q, k, v = qk[:, :c.n_heads], qk[:, c.n_heads:], qkv[:, :, nq:].transpose(1, 2)
         else:
-            qk = qkv[:, :, :nq]
-            if c.qk_norm:
-                qk = torch.cat([rms_norm(qk[:, :, :c.n_heads], L["q_norm"], c.eps),
-                                rms_norm(qk[:, :, c.n_heads:], L["k_norm"], c.eps)], dim=2)
-            qk = rope(qk, cos[:, None], sin[:, None], c.rope_style).transpose(1, 2)  # [S, nh + nkv, n, hd]
-        v = qkv[:, :, nq:].transpose(1, 2)  # [S, nkv, n, hd]
-        q, k = qk[:, :c.n_heads], qk[:, c.n_heads:]
+            q, k, v = self.qkv_heads(i, qkv, cos[:, None], sin[:, None])
         kv.k[i][:, :, p0:p0 + n] = k
         kv.v[i][:, :, p0:p0 + n] = v
         K, V = kv.k[i][:, :, : p0 + n], kv.v[i][:, :, : p0 + n]  # [S, nkv, T, hd]
@@ -251,15 +246,30 @@ class Dense:
         o = o.transpose(1, 2).reshape(S, n, c.n_heads * c.head_dim)
         return L["wo"](o)
 
+    def qkv_heads(self, i: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Layer i's fused projection qkv [S, n, nh + 2 nkv, hd] -> q [S, nh, n, hd] and k [S, nkv, n, hd]
+        (Q/K norm, then RoPE with cos / sin [n or 1, 1, hd/2]), and v [S, nkv, n, hd]."""
+        c, L = self.c, self.layers[i]
+        nh, nq = c.n_heads, c.n_heads + c.n_kv
+        q, k = qkv[:, :, :nh], qkv[:, :, nh:nq]
+        if c.qk_norm:
+            q, k = rms_norm(q, L["q_norm"], c.eps), rms_norm(k, L["k_norm"], c.eps)
+        q, k = (rope(t, cos, sin, c.rope_style).transpose(1, 2) for t in (q, k))
+        return q, k, qkv[:, :, nq:].transpose(1, 2)
+
+    def top_k(self, i: int, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer i's router on h [T, H] -> (softmax over the top-k [T, k] f32, expert ids [T, k] int64), on
+        h's device."""
+        top, idx = torch.topk(Fn.linear(h, self.layers[i]["router"]).float(), k, dim=-1)  # [T, k]
+        return torch.softmax(top, dim=-1), idx
+
     def ffn_in(self, i: int, x: torch.Tensor) -> torch.Tensor:
         """Normed input of layer i's MoE block, x [..., H]."""
         return rms_norm(x, self.layers[i]["ffn_norm"], self.c.eps, self.fast)
 
     def route(self, i: int, h: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k routing of h [T, H]: (expert ids [T, k] int64, weights [T, k] f32, softmax over the top-k)."""
-        logits = Fn.linear(h, self.layers[i]["router"]).float()  # [T, E]
-        top, idx = torch.topk(logits, k, dim=-1)
-        w = torch.softmax(top, dim=-1)
+        w, idx = self.top_k(i, h, k)
         both = torch.cat([w, idx.float()], dim=-1).cpu().numpy()  # one device-to-host copy (ids < 2^24: exact)
         return both[:, k:].astype(np.int64), np.ascontiguousarray(both[:, :k], dtype=np.float32)
 

@@ -21,7 +21,7 @@ import warnings
 import torch
 import torch.nn.functional as Fn
 
-from .dense import _sdpa, rms_norm, rope, rope_table
+from .dense import _sdpa, rms_norm, rope_table
 
 GRAPHS = True  # capture A and E as CUDA graphs on CUDA (False: the same static calls, eagerly)
 
@@ -64,21 +64,16 @@ def attn_route(dense, i: int, kv, x: torch.Tensor, pos: torch.Tensor, ar: torch.
     [S, 1, H], MoE input h [S, H], top-k weights [S, k], expert ids [S, k] int64, pack [S, H + 2k])."""
     c, L = dense.c, dense.layers[i]
     S, nh, nkv = x.shape[0], c.n_heads, c.n_kv
-    h = rms_norm(x, L["attn_norm"], c.eps)
-    qkv = L["wqkv"](h).view(S, 1, nh + 2 * nkv, c.head_dim)  # [S, 1, nh + 2 nkv, hd]
-    q, kk, v = qkv[:, :, :nh], qkv[:, :, nh:nh + nkv], qkv[:, :, nh + nkv:]
-    if c.qk_norm:
-        q, kk = rms_norm(q, L["q_norm"], c.eps), rms_norm(kk, L["k_norm"], c.eps)
+    qkv = L["wqkv"](rms_norm(x, L["attn_norm"], c.eps)).view(S, 1, nh + 2 * nkv, c.head_dim)
     cos, sin = cos_t.index_select(0, pos)[:, None], sin_t.index_select(0, pos)[:, None]  # [1, 1, hd/2]
-    q = rope(q, cos, sin, c.rope_style).transpose(1, 2)  # [S, nh, 1, hd]
-    kv.k[i].index_copy_(2, pos, rope(kk, cos, sin, c.rope_style).transpose(1, 2))  # [S, nkv, ctx, hd]
-    kv.v[i].index_copy_(2, pos, v.transpose(1, 2))
+    q, kk, v = dense.qkv_heads(i, qkv, cos, sin)  # [S, heads, 1, hd]
+    kv.k[i].index_copy_(2, pos, kk)  # [S, nkv, ctx, hd]
+    kv.v[i].index_copy_(2, pos, v)
     mask = (ar <= pos)[None, None, None, :]  # [1, 1, 1, ctx]: the cached positions and this one
     o = _sdpa(q, kv.k[i], kv.v[i], mask, nh // nkv).transpose(1, 2).reshape(S, 1, nh * c.head_dim)
     xa = x + L["wo"](o)
-    hn = rms_norm(xa, L["ffn_norm"], c.eps).reshape(S, -1)  # [S, H]
-    top, idx = torch.topk(Fn.linear(hn, L["router"]).float(), k, dim=-1)  # [S, k]
-    w = torch.softmax(top, dim=-1)
+    hn = dense.ffn_in(i, xa).reshape(S, -1)  # [S, H]
+    w, idx = dense.top_k(i, hn, k)  # [S, k]
     return xa, hn, w, idx, torch.cat([hn.float(), w, idx.float()], dim=-1)  # ids < 2^24: exact in f32
 
 
