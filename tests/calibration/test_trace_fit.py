@@ -38,9 +38,21 @@ def base_profile(measured: bool = True) -> HardwareSpec:
         constants={"sync_ms": Figure(0.03, "measured", "test stand-in")})
 
 
+MAX_ROUNDS, QUIET = 6, 0.10  # runs of each plan at most; the outside CPU share a run may see
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """tiny, three plans executed with traces: [(name, plan, result)]."""
+    """tiny, three plans executed with traces: [(name, plan, result)], result["others_cpu"] the share of
+    the CPUs other processes used during that run (calibration.sampling.Window). The plans run in
+    turn, round after round, until each has a run free of outside load (<= QUIET) or MAX_ROUNDS are
+    spent; each keeps its fastest quiet run, else its least disturbed one. Why: on a 2-core machine
+    another process holding one core slows a 2-thread step up to 8x while it runs (the all-CPU plan
+    0.42 -> 2.9-3.7 ms a token, measured here with one busy loop beside it), and a neighbour that came
+    and went during one plan's run made the fit look worse than none (CI, session 13: median |error|
+    0.129 fitted against 0.102). The fit and the comparisons below are about this host, not its
+    neighbours."""
+    from calibration.sampling import Window
     from executor.make_model import make_model
     from executor.runner import execute
     d = tmp_path_factory.mktemp("tf")
@@ -49,11 +61,31 @@ def runs(tmp_path_factory):
     plans = {"all-cpu": _plan(PROMPT),
              "cache30": _plan(PROMPT, expert_cache=_cache(round(0.3 * m.n_layers * m.n_experts))),
              "static": _plan(PROMPT, placement=Placement(engram="none", gpu_expert_layers=[2, 3]))}
-    out = []
-    for name, plan in plans.items():
-        r = execute(plan, path, prompt_tokens=PROMPT, gen_tokens=GEN, trace_path=d / f"{name}.jsonl")
-        out.append((name, plan, r))
-    return path, m, d, out
+    best: dict[str, dict] = {}
+
+    def rank(r):  # quiet runs first, the fastest of them; else the least disturbed
+        busy = r["others_cpu"] > QUIET
+        return busy, r["others_cpu"] if busy else r["itl_p50_ms"]
+    for k in range(MAX_ROUNDS):
+        for name, plan in plans.items():
+            if k >= 2 and best[name]["others_cpu"] <= QUIET:
+                continue  # two rounds at least; then only plans still without a quiet run
+            w = Window()
+            r = execute(plan, path, prompt_tokens=PROMPT, gen_tokens=GEN, trace_path=d / f"{name}-{k}.jsonl")
+            r["others_cpu"] = w.others()
+            if name not in best or rank(r) < rank(best[name]):
+                best[name] = r
+        if k >= 1 and all(r["others_cpu"] <= QUIET for r in best.values()):
+            break
+    return path, m, d, [(name, plan, best[name]) for name, plan in plans.items()]
+
+
+def _quiet(out) -> None:
+    """Skip a speed comparison whose runs all had outside load: it would compare the neighbours."""
+    busy = {name: round(r["others_cpu"], 2) for name, _, r in out if r["others_cpu"] > QUIET}
+    if busy:
+        pytest.skip(f"other processes used more than {QUIET:.0%} of the CPUs in every run of {busy} "
+                    f"({MAX_ROUNDS} rounds): not this host's speed")
 
 
 def test_fit_structure_and_errors(runs):
@@ -146,22 +178,27 @@ def test_fit_reduces_simulator_error(runs):
     rates (session 9's kernel changes), that comparison measured the stand-ins, not the fit: in
     sample the fit then lost (0.18 against 0.07). The cache plan's own error: the next test."""
     path, m, d, out = runs
+    _quiet(out)
     fitted, _, _ = trace_profile.calibrate_from_traces([r["trace"] for _, _, r in out], str(path), base_profile(),
                                                        log=None)
     consts = {k: v for k, v in fitted.constants.items()
               if k not in ("layer_overhead_ms", "cpu_job_ms", "dev_expert_gbs", "cpu_prefill_gflops_per_core")}
     rates_only = fitted.model_copy(update={"constants": consts})
 
-    def err(hw):
+    def err(hw) -> list[float]:  # signed, per plan
         e = []
         for _, plan, r in out:
             s = simulate(m, hw, plan, prompt_tokens=PROMPT, gen_tokens=GEN, routing=r["trace"], warm_steps=0)
-            e.append(abs(s.decode_tok_s / (plan.streams * 1e3 / r["itl_p50_ms"]) - 1))
-        return statistics.median(e)
+            e.append(s.decode_tok_s / (plan.streams * 1e3 / r["itl_p50_ms"]) - 1)
+        return e
 
     e_fit, e_rates = err(fitted), err(rates_only)
-    print(f"median |error|: fitted {e_fit:.3f}, rates only {e_rates:.3f}")
-    assert e_fit < e_rates
+    med = lambda e: statistics.median(abs(x) for x in e)  # noqa: E731
+    print(f"median |error|: fitted {med(e_fit):.3f} ({', '.join(f'{x:+.3f}' for x in e_fit)}), "
+          f"rates only {med(e_rates):.3f} ({', '.join(f'{x:+.3f}' for x in e_rates)}); "
+          f"ITL p50 ms {[round(r['itl_p50_ms'], 3) for _, _, r in out]}, "
+          f"outside CPU {[round(r['others_cpu'], 2) for _, _, r in out]}")
+    assert med(e_fit) < med(e_rates)
 
 
 def test_host_sharing_cache_plan_pays_for_hits_beside_the_cpu_job(runs):
@@ -175,6 +212,7 @@ def test_host_sharing_cache_plan_pays_for_hits_beside_the_cpu_job(runs):
     path itself runs slower (0.053-0.09 against 0.04-0.05 ms a layer on `tiny`, three runs),
     which the host overhead, fitted on the all-CPU plan, does not know."""
     path, m, d, out = runs
+    _quiet(out)
     fitted, f, _ = trace_profile.calibrate_from_traces([r["trace"] for _, _, r in out], str(path), base_profile(),
                                                        log=None)
     assert f.n["overlap_layers"] > 0 and {"overlap_layer_ms", "overlap_dev_ms"} <= set(fitted.constants)
