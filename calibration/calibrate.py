@@ -17,6 +17,10 @@ one, over what `detect_hardware` reads off this machine. Constants for the simul
     pagecache_4k_us a 4 KiB read served from the page cache
     t_miss_ms       (CUDA) copy one expert from pinned RAM and compute it
 
+and, beside `cpu.expert_gbs` (the executor's kernel), `cpu.rowwise_gbs`: the same expert jobs one weight
+row per dot product without software prefetch, as llama.cpp's ggml runs them (bench_rowwise.py), the
+rates of the simulator's llama.cpp plans.
+
 Statistics, chosen on `benchmarks/bench_drift.py` (which estimator reproduces between runs on
 this VM): expert-kernel jobs take their fastest clean round; prefill, layer-loop, hit and handover
 timings the lower quintile of their repeats (other processes only ever add time); memory
@@ -127,6 +131,8 @@ class Results:
     mem: MemBandwidth | None = None
     kernels: dict[str, KernelFit] = field(default_factory=dict)
     kernels_1t: dict[str, KernelFit] = field(default_factory=dict)  # the same on one thread
+    rowwise: dict[str, KernelFit] = field(default_factory=dict)  # ggml's structure (bench_rowwise)
+    rowwise_1t: dict[str, KernelFit] = field(default_factory=dict)
     prefill: PrefillResult | None = None
     layer_loop: LayerLoop | None = None
     layer_loop_small: LayerLoop | None = None  # the same loop on a layer a quarter as wide: the fixed part
@@ -265,6 +271,22 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                     kb.sample(n1_first, budgets[key] * n1_first / n1, ticks[key])
                     r.wall_s[f"kernel {fmt} 1 thread"] = time.perf_counter() - t0
                 numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
+            if use_exec:  # the same jobs in ggml's structure: the rates of the simulator's llama.cpp plans
+                from .bench_rowwise import FORMATS as ROWWISE_FORMATS, label as rowwise_label, rowwise_expert_job
+                for fmt in [f for f in formats if f in ROWWISE_FORMATS]:
+                    for one in ((False, True) if maxt > 1 else (False,)):
+                        t0 = time.perf_counter()
+                        key = f"rowwise {fmt}" + ("@1t" if one else "")
+                        numba.set_num_threads(1 if one else min(maxt, numba.config.NUMBA_NUM_THREADS))
+                        ticks[key] = pg.stage(f"CPU rows without prefetch {fmt}" + (", 1 thread" if one else ""), n1)
+                        job, eb = rowwise_expert_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes,
+                                                     max_k=max(s.kernel_ks))
+                        kb = kbenches[key] = KernelBench(job, s.kernel_ks, eb, label=rowwise_label(
+                            fmt, s.kernel_hidden, s.kernel_ffn), threads=numba.get_num_threads())
+                        budgets[key] = bud.take(key, s.kernel_budget_s / 3)
+                        kb.sample(n1_first, budgets[key] * n1_first / n1, ticks[key])
+                        r.wall_s[key] = time.perf_counter() - t0
+                numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
             if use_exec:
                 t0 = time.perf_counter()
                 fmt = DEFAULT_FORMAT if DEFAULT_FORMAT in formats else formats[0]
@@ -340,15 +362,13 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
         numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
         try:
             for key, kb in kbenches.items():
-                one = key.endswith("@1t")
-                n, first_n = (n1, n1_first) if one else (s.kernel_repeats, k_first)
+                one, row = key.endswith("@1t"), key.startswith("rowwise ")
+                n, first_n = (n1, n1_first) if one or row else (s.kernel_repeats, k_first)
                 numba.set_num_threads(1 if one else min(maxt, numba.config.NUMBA_NUM_THREADS))
                 if n > first_n:
                     kb.sample(n - first_n, budgets[key] * (1 - first_n / n), ticks[key])
-                if one:
-                    r.kernels_1t[key[:-3]] = kb.result()
-                else:
-                    r.kernels[key] = kb.result()
+                dest = (r.rowwise_1t if one else r.rowwise) if row else (r.kernels_1t if one else r.kernels)
+                dest[key.removeprefix("rowwise ").removesuffix("@1t")] = kb.result()
             numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
             if loop is not None:
                 if s.prefill_repeats > l_first:

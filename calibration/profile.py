@@ -21,6 +21,8 @@ def noise_of(r: Results) -> list[tuple[str, Noise]]:
     """(benchmark, what its sampler saw) for every benchmark that sampled around outside load."""
     out = ([("memory", r.mem.noise)] if r.mem else []) + [(f"kernel {k}", f.noise) for k, f in r.kernels.items()]
     out += [(f"kernel {k} 1 thread", f.noise) for k, f in r.kernels_1t.items()]
+    out += [(f"rows without prefetch {k}{t}", f.noise) for t, fits in (("", r.rowwise), (" 1 thread", r.rowwise_1t))
+            for k, f in fits.items()]
     out += [("prefill", r.prefill.noise)] if r.prefill else []
     out += [("layer loop", r.layer_loop.noise)] if r.layer_loop else []
     out += [("small layer loop", r.layer_loop_small.noise)] if r.layer_loop_small else []
@@ -137,6 +139,17 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
         consts["c_b_ms"] = _m(d.c_b_ms, f"as {default}: " + d.method(), date)
         data["cpu"]["expert_gbs"] = eg
         data["cpu"]["threads_used"] = d.threads
+    if r.rowwise:  # ggml's structure: the rates of llama.cpp plans (specs.hardware.CPU.rowwise_gbs)
+        rw: dict[str, Any] = {}
+        for suffix, fits_rw in (("", r.rowwise), ("@1t", r.rowwise_1t)):
+            for fmt, f in fits_rw.items():
+                rw[fmt + suffix] = _m(f.expert_gbs, f.method(), date)
+            if fits_rw:
+                src = DEFAULT_FORMAT if DEFAULT_FORMAT in fits_rw else next(iter(fits_rw))
+                rw["default" + suffix] = _m(fits_rw[src].expert_gbs, f"as {src}: " + fits_rw[src].method(), date)
+                others = [k for k in data["cpu"]["expert_gbs"] if "@" not in k and _is_block_key(k)]
+                rw.update(derived_block_rates({f: k.expert_gbs for f, k in fits_rw.items()}, others, date, suffix))
+        data["cpu"]["rowwise_gbs"] = rw
         notes.append(f"@ cpu.threads_used: measured: {date}, the threads the CPU expert kernel benchmark ran on")
     if r.prefill:
         consts["cpu_prefill_gflops_per_core"] = _m(r.prefill.gflops_per_core, r.prefill.method(), date)
@@ -224,6 +237,10 @@ def store_rows(r: Results) -> list[dict]:
     for fmt, f in r.kernels_1t.items():
         add(f"cpu_kernel_{fmt}_1t", "expert_gbs", f.expert_gbs, threads=1, size_bytes=f.expert_bytes, kernel=kv,
             method=f.method())
+    for suffix, fits_rw in (("", r.rowwise), ("_1t", r.rowwise_1t)):
+        for fmt, f in fits_rw.items():
+            add(f"cpu_rowwise_{fmt}{suffix}", "expert_gbs", f.expert_gbs, threads=f.threads, size_bytes=f.expert_bytes,
+                kernel=kv, method=f.method())
     for case, ll in (("cpu_layer_loop", r.layer_loop), ("cpu_layer_loop_small", r.layer_loop_small)):
         if ll:
             add(case, "t_layer_ms", ll.t_layer_ms, threads=ll.threads, kernel=kv, method=ll.method())

@@ -77,13 +77,14 @@ def _prologue(context, builder, sig, args, NR: int, MT: int):
             builder.lshr(nb, i64(3)))
 
 
-def _super_block(builder, wd, woff, rbk, pfo, sb, bs: int) -> list:
+def _super_block(builder, wd, woff, rbk, pfo, sb, bs: int, prefetch: bool = True) -> list:
     """Codegen: pointers to super-block sb (bs bytes) of each row of the group (row offsets rbk from byte woff
-    of wd), the next row group's same super-blocks prefetched (linearly from byte pfo: len(rbk) x bs)."""
+    of wd), the next row group's same super-blocks prefetched (linearly from byte pfo: len(rbk) x bs) unless
+    `prefetch` is false."""
     i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
     p0 = builder.gep(wd, [builder.add(woff, builder.mul(sb, i64(bs)))])
     nr = len(rbk)
-    prefetch_lines(builder, builder.gep(wd, [builder.add(pfo, builder.mul(sb, i64(nr * bs)))]), nr * bs)
+    prefetch_lines(builder, builder.gep(wd, [builder.add(pfo, builder.mul(sb, i64(nr * bs)))]), nr * bs, prefetch)
     return [builder.gep(p0, [rbk[k]]) if k else p0 for k in range(nr)]
 
 
@@ -101,7 +102,7 @@ def _q4_k_scales_ir(builder, p):
     return sc, mn
 
 
-def _rows_q4_k_ir(NR: int, MT: int = 1):
+def _rows_q4_k_ir(NR: int, MT: int = 1, prefetch: bool = True):
     """Codegen: res[k0 + t, ro + k] = row_k . x_t for NR Q4_K rows at byte woff + k * rb (nb 32-blocks each) and
     the MT tokens t of X16 / DX from k0 (simd.quant16's layout: each 32-block even values first; dx, then 8 x
     the block's x16 sum).
@@ -126,7 +127,7 @@ def _rows_q4_k_ir(NR: int, MT: int = 1):
         half = ir.HalfType()
         with cgutils.for_range(builder, nsb) as loop:
             sb = loop.index
-            ps = _super_block(builder, wd, woff, rbk, pfo, sb, 144)
+            ps = _super_block(builder, wd, woff, rbk, pfo, sb, 144, prefetch)
             # per token, the eight sub-blocks' x scales dx and dx sum(x16), a vector each (contiguous in DX)
             blk0 = builder.mul(sb, i64(8))
             dxv, s8v = [], []
@@ -188,7 +189,7 @@ def _slow_q4_k(n, w, wo, rb, X16, DX, k0, nb, res, ro):
         res[k0, ro + k] = acc
 
 
-def _rows_q6_k_ir(NR: int, MT: int = 1):
+def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True):
     """Codegen: res[k0 + t, ro + k] = row_k . x_t for NR Q6_K rows at byte woff + k * rb and the MT tokens from
     k0 of X16 / DX, as _rows_q4_k_ir. The 32 values of block (h, i) of a super-block (one 32-block of x) take the
     nibbles of ql bytes 64h + 32(i % 2) + l (the high ones for i >= 2) and bit pair i of qh bytes 32h + l: with
@@ -207,7 +208,7 @@ def _rows_q6_k_ir(NR: int, MT: int = 1):
         vec16 = V(I16, 16).as_pointer()
         with cgutils.for_range(builder, nsb) as loop:
             sb = loop.index
-            ps = _super_block(builder, wd, woff, rbk, pfo, sb, 210)
+            ps = _super_block(builder, wd, woff, rbk, pfo, sb, 210, prefetch)
             # per token, dx of each run (its 32-block's: two runs a block), as two vectors
             blk0 = builder.mul(sb, i64(8))
             dxr = []
@@ -271,13 +272,13 @@ def _slow_q6_k(n, w, wo, rb, X16, DX, k0, nb, res, ro):
         res[k0, ro + k] = acc
 
 
-def _k_kernel(codegen, slow, NR: int, MT: int = 1):
+def _k_kernel(codegen, slow, NR: int, MT: int = 1, prefetch: bool = True):
     """rows{NR}[x{MT}]_q4_k / _q6_k(w, wo, rb, X16, DX, k0, nb, res, ro): res[k0:k0+MT, ro:ro+NR] = NR rows (the
     intrinsic `codegen` makes, or the portable `slow` loops without AVX2) . tokens k0.. of X16 * DX."""
     if HAVE_AVX2:
         @intrinsic
         def kernel(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
-            return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), codegen(NR, MT)
+            return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), codegen(NR, MT, prefetch)
     else:  # a portable fallback with the same signature
         @njit
         def kernel(w, wo, rb, X16, DX, k0, nb, res, ro):
@@ -288,6 +289,9 @@ def _k_kernel(codegen, slow, NR: int, MT: int = 1):
 
 rows4_q4_k, rows1_q4_k, rows4x2_q4_k = (_k_kernel(_rows_q4_k_ir, _slow_q4_k, n, t) for n, t in ((4, 1), (1, 1), (4, 2)))
 rows4_q6_k, rows1_q6_k, rows4x2_q6_k = (_k_kernel(_rows_q6_k_ir, _slow_q6_k, n, t) for n, t in ((4, 1), (1, 1), (4, 2)))
+# one row per call, no software prefetch: ggml's structure (calibration.bench_rowwise)
+row_q4_k_noprefetch = _k_kernel(_rows_q4_k_ir, _slow_q4_k, 1, 1, prefetch=False)
+row_q6_k_noprefetch = _k_kernel(_rows_q6_k_ir, _slow_q6_k, 1, 1, prefetch=False)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -69,10 +69,11 @@ def _splat(builder, v, n):
     return builder.shuffle_vector(t, t, ir.Constant(V(I32, n), [0] * n))
 
 
-def prefetch_lines(builder, p, nbytes: int) -> None:
+def prefetch_lines(builder, p, nbytes: int, on: bool = True) -> None:
     """Codegen: prefetch (into L1, read) the nbytes from pointer p, one prefetch per 64-byte line: the next
-    row group, linearly, while this one is computed (+40% from DRAM on one Zen 3 core)."""
-    if not PREFETCH:
+    row group, linearly, while this one is computed (+40% from DRAM on one Zen 3 core). Nothing when
+    `on` is false (the calibration's row-at-a-time kernels, which stream as ggml's dot products do)."""
+    if not (PREFETCH and on):
         return
     pref = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
     for i in range((nbytes + 63) // 64):
@@ -100,7 +101,7 @@ def token_rows(context, builder, sig, args, MT: int) -> tuple[list, list, list]:
     return rows_of(3, I16), rows_of(4, F32), rows_of(7, F32)
 
 
-def _rows(q4: bool, NR: int, MT: int = 1):
+def _rows(q4: bool, NR: int, MT: int = 1, prefetch: bool = True):
     """Codegen: res[k0 + t, ro + k] = row_k . x_t for NR rows at byte woff + k * rb (nb blocks each) and
     the MT tokens t of X16 / DX [m, ...] (rows of C arrays) from k0.
 
@@ -117,7 +118,8 @@ def _rows(q4: bool, NR: int, MT: int = 1):
     chain stays off the critical path), times each token's dx, and stored to a stack slot from which
     each row broadcast-loads its own (vbroadcastss m32: a load, where a register broadcast costs a
     shuffle). With MT tokens a row's weights are decoded once for all of them; each token's products,
-    scales and float adds are those of MT = 1, so the results are bitwise the same.
+    scales and float adds are those of MT = 1, so the results are bitwise the same. prefetch=False: no
+    software prefetch (the same arithmetic, so the same bits).
     """
     bs = 18 if q4 else 34
 
@@ -174,7 +176,8 @@ def _rows(q4: bool, NR: int, MT: int = 1):
             xs = [x_halves(builder, xd, b) for xd in xds]
             ps = rowptrs(b)
             # the next row group (contiguous): NR * bs bytes per block, one prefetch per cache line
-            prefetch_lines(builder, builder.gep(wd, [builder.add(pfo, builder.mul(b, i64(NR * bs)))]), NR * bs)
+            prefetch_lines(builder, builder.gep(wd, [builder.add(pfo, builder.mul(b, i64(NR * bs)))]), NR * bs,
+                           prefetch)
             for k in range(NR):
                 pq = builder.gep(ps[k], [i64(2)])
                 if q4:  # lane masks: lane 1 holds 16 x its nibble values (undone in the final sum)
@@ -211,7 +214,7 @@ def _rows(q4: bool, NR: int, MT: int = 1):
     return gen
 
 
-def _rows_f16(NR: int):
+def _rows_f16(NR: int, prefetch: bool = True):
     """Codegen: res[ro + k] = F16 row_k . x (x float32) for NR rows at byte woff + k * rb, nb chunks of 16.
 
     Row pointers are computed once, outside the loop (computed per chunk, they spilled to the stack:
@@ -235,7 +238,7 @@ def _rows_f16(NR: int):
             px = builder.gep(xd, [builder.mul(c, i64(16))])
             xv = builder.load(builder.bitcast(px, V(F32, 16).as_pointer()), align=4)
             off = builder.mul(c, i64(32))
-            prefetch_lines(builder, builder.gep(pf0, [builder.mul(c, i64(NR * 32))]), NR * 32)  # the next group
+            prefetch_lines(builder, builder.gep(pf0, [builder.mul(c, i64(NR * 32))]), NR * 32, prefetch)  # next group
             for k in range(NR):
                 hv = builder.load(builder.bitcast(builder.gep(rows[k], [off]), V(ir.HalfType(), 16).as_pointer()),
                                   align=1)
@@ -257,13 +260,13 @@ def _qsig(w, wo, rb, X16, DX, k0, nb, res, ro):
     return types.none(w, wo, rb, X16, DX, k0, nb, res, ro)
 
 
-def _qkernel(q4: bool, NR: int, MT: int = 1):
+def _qkernel(q4: bool, NR: int, MT: int = 1, prefetch: bool = True):
     """rows{NR}[x{MT}]_{q8|q4}(w, wo, rb, X16, DX, k0, nb, res, ro): res[k0:k0+MT, ro:ro+NR] = NR Q8_0 / Q4_0
     rows (bytes at wo, stride rb, nb blocks) . tokens k0.. of X16 * DX (2-D, a token a row)."""
     if HAVE_AVX2:
         @intrinsic
         def kernel(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
-            return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(q4, NR, MT)
+            return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(q4, NR, MT, prefetch)
     else:  # a portable fallback with the same signature
         @njit
         def kernel(w, wo, rb, X16, DX, k0, nb, res, ro):
@@ -281,6 +284,11 @@ if HAVE_AVX2:
     def rows1_f16(typingctx, w, wo, rb, x, unused, nc, res, ro):
         """res[ro] = F16 row at wo . x (f32, nc chunks of 16)."""
         return _sig(w, wo, rb, x, unused, nc, res, ro), _rows_f16(1)
+
+    @intrinsic
+    def row_f16_noprefetch(typingctx, w, wo, rb, x, unused, nc, res, ro):
+        """rows1_f16 without software prefetch (calibration.bench_rowwise)."""
+        return _sig(w, wo, rb, x, unused, nc, res, ro), _rows_f16(1, prefetch=False)
 else:  # portable fallbacks with the same signatures
     @njit(inline="always")
     def _h2f(lo, hi):
@@ -329,9 +337,14 @@ else:  # portable fallbacks with the same signatures
     def rows1_f16(w, wo, rb, x, unused, nc, res, ro):
         _slow_f16(1, w, wo, rb, x, nc, res, ro)
 
+    row_f16_noprefetch = rows1_f16
+
 
 rows8_q8, rows4_q8, rows1_q8, rows4x2_q8 = (_qkernel(False, n, t) for n, t in ((8, 1), (4, 1), (1, 1), (4, 2)))
 rows8_q4, rows4_q4, rows1_q4, rows4x2_q4 = (_qkernel(True, n, t) for n, t in ((8, 1), (4, 1), (1, 1), (4, 2)))
+# one row per call and no software prefetch: the structure of ggml's CPU dot products (llama.cpp), whose
+# rate calibrate measures for the simulator's llama.cpp plans (calibration.bench_rowwise)
+row_q8_noprefetch, row_q4_noprefetch = _qkernel(False, 1, 1, prefetch=False), _qkernel(True, 1, 1, prefetch=False)
 
 
 @intrinsic

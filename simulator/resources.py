@@ -66,6 +66,18 @@ class Constants:
         return cls(**vals)
 
 
+def rowwise(hw, engine: str | None) -> bool:
+    """Whether `engine`'s CPU products run at the profile's rowwise rates: llama.cpp's ggml computes one
+    weight row per dot product without software prefetch (calibration.bench_rowwise), where the
+    profile has such rates."""
+    return engine == "llamacpp" and bool(hw.cpu.rowwise_gbs)
+
+
+def cpu_gbs(hw, fmt, threads: int, engine: str | None) -> float:
+    """GB/s at which `engine` computes weights in `fmt` on `threads` host cores (rowwise rates for llama.cpp)."""
+    return hw.cpu.expert_gbs_for(fmt, threads, rowwise=rowwise(hw, engine))
+
+
 def cpu_pair_s(model, c: Constants, threads: int) -> float:
     """Seconds of one further (token, expert) product on `threads` cores: the prefill GEMM rate, since
     the expert's weights are already being read for its first token."""
@@ -90,9 +102,9 @@ class Machine:
         self.nvme = self.net.link("nvme", hw.nvme.seq_read_gbs * GB)
         self.zc_rate = (pcie.zero_copy_gbs if pcie else 1.0) * GB * consts.zc_efficiency
         self.h2d_rate = (consts.copy_h2d_gbs or (pcie.h2d_gbs if pcie else 1.0)) * GB
-        self.cpu_expert_rate = hw.cpu.expert_gbs_for(model.fmt_experts, self.threads) * GB
+        self.cpu_expert_rate = cpu_gbs(hw, model.fmt_experts, self.threads, plan.engine) * GB
         from specs.formats import parse_format
-        self.cpu_dense_rate = hw.cpu.expert_gbs_for(parse_format(model.dense_format), self.threads) * GB
+        self.cpu_dense_rate = cpu_gbs(hw, parse_format(model.dense_format), self.threads, plan.engine) * GB
         self.gpu_bw = (hw.gpu.bw_gbs * GB * consts.gpu_bw_efficiency) if self.has_gpu else 0.0
         self.gpu_flops = (hw.gpu.fp16_tflops * 1e12 * consts.gemm_efficiency) if self.has_gpu else 0.0
         self.rand_rate = hw.nvme.rand_4k_iops * hw.page_bytes

@@ -80,21 +80,27 @@ class CPU(_Strict):
     # Expert-kernel throughput (GB/s of expert weights, all threads_used cores) per weight family:
     # keys are format names ('Q4_0', 'EXL3') or families ('codebook', 'block', 'default').
     expert_gbs: dict[str, Pos]
+    # The same for an engine computing one weight row per dot product without software prefetch, as
+    # llama.cpp's ggml does (calibration.bench_rowwise); its plans read these where the profile has them.
+    rowwise_gbs: dict[str, Pos] = Field(default_factory=dict)
 
-    def expert_gbs_for(self, fmt: WeightFormat, threads: int | None = None) -> float:
+    def expert_gbs_for(self, fmt: WeightFormat, threads: int | None = None, rowwise: bool = False) -> float:
         """GB/s at which `threads` cores (default threads_used) compute experts stored in `fmt`:
         a rate measured at that thread count ('Q8_0@1t') when the profile has one, else the
-        threads_used rate scaled linearly (arithmetic or bus bound)."""
+        threads_used rate scaled linearly (arithmetic or bus bound). rowwise: from `rowwise_gbs`
+        (ggml's structure) when it has any entry, else as without."""
+        table = self.rowwise_gbs if rowwise and self.rowwise_gbs else self.expert_gbs
         family = fmt.name.split(":")[0]
         keys = (fmt.name, family, "codebook" if fmt.codebook else "block", "default")
         if threads is not None and threads != self.threads_used:
             for key in keys:
-                if f"{key}@{threads}t" in self.expert_gbs:
-                    return float(self.expert_gbs[f"{key}@{threads}t"])
+                if f"{key}@{threads}t" in table:
+                    return float(table[f"{key}@{threads}t"])
         for key in keys:
-            if key in self.expert_gbs:
-                return float(self.expert_gbs[key]) * (threads or self.threads_used) / self.threads_used
-        raise KeyError(f"cpu.expert_gbs has no entry for {fmt.name} (nor 'default')")
+            if key in table:
+                return float(table[key]) * (threads or self.threads_used) / self.threads_used
+        raise KeyError(f"cpu.{'rowwise' if table is self.rowwise_gbs else 'expert'}_gbs has no entry for "
+                       f"{fmt.name} (nor 'default')")
 
 
 class NVMe(_Strict):

@@ -55,6 +55,11 @@ def test_measured_figures_carry_date_and_method(run):
     assert f"c_b_ms.{fmt}" in hw.constants and f"c_a_ms.{fmt}" in hw.constants
     if hw.cpu.threads_used > 1:  # the kernel again on one core (expert_gbs_for(fmt, threads=1) reads it)
         assert hw.cpu.expert_gbs[f"{fmt}@1t"].source == "measured"
+    if executor_kernel_available():  # the same jobs in ggml's structure (llama.cpp plans' rates)
+        rw = hw.cpu.rowwise_gbs
+        assert rw[fmt].source == "measured" and "no software prefetch" in rw[fmt].ref and rw[fmt] > 0
+        assert float(rw["default"]) == float(rw[fmt])
+        assert (f"{fmt}@1t" in rw) == (hw.cpu.threads_used > 1)
     for f in (hw.memory.efficiency, hw.nvme.seq_read_gbs, hw.nvme.rand_4k_iops, hw.nvme.latency_us,
               hw.cpu.expert_gbs["default"], hw.cpu.expert_gbs[fmt]):
         assert f.source == "measured" and f.ref.startswith(date) and f > 0

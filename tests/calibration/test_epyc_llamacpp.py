@@ -4,7 +4,9 @@ vendored llama.cpp, its default pp512 / tg128, 3 repetitions) on make-model's `s
 `small-q4` (Q4_0), llama-quantize's Q4_K_M of `small` and the llama-bench fixture's shape, at 2 and 1
 threads, ingested into data/epyc-2026-11-30/results-llamacpp.csv with the models' GGUF headers as YAML,
 predicted on the profile `moe-offload calibrate --quick` wrote beside them. No constant is fitted on
-llama.cpp: this is the check README's "Simulator against llama.cpp on this machine" quotes, rerunnable."""
+llama.cpp: this is the check README's "Simulator against llama.cpp on this machine" quotes, rerunnable.
+Section 2: session 14's runs (data/epyc-2026-11-30b), on profiles that carry llama.cpp's structure
+(cpu.rowwise_gbs), against the same profiles without it."""
 from __future__ import annotations
 
 import statistics
@@ -69,3 +71,70 @@ def test_decode_median_within_ten_percent(rows):
 def test_decode_max_within_twenty_percent(rows):
     """All nine decode runs: max |error| <= 20% (53.4% when recorded: the fixture shape at 1 thread)."""
     assert max(_decode(rows).values()) <= 0.20
+
+
+# ---------------------------------------------------------------------------------------------
+# Session 14: llama.cpp's rates measured in its own structure (calibration.bench_rowwise)
+# ---------------------------------------------------------------------------------------------
+
+DATA14 = Path("tests/calibration/data/epyc-2026-11-30b")
+MAIN14 = ("small", "small-q4", "fixture-shape", "small-q4km")  # the four files of section 1, 2 and 1 threads
+
+
+def _without_rowwise(path: Path, out: Path) -> Path:
+    """A copy of profile `path` without cpu.rowwise_gbs: llama.cpp plans at the executor's kernel rates."""
+    from specs.loaders import dump_hardware, load_hardware
+    hw = load_hardware(str(path))
+    out.write_text(dump_hardware(hw.model_copy(update={"cpu": hw.cpu.model_copy(update={"rowwise_gbs": {}})})))
+    return out
+
+
+@pytest.fixture(scope="module", params=["host-calibrated-1854.yaml", "host-calibrated-1858.yaml"])
+def rows14(request, tmp_path_factory):
+    """(decode |error| by run with the profile's rowwise rates, the same with its executor kernel rates) for
+    session 14's 18 llama.cpp decode runs (18:32-18:50 UTC) on one of the two `calibrate --quick` profiles
+    taken after them (18:54, 18:58): the four files of section 1, and six variants of the fixture's shape
+    (4 or 16 layers, vocab 4,000 or 32,000, hidden 512 or 2048; `fx-*.yaml`, named L4V32k ...)."""
+    mp = pytest.MonkeyPatch()
+    mp.chdir(ROOT)
+    try:
+        hw = DATA14 / request.param
+        plain = _without_rowwise(hw, tmp_path_factory.mktemp("hw") / "plain.yaml")
+        yield tuple(_decode(regress.local_rows(DATA14 / "results-llamacpp.csv", str(p))) for p in (hw, plain))
+    finally:
+        mp.undo()
+
+
+def test_rowwise_profiles_carry_llamacpps_rates():
+    """calibrate wrote rowwise rates for the five formats it times, at 2 threads and at 1."""
+    from specs.loaders import load_hardware
+    for name in ("host-calibrated-1854.yaml", "host-calibrated-1858.yaml"):
+        rw = load_hardware(str(ROOT / DATA14 / name)).cpu.rowwise_gbs
+        assert {f + s for f in ("Q8_0", "Q4_0", "F16", "Q4_K", "Q6_K") for s in ("", "@1t")} <= set(rw)
+
+
+def test_rowwise_rates_predict_llamacpp_closer(rows14):
+    """On both profiles, llama.cpp plans at the rowwise rates come closer to llama.cpp than at the executor's
+    kernel rates, on the four files (median |error| 13.4% against 18.4%, 8.0% against 11.3% when recorded)
+    and on the six variants of the fixture's shape (27.6% against 38.8%, 20.2% against 39.6%)."""
+    new, old = rows14
+    assert len(new) == len(old) == 18
+    for keep in (lambda k: k.split(" t")[0] in MAIN14, lambda k: k.split(" t")[0] not in MAIN14):
+        a = [v for k, v in new.items() if keep(k)]
+        b = [v for k, v in old.items() if keep(k)]
+        assert statistics.median(a) < statistics.median(b), (a, b)
+
+
+def test_rowwise_small_q8_within_ten_percent(rows14):
+    """`small` (Q8_0 experts, F16 attention) at 2 and 1 threads: within 10% on both profiles (+2% / +5% and
+    -6% / -1% when recorded; -20.6% / -8.8% and -7.7% / +9.4% on two profiles before this session's change)."""
+    new, _ = rows14
+    assert new["small t2"] <= 0.10 and new["small t1"] <= 0.10, new
+
+
+@pytest.mark.xfail(strict=True, reason="narrow layers: llama.cpp spends ~0.14 ms a layer beyond its dot products "
+                   "at hidden 512 (16 layers against 4, the same vocabulary), which no term of the simulator "
+                   "models; the fixture's shape at 2 threads +59-62%, 16 layers +35-61%; README")
+def test_rowwise_every_run_within_twenty_five_percent(rows14):
+    """All 18 decode runs within 25%."""
+    assert max(rows14[0].values()) <= 0.25

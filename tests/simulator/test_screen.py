@@ -288,3 +288,40 @@ def test_cpu_experts_pay_further_products_whether_read_from_ram_or_nvme():
     ram, nvme = added_s(None), added_s(20)
     assert ram > 0 and nvme == pytest.approx(ram, rel=0.1)
 
+
+
+def _cpu_only_llamacpp(rowwise: float | None):
+    """tiny, all-CPU, as a llama.cpp plan and as the executor's; the profile's rowwise rates (GB/s, every
+    format) when given."""
+    from specs.figure import Figure
+    hw = machine().model_copy(update={"gpu": None, "pcie": None, "constants": {}})
+    if rowwise is not None:
+        hw = hw.model_copy(update={"cpu": hw.cpu.model_copy(update={
+            "rowwise_gbs": {"default": Figure(rowwise, "measured", "test")}})})
+    plan = tiered(slots=0, kind="cpu")
+    plan = plan.model_copy(update={"placement": plan.placement.model_copy(update={"dense": "cpu", "kv": "cpu"})})
+    return hw, plan.model_copy(update={"engine": "llamacpp"}), plan
+
+
+def test_llamacpp_plans_read_the_rowwise_rates():
+    """llama.cpp's ggml computes one row per dot product without software prefetch: its plans run at the
+    profile's rowwise rates (calibration.bench_rowwise) where it has them, in the event simulation and the
+    screen alike; the executor's plans keep the expert-kernel rates."""
+    model = tiny_model()
+    hw0, ll, own = _cpu_only_llamacpp(None)
+    hw, _, _ = _cpu_only_llamacpp(float(hw0.cpu.expert_gbs_for(model.fmt_experts)) / 2)
+    run = lambda h, p: simulate(model, h, p, gen_tokens=1, routing="uniform", warm_steps=0).decode_tok_s  # noqa: E731
+    assert run(hw, own) == pytest.approx(run(hw0, own), rel=1e-12)  # the executor: unchanged
+    assert run(hw, ll) < run(hw0, ll) * 0.75  # llama.cpp: at half the rate, CPU bound
+    assert run(hw, ll) == pytest.approx(screen(model, hw, ll).decode_tok_s, rel=1e-9)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.floats(2.0, 40.0), st.floats(1.0, 3.0))
+def test_more_rowwise_bandwidth_never_slows_llamacpp(gbs, factor):
+    """A higher rowwise rate never lowers a llama.cpp plan's simulated decode."""
+    model = tiny_model()
+    (hw, ll, _), (hw2, _, _) = _cpu_only_llamacpp(gbs), _cpu_only_llamacpp(gbs * factor)
+    a = simulate(model, hw, ll, gen_tokens=4, routing="uniform", warm_steps=0).decode_tok_s
+    b = simulate(model, hw2, ll, gen_tokens=4, routing="uniform", warm_steps=0).decode_tok_s
+    assert b >= a * (1 - 1e-9)

@@ -26,3 +26,18 @@ def test_without_a_measurement_the_rate_scales_with_threads():
     cpu = _cpu(default=20.0)
     assert cpu.expert_gbs_for(parse_format("Q4_0"), 1) == pytest.approx(10.0)
     assert cpu.expert_gbs_for(parse_format("Q4_0"), 4) == pytest.approx(40.0)
+
+
+def test_rowwise_rates_are_read_when_asked_and_present():
+    """rowwise=True (llama.cpp plans) reads cpu.rowwise_gbs by the same keys and thread rule; a profile
+    without rowwise rates, or asked without rowwise, gives the expert-kernel rates."""
+    cpu = _cpu(Q8_0=30.0, default=20.0)
+    q8, q4 = parse_format("Q8_0"), parse_format("Q4_0")
+    assert cpu.expert_gbs_for(q8, 2, rowwise=True) == 30.0  # no rowwise table: as before
+    rw = {"Q8_0": Figure(24.0, "measured", "test"), "Q8_0@1t": Figure(13.0, "measured", "test"),
+          "default": Figure(16.0, "measured", "test")}
+    cpu = cpu.model_copy(update={"rowwise_gbs": rw})
+    assert cpu.expert_gbs_for(q8, 2, rowwise=True) == 24.0
+    assert cpu.expert_gbs_for(q8, 1, rowwise=True) == 13.0
+    assert cpu.expert_gbs_for(q4, 1, rowwise=True) == pytest.approx(8.0)  # default, scaled
+    assert cpu.expert_gbs_for(q8, 2) == 30.0

@@ -1,0 +1,89 @@
+"""The CPU expert rate of an engine built like llama.cpp's ggml: one dot product per weight row, 64-row
+chunks handed to the threads in turn, no software prefetch (ggml-cpu.c `ggml_compute_forward_mul_mat`
+and its `vec_dot` kernels; llama.cpp's rows are read as they are, one stream per thread, and the
+hardware prefetcher alone runs ahead of them).
+
+The executor's own kernel computes 8 rows at once and prefetches the next 8 in software: on this
+VM's EPYC it streams Q8_0 experts at 17.5 GB/s on 2 threads where the same arithmetic one row at a
+time without the prefetch streams at ~15, and at ~8.5 against ~10-11.6 on one thread (2026-11-30).
+llama.cpp decoded `small` at 15.2 GB/s (2 threads) and 8.4 (1): the simulator's llama.cpp plans
+read this rate (`cpu.rowwise_gbs`), the executor's plans the executor's (`cpu.expert_gbs`).
+
+The arithmetic is the executor's (simd.py's single-row kernels, compiled without the prefetch), so
+only the access pattern differs from `executor_expert_job`; the job is the same: k SwiGLU experts of
+one token, gate and up, then down.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from executor.gemm import Q4_0, Q4_K, Q6_K, Q8_0
+from executor.kernels import _quant_rows
+from executor.kquants import row_q4_k_noprefetch, row_q6_k_noprefetch
+from executor.simd import row_f16_noprefetch, row_q4_noprefetch, row_q8_noprefetch
+
+from .bench_kernel import _ROW_BYTES, _synth_tensor
+
+CHUNK_ROWS = 64  # ggml's chunk for a one-token product (`chunk_size = 64` when nr1 == 1)
+FORMATS = ("Q8_0", "Q4_0", "F16", "Q4_K", "Q6_K")  # the formats with a single-row kernel here
+
+
+@njit(nogil=True, fastmath=True, inline="always")
+def _row(code, w, off, rb, x16, dx, xf, out, r):
+    """out[0, r] = the row at byte off of w (stride rb) . x (int16 x16 * dx, or float32 xf for F16)."""
+    nb = np.int64(x16.shape[1] // 32)
+    if code == Q8_0:
+        row_q8_noprefetch(w, off, rb, x16, dx, 0, nb, out, r)
+    elif code == Q4_0:
+        row_q4_noprefetch(w, off, rb, x16, dx, 0, nb, out, r)
+    elif code == Q4_K:
+        row_q4_k_noprefetch(w, off, rb, x16, dx, 0, nb, out, r)
+    elif code == Q6_K:
+        row_q6_k_noprefetch(w, off, rb, x16, dx, 0, nb, out, r)
+    else:
+        row_f16_noprefetch(w, off, rb, xf[0], dx[0], np.int64(xf.shape[1] // 16), out[0], r)
+
+
+@njit(parallel=True, nogil=True, fastmath=True)
+def _rowwise_matvec(w, code, rows, x, out):
+    """out[0, r] = W[r] . x[0] for one matrix (flat bytes w, `rows` rows), row by row in 64-row chunks
+    across the threads (one parallel region, as one ggml op)."""
+    x16, dx = _quant_rows(x)
+    rb = np.int64(w.shape[0] // rows)
+    for c in prange((rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
+        for r in range(c * CHUNK_ROWS, min(rows, (c + 1) * CHUNK_ROWS)):
+            _row(code, w, np.int64(r * rb), rb, x16, dx, x, out, np.int64(r))
+
+
+def rowwise_expert_job(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, pool_bytes: int = 256 << 20,
+                       max_k: int = 8, seed: int = 0):
+    """(run_job, expert_bytes): one token's job of k SwiGLU experts, each matrix one `_rowwise_matvec`
+    (gate, up, then down: three ggml ops per expert), on synthetic `fmt` experts in a pool larger
+    than the last-level cache; job i uses experts i*k .. i*k+k-1 (mod pool). Activations are not
+    applied (values don't matter to the timing)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"no single-row kernel for {fmt} (have {', '.join(FORMATS)})")
+    rng = np.random.default_rng(seed)
+    ebytes = 2 * ffn * _ROW_BYTES[fmt](hidden) + hidden * _ROW_BYTES[fmt](ffn)
+    pool = max(max_k, int(pool_bytes // ebytes))
+    gate, up, down = (_synth_tensor(fmt, pool, r, c, rng) for r, c in ((ffn, hidden), (ffn, hidden), (hidden, ffn)))
+    flat = [t.data.reshape(pool, -1) for t in (gate, up, down)]
+    code = gate.code
+    x = rng.standard_normal((1, hidden)).astype(np.float32)
+    g, u, y = np.zeros((1, ffn), np.float32), np.zeros((1, ffn), np.float32), np.zeros((1, hidden), np.float32)
+    h = (rng.standard_normal((1, ffn)) * 0.1).astype(np.float32)
+
+    def run_job(k: int, i: int):
+        for j in range(k):
+            e = (i * k + j) % pool
+            _rowwise_matvec(flat[0][e], code, ffn, x, g)
+            _rowwise_matvec(flat[1][e], code, ffn, x, u)
+            _rowwise_matvec(flat[2][e], code, hidden, h, y)
+    return run_job, ebytes
+
+
+def label(fmt: str, hidden: int, ffn: int) -> str:
+    """The method line of a rowwise rate in a profile."""
+    return (f"one row per dot product, {CHUNK_ROWS}-row chunks across threads, no software prefetch "
+            f"(ggml's structure; calibration.bench_rowwise) {fmt} SwiGLU {hidden}x{ffn}, 1 token")
