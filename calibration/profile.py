@@ -139,6 +139,7 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
         consts["c_b_ms"] = _m(d.c_b_ms, f"as {default}: " + d.method(), date)
         data["cpu"]["expert_gbs"] = eg
         data["cpu"]["threads_used"] = d.threads
+        notes.append(f"@ cpu.threads_used: measured: {date}, the threads the CPU expert kernel benchmark ran on")
     if r.rowwise:  # ggml's structure: the rates of llama.cpp plans (specs.hardware.CPU.rowwise_gbs)
         rw: dict[str, Any] = {}
         for suffix, fits_rw in (("", r.rowwise), ("@1t", r.rowwise_1t)):
@@ -150,7 +151,6 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
                 others = [k for k in data["cpu"]["expert_gbs"] if "@" not in k and _is_block_key(k)]
                 rw.update(derived_block_rates({f: k.expert_gbs for f, k in fits_rw.items()}, others, date, suffix))
         data["cpu"]["rowwise_gbs"] = rw
-        notes.append(f"@ cpu.threads_used: measured: {date}, the threads the CPU expert kernel benchmark ran on")
     if r.prefill:
         consts["cpu_prefill_gflops_per_core"] = _m(r.prefill.gflops_per_core, r.prefill.method(), date)
     if r.layer_loop and r.layer_loop.fmt in r.kernels and "F16" in r.kernels:

@@ -87,11 +87,25 @@ class CPU(_Strict):
     def expert_gbs_for(self, fmt: WeightFormat, threads: int | None = None, rowwise: bool = False) -> float:
         """GB/s at which `threads` cores (default threads_used) compute experts stored in `fmt`:
         a rate measured at that thread count ('Q8_0@1t') when the profile has one, else the
-        threads_used rate scaled linearly (arithmetic or bus bound). rowwise: from `rowwise_gbs`
-        (ggml's structure) when it has any entry, else as without."""
-        table = self.rowwise_gbs if rowwise and self.rowwise_gbs else self.expert_gbs
+        threads_used rate scaled linearly (arithmetic or bus bound). rowwise (llama.cpp plans), where
+        the profile has `rowwise_gbs`: the format's rowwise rate, else its kernel rate times the
+        rowwise / kernel ratio of the default format."""
         family = fmt.name.split(":")[0]
         keys = (fmt.name, family, "codebook" if fmt.codebook else "block", "default")
+        rate = self._rate(self.expert_gbs, keys, threads)
+        if rate is None:
+            raise KeyError(f"cpu.expert_gbs has no entry for {fmt.name} (nor 'default')")
+        if rowwise and self.rowwise_gbs:
+            own = self._rate(self.rowwise_gbs, (fmt.name, family), threads)
+            if own is not None:
+                return own
+            rd, ed = self._rate(self.rowwise_gbs, ("default",), threads), self._rate(self.expert_gbs, ("default",), threads)
+            if rd and ed:
+                return rate * rd / ed
+        return rate
+
+    def _rate(self, table: dict, keys: tuple[str, ...], threads: int | None) -> float | None:
+        """The first of `keys` in `table` at `threads` (a 'KEY@Nt' figure, else scaled linearly), or None."""
         if threads is not None and threads != self.threads_used:
             for key in keys:
                 if f"{key}@{threads}t" in table:
@@ -99,8 +113,7 @@ class CPU(_Strict):
         for key in keys:
             if key in table:
                 return float(table[key]) * (threads or self.threads_used) / self.threads_used
-        raise KeyError(f"cpu.{'rowwise' if table is self.rowwise_gbs else 'expert'}_gbs has no entry for "
-                       f"{fmt.name} (nor 'default')")
+        return None
 
 
 class NVMe(_Strict):

@@ -41,3 +41,12 @@ def test_rowwise_rates_are_read_when_asked_and_present():
     assert cpu.expert_gbs_for(q8, 1, rowwise=True) == 13.0
     assert cpu.expert_gbs_for(q4, 1, rowwise=True) == pytest.approx(8.0)  # default, scaled
     assert cpu.expert_gbs_for(q8, 2) == 30.0
+
+
+def test_a_format_without_a_rowwise_figure_scales_by_the_default_formats_ratio():
+    """A codebook format (no rowwise figure, none derived): its kernel rate x rowwise / kernel of the
+    default format (6 x 16 / 20 = 4.8 GB/s), so a slower format stays slower under llama.cpp."""
+    cpu = _cpu(Q8_0=30.0, codebook=6.0, default=20.0)
+    cpu = cpu.model_copy(update={"rowwise_gbs": {"default": Figure(16.0, "measured", "test")}})
+    assert cpu.expert_gbs_for(parse_format("EXL3:3.0"), 2, rowwise=True) == pytest.approx(4.8)
+    assert cpu.expert_gbs_for(parse_format("Q8_0"), 2, rowwise=True) == pytest.approx(24.0)  # 30 x 16 / 20
