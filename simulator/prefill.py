@@ -52,12 +52,13 @@ class PrefillRun:
     def start(self, done) -> None:
         """Prefill every stream's prompt (one after another), then done()."""
         self.done, self.t0 = done, self.m.sim.now
-        self.jobs = []
-        for s in range(self.streams):
+        self.jobs = []  # (position, tokens, chunk, outputs: 1 for a chunk's last micro-batch, whose last
+        for s in range(self.streams):  # token's logits the engine computes, the output head run once)
             pos = 0
             for c in chunks(self.prompt, self.pf.chunk_tokens):
-                for ub in (ubatches(c, self.pf.ubatch_tokens) if self.pf.strategy != "stream-all" else [c]):
-                    self.jobs.append((pos, ub, c))
+                ubs = ubatches(c, self.pf.ubatch_tokens) if self.pf.strategy != "stream-all" else [c]
+                for i, ub in enumerate(ubs):
+                    self.jobs.append((pos, ub, c, int(i == len(ubs) - 1)))
                     pos += ub
         self.j = 0
         self._next()
@@ -67,7 +68,7 @@ class PrefillRun:
             self.elapsed_s = self.m.sim.now - self.t0
             self.done()
             return
-        pos, n, chunk = self.jobs[self.j]
+        pos, n, chunk, self.outputs = self.jobs[self.j]
         self.j += 1
         if self.pf.strategy == "stream-all" and self.m.has_gpu:  # nothing to stream to without a device
             self._stream_all(pos, n)
@@ -77,7 +78,7 @@ class PrefillRun:
     def _compute_s(self, pos: int, n: int, layer: int, experts_on_gpu: bool) -> float:
         """GPU seconds for one layer of an n-token batch (dense + attention + routed GEMMs)."""
         md, m = self.model, self.m
-        flops = (md.dense_flops_per_token * n + attention_flops(md, pos, n)) / md.n_layers
+        flops = self._dense_flops(pos, n)
         if experts_on_gpu and layer in set(md.layers_moe):
             flops += n * self.k * md.expert_flops
         return m.gpu_flops_s(flops)
@@ -93,9 +94,13 @@ class PrefillRun:
 
     def _host_dense_s(self, pos: int, n: int) -> float:
         """Host-core seconds for one layer's dense path and attention of an n-token batch (no device)."""
-        md, m = self.model, self.m
-        flops = (md.dense_flops_per_token * n + attention_flops(md, pos, n)) / md.n_layers
-        return flops / (m.c.cpu_prefill_gflops_per_core * 1e9 * m.threads)
+        m = self.m
+        return self._dense_flops(pos, n) / (m.c.cpu_prefill_gflops_per_core * 1e9 * m.threads)
+
+    def _dense_flops(self, pos: int, n: int) -> float:
+        """FLOPs of one layer's share of an n-token batch's dense path (the head for its outputs) and attention."""
+        md = self.model
+        return (md.prefill_dense_flops(n, self.outputs) + attention_flops(md, pos, n)) / md.n_layers
 
     # ---- stream-all: every touched expert copied once per chunk, in batches through slots --------
     def _stream_all(self, pos: int, n: int) -> None:

@@ -243,8 +243,9 @@ def _prefill_compute_s(model, hw, plan, prompt_tokens: int, c: Constants) -> flo
         rate = c.cpu_prefill_gflops_per_core * 1e9 * (plan.cpu_threads or hw.cpu.threads_used)
         total, pos = 0.0, 0
         for ch in chunks(prompt_tokens, plan.prefill.chunk_tokens):
-            for n in ubatches(ch, plan.prefill.ubatch_tokens):
-                flops = (model.dense_flops_per_token * n + attention_flops(model, pos, n)
+            ubs = ubatches(ch, plan.prefill.ubatch_tokens)
+            for i, n in enumerate(ubs):  # the head for the chunk's last token (prefill.py's `outputs`)
+                flops = (model.prefill_dense_flops(n, int(i == len(ubs) - 1)) + attention_flops(model, pos, n)
                          + n * k * model.expert_flops * model.n_moe_layers)
                 total += flops / rate + model.n_moe_layers * c.cpu_job_ms * 1e-3
                 pos += n
@@ -255,8 +256,9 @@ def _prefill_compute_s(model, hw, plan, prompt_tokens: int, c: Constants) -> flo
     ram_layers = model.n_moe_layers - len(plan.placement.gpu_expert_layers)
     total, pos = 0.0, 0
     for ch in chunks(prompt_tokens, pf.chunk_tokens):
-        for n in ([ch] if pf.strategy == "stream-all" else ubatches(ch, pf.ubatch_tokens)):
-            comp = (model.dense_flops_per_token * n + attention_flops(model, pos, n)
+        ubs = [ch] if pf.strategy == "stream-all" else ubatches(ch, pf.ubatch_tokens)
+        for i, n in enumerate(ubs):
+            comp = (model.prefill_dense_flops(n, int(i == len(ubs) - 1)) + attention_flops(model, pos, n)
                     + n * k * model.expert_flops * model.n_moe_layers) / flops_s
             if pf.strategy == "stream-all":
                 total += _stream_all_chunk_s(model, pf, n, pos, k, ram_layers, flops_s, h2d)
@@ -278,7 +280,7 @@ def _stream_all_chunk_s(model, pf, n: int, pos: int, k: int, ram_layers: int, fl
     the first `dma_slots` batches hides under attention."""
     L = model.n_layers
     touched = expected_touched(n, model.n_experts, k, TOUCH_LOCALITY)
-    dense_l = (model.dense_flops_per_token * n + attention_flops(model, pos, n)) / flops_s / L
+    dense_l = (model.prefill_dense_flops(n) + attention_flops(model, pos, n)) / flops_s / L
     gemm_l = n * k * model.expert_flops / flops_s
     copy_l = touched * model.expert_bytes / h2d
     batch = min(pf.dma_batch_experts, touched) * model.expert_bytes / h2d

@@ -262,6 +262,15 @@ class ModelSpec(_Strict):
         """FLOPs of the dense path per token, 2 per weight (Kaplan et al. 2020, C = 2N)."""
         return 2.0 * self.dense_params_per_token
 
+    def prefill_dense_flops(self, n: int, outputs: int = 1) -> float:
+        """Dense-path FLOPs of an n-token prefill batch whose logits are wanted for `outputs` tokens: the
+        output head runs only for those (llama.cpp outputs a batch's last token unless asked for more;
+        the executor its last position), every other dense weight for all n. The head's share of the
+        per-token FLOPs is its share of the dense bytes, as dense_params_per_token counts them."""
+        head = self.dense_flops_per_token * min(1.0, self.head_bytes / self.dense_bytes_per_token) \
+            if self.dense_bytes_per_token > 0 else 0.0
+        return (self.dense_flops_per_token - head) * n + head * min(outputs, n)
+
     @property
     def expert_flops(self) -> float:
         """FLOPs of one routed expert on one token (2 per weight)."""

@@ -84,7 +84,7 @@ def test_one_slot_without_prefetch_serialises_every_copy_and_gemm():
     flops = hw.gpu.fp16_tflops * 1e12 * c.gemm_efficiency
     n, k = 256, model.top_k
     touched = expected_touched(n, model.n_experts, k)
-    dense = (model.dense_flops_per_token * n + attention_flops(model, 0, n)) / flops
+    dense = (model.prefill_dense_flops(n) + attention_flops(model, 0, n)) / flops  # the head for the last token only
     gemm = model.n_moe_layers * n * k * model.expert_flops / flops
     copy = model.n_moe_layers * touched * model.expert_bytes / (hw.pcie.h2d_gbs * 1e9)
     assert r.ttft_s - r.itl_p50_ms / 1e3 == pytest.approx(dense + gemm + copy, rel=1e-9)

@@ -114,7 +114,7 @@ def test_prefill_without_a_device_runs_every_flop_on_the_host_cores():
     plan = plan.model_copy(update={"placement": plan.placement.model_copy(update={"dense": "cpu", "kv": "cpu"})})
     c = Constants.from_hw(hw)
     n = 64
-    flops = model.dense_flops_per_token * n + attention_flops(model, 0, n) + n * model.top_k * model.expert_flops * 4
+    flops = model.prefill_dense_flops(n) + attention_flops(model, 0, n) + n * model.top_k * model.expert_flops * 4
     floor_s = flops / (c.cpu_prefill_gflops_per_core * 1e9 * hw.cpu.threads_used)
     r = simulate(model, hw, plan, prompt_tokens=n, gen_tokens=1, warm_steps=0)
     assert r.ttft_s >= floor_s
