@@ -228,13 +228,21 @@ class ModelSpec(_Strict):
         return parse_format(self.dense_format).bytes_for(self._computed_dense_params()) + self.embedding_bytes
 
     @property
+    def head_is_embedding(self) -> bool:
+        """Whether the output head is the embedding table (tied: `tie_word_embeddings`, or a GGUF without
+        `output.weight`, which llama.cpp then reads from `token_embd.weight`)."""
+        if self.tensors is not None:
+            return not any(t.name == "output.weight" for t in self.tensors)
+        return self.tied_embeddings
+
+    @property
     def head_bytes(self) -> float:
-        """Bytes of the output head, read once a token after the last layer (0 when tied to the
-        embedding table); from `output.weight` for a GGUF header, else vocab x hidden at the dense format."""
+        """Bytes of the output head, read once a token after the last layer: the embedding table when tied;
+        from `output.weight` for a GGUF header, else vocab x hidden at the dense format."""
+        if self.head_is_embedding:
+            return self.embedding_bytes
         if self.tensors is not None:
             return float(sum(t.bytes for t in self.tensors if t.name == "output.weight"))
-        if self.tied_embeddings:
-            return 0.0
         return min(parse_format(self.dense_format).bytes_for(self.vocab * self.hidden), self.dense_bytes_per_token)
 
     @property
@@ -246,15 +254,17 @@ class ModelSpec(_Strict):
     @property
     def dense_bytes_per_token(self) -> float:
         """Dense bytes read per token: resident dense path minus the embedding table plus one row
-        (an upper estimate: every dense weight is read once per token)."""
+        (an upper estimate: every dense weight is read once per token), plus the whole table when it
+        is the output head (tied)."""
         row = self.embedding_bytes / self.vocab
-        return self.dense_resident_bytes - self.embedding_bytes + row
+        tied = self.embedding_bytes if self.head_is_embedding else 0.0
+        return self.dense_resident_bytes - self.embedding_bytes + row + tied
 
     @property
     def dense_params_per_token(self) -> float:
         """Dense weights multiplied per token (from bytes at the dense format when reported)."""
-        if self.tensors is None and self.dense_resident_bytes_reported is None:
-            return float(self._computed_dense_params())
+        if self.tensors is None and self.dense_resident_bytes_reported is None:  # a tied head: the table's weights
+            return float(self._computed_dense_params()) + (self.vocab * self.hidden if self.head_is_embedding else 0)
         return self.dense_bytes_per_token * 8 / parse_format(self.dense_format).bits
 
     @property

@@ -156,3 +156,15 @@ def test_a_bad_hybrid_or_interleave_key_is_named(tmp_path):
     with pytest.raises(SpecError, match="config.json: interleave_moe_layer_step: expects an integer"):
         _load(tmp_path, {"model_type": "llama4", "text_config": {**LLAMA4_MAVERICK["text_config"],
                                                                 "interleave_moe_layer_step": [2]}})
+
+
+def test_a_tied_head_reads_the_embedding_table_every_token(tmp_path):
+    """tie_word_embeddings: the output head is the embedding table, read whole each decoded token. With the
+    embedding at the dense format, a tied Qwen3-30B-A3B reads what the untied one reads per token (its own
+    head), while holding one table fewer; before, its per-token dense bytes left the head out."""
+    untied, tied = _load(tmp_path, QWEN3_30B_A3B), _load(tmp_path, {**QWEN3_30B_A3B, "tie_word_embeddings": True})
+    assert tied.head_is_embedding and not untied.head_is_embedding
+    assert tied.head_bytes == pytest.approx(tied.embedding_bytes) == pytest.approx(untied.head_bytes)
+    assert tied.dense_bytes_per_token == pytest.approx(untied.dense_bytes_per_token)
+    assert tied.dense_params_per_token == pytest.approx(untied.dense_params_per_token)
+    assert tied.dense_resident_bytes == pytest.approx(untied.dense_resident_bytes - untied.head_bytes)

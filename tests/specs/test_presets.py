@@ -133,3 +133,18 @@ def test_prefill_runs_the_output_head_for_its_outputs_only():
     assert m.prefill_dense_flops(512) == pytest.approx(full * (512 * (1 - share) + share))
     assert m.prefill_dense_flops(512, outputs=512) == pytest.approx(512 * full)
     assert m.prefill_dense_flops(512) < 512 * full / 5
+
+
+def test_a_gguf_without_output_weight_reads_token_embd_as_its_head():
+    """llama.cpp uses token_embd.weight as the head when a GGUF has no output.weight: the fixture's shape
+    (both tables Q8_0, 512 x 32,000) without output.weight reads the same bytes per token, and holds
+    one table fewer."""
+    from pathlib import Path
+    from specs.loaders import load_model
+    src = Path(__file__).resolve().parents[1] / "calibration" / "data" / "epyc-2026-11-30" / "fixture-shape.yaml"
+    m = load_model(str(src))
+    tied = m.model_copy(update={"tensors": [t for t in m.tensors if t.name != "output.weight"]})
+    assert not m.head_is_embedding and tied.head_is_embedding
+    assert tied.head_bytes == m.head_bytes == m.embedding_bytes == 17408000
+    assert tied.dense_bytes_per_token == pytest.approx(m.dense_bytes_per_token)
+    assert tied.dense_resident_bytes == pytest.approx(m.dense_resident_bytes - 17408000)
