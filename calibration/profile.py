@@ -142,13 +142,13 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
         notes.append(f"@ cpu.threads_used: measured: {date}, the threads the CPU expert kernel benchmark ran on")
     if r.rowwise:  # ggml's structure: the rates of llama.cpp plans (specs.hardware.CPU.rowwise_gbs)
         rw: dict[str, Any] = {}
+        others = [k for k in data["cpu"]["expert_gbs"] if "@" not in k and _is_block_key(k)]
         for suffix, fits_rw in (("", r.rowwise), ("@1t", r.rowwise_1t)):
             for fmt, f in fits_rw.items():
                 rw[fmt + suffix] = _m(f.expert_gbs, f.method(), date)
             if fits_rw:
                 src = DEFAULT_FORMAT if DEFAULT_FORMAT in fits_rw else next(iter(fits_rw))
                 rw["default" + suffix] = _m(fits_rw[src].expert_gbs, f"as {src}: " + fits_rw[src].method(), date)
-                others = [k for k in data["cpu"]["expert_gbs"] if "@" not in k and _is_block_key(k)]
                 rw.update(derived_block_rates({f: k.expert_gbs for f, k in fits_rw.items()}, others, date, suffix))
         data["cpu"]["rowwise_gbs"] = rw
     if r.prefill:

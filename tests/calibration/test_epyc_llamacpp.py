@@ -20,15 +20,20 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = Path("tests/calibration/data/epyc-2026-11-30")  # the store's model paths are relative to the repo root
 
 
-@pytest.fixture(scope="module")
-def rows():
-    """regress rows (measured against predicted) of the stored llama.cpp runs."""
+def _local_rows(store: Path, hw: Path) -> list[dict]:
+    """regress.local_rows from the repository root (the stores' model paths are relative to it)."""
     mp = pytest.MonkeyPatch()
     mp.chdir(ROOT)
     try:
-        yield regress.local_rows(DATA / "results-llamacpp.csv", str(DATA / "host-calibrated.yaml"))
+        return regress.local_rows(store, str(hw))
     finally:
         mp.undo()
+
+
+@pytest.fixture(scope="module")
+def rows():
+    """regress rows (measured against predicted) of the stored llama.cpp runs."""
+    return _local_rows(DATA / "results-llamacpp.csv", DATA / "host-calibrated.yaml")
 
 
 def test_every_stored_run_is_predicted(rows):
@@ -78,6 +83,7 @@ def test_decode_max_within_twenty_percent(rows):
 # ---------------------------------------------------------------------------------------------
 
 DATA14 = Path("tests/calibration/data/epyc-2026-11-30b")
+PROFILES14 = ("host-calibrated-1854.yaml", "host-calibrated-1858.yaml")  # calibrate --quick at 18:54, 18:58
 MAIN14 = ("small", "small-q4", "fixture-shape", "small-q4km")  # the four files of section 1, 2 and 1 threads
 
 
@@ -89,26 +95,21 @@ def _without_rowwise(path: Path, out: Path) -> Path:
     return out
 
 
-@pytest.fixture(scope="module", params=["host-calibrated-1854.yaml", "host-calibrated-1858.yaml"])
+@pytest.fixture(scope="module", params=PROFILES14)
 def rows14(request, tmp_path_factory):
     """(decode |error| by run with the profile's rowwise rates, the same with its executor kernel rates) for
     session 14's 18 llama.cpp decode runs (18:32-18:50 UTC) on one of the two `calibrate --quick` profiles
     taken after them (18:54, 18:58): the four files of section 1, and six variants of the fixture's shape
     (4 or 16 layers, vocab 4,000 or 32,000, hidden 512 or 2048; `fx-*.yaml`, named L4V32k ...)."""
-    mp = pytest.MonkeyPatch()
-    mp.chdir(ROOT)
-    try:
-        hw = DATA14 / request.param
-        plain = _without_rowwise(hw, tmp_path_factory.mktemp("hw") / "plain.yaml")
-        yield tuple(_decode(regress.local_rows(DATA14 / "results-llamacpp.csv", str(p))) for p in (hw, plain))
-    finally:
-        mp.undo()
+    hw = ROOT / DATA14 / request.param
+    plain = _without_rowwise(hw, tmp_path_factory.mktemp("hw") / "plain.yaml")
+    return tuple(_decode(_local_rows(DATA14 / "results-llamacpp.csv", p)) for p in (hw, plain))
 
 
 def test_rowwise_profiles_carry_llamacpps_rates():
     """calibrate wrote rowwise rates for the five formats it times, at 2 threads and at 1."""
     from specs.loaders import load_hardware
-    for name in ("host-calibrated-1854.yaml", "host-calibrated-1858.yaml"):
+    for name in PROFILES14:
         rw = load_hardware(str(ROOT / DATA14 / name)).cpu.rowwise_gbs
         assert {f + s for f in ("Q8_0", "Q4_0", "F16", "Q4_K", "Q6_K") for s in ("", "@1t")} <= set(rw)
 
@@ -148,11 +149,6 @@ def test_prefill_of_the_fixture_shape_runs_the_head_once(rows):
     def fixture_pp(rs):
         return [r["error"] for r in rs if r["metric"] == "prefill_tok_s" and "fixture-shape" in r["case"]]
     errs = fixture_pp(rows)
-    mp = pytest.MonkeyPatch()
-    mp.chdir(ROOT)
-    try:
-        for name in ("host-calibrated-1854.yaml", "host-calibrated-1858.yaml"):
-            errs += fixture_pp(regress.local_rows(DATA14 / "results-llamacpp.csv", str(DATA14 / name)))
-    finally:
-        mp.undo()
+    for name in PROFILES14:
+        errs += fixture_pp(_local_rows(DATA14 / "results-llamacpp.csv", DATA14 / name))
     assert len(errs) == 6 and max(map(abs, errs)) <= 0.25, errs
