@@ -15,18 +15,25 @@ one token, gate and up, then down.
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit, prange
+from numba.typed import List
 
 from executor.gemm import Q4_0, Q4_K, Q6_K, Q8_0
 from executor.kernels import _quant_rows
 from executor.kquants import row_q4_k_noprefetch, row_q6_k_noprefetch
-from executor.simd import row_f16_noprefetch, row_q4_noprefetch, row_q8_noprefetch
+from executor.simd import HAVE_AVX2, row_f16_noprefetch, row_q4_noprefetch, row_q8_noprefetch, rows8_q4_interleaved
 
 from .bench_kernel import _ROW_BYTES, _synth_tensor
 
 CHUNK_ROWS = 64  # ggml's chunk for a one-token product (`chunk_size = 64` when nr1 == 1)
 FORMATS = ("Q8_0", "Q4_0", "F16", "Q4_K", "Q6_K")  # the formats with a single-row kernel here
+# the formats with a kernel in llama.cpp's repacked layout here: its x86 layout (8 rows; ARM's is 4)
+# (llama.cpp repacks Q4_K too, but the executor's Q4_K arithmetic 8 rows a pass spills: 8.2 GB/s on 2 threads
+# against 12.7 one row at a time, where llama.cpp's q4_K_8x8 is its fastest Q4_K path; Q4_K keeps rowwise rates)
+REPACKED_FORMATS = ("Q4_0",) if HAVE_AVX2 else ()
+REPACK_ROWS = 8  # rows interleaved (block_q4_0x8 on AVX2)
 
 
 @njit(nogil=True, fastmath=True, inline="always")
@@ -56,6 +63,49 @@ def _rowwise_matvec(w, code, rows, x, out):
             _row(code, w, np.int64(r * rb), rb, x16, dx, x, out, np.int64(r))
 
 
+@njit(parallel=True, nogil=True, fastmath=True)
+def _repacked_matvec(ws, code, rows, x, out):
+    """out[j, r] = W_j[r] . x[0] for the experts' matrices ws[j] (flat bytes, `rows` rows, 8 rows' blocks
+    interleaved) in one parallel region, as ggml's repacked MUL_MAT_ID: each thread takes the same
+    contiguous eighth-aligned share of every expert's rows (repack.cpp forward_mul_mat_id) and runs it 8
+    rows a pass, no software prefetch (ggml_gemv_q4_0_8x8_q8_0)."""
+    x16, dx = _quant_rows(x)
+    nthr = numba.get_num_threads()
+    rb = np.int64(ws[0].shape[0] // rows)
+    nb = np.int64(x16.shape[1] // 32)
+    for t in prange(nthr):
+        r0 = (t * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS
+        r1 = min(rows, ((t + 1) * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS)
+        for j in range(len(ws)):
+            for r in range(r0, r1, REPACK_ROWS):
+                rows8_q4_interleaved(ws[j], np.int64(r * rb), rb, x16, dx, 0, nb, out[j:j + 1], np.int64(r))
+
+
+def repacked_expert_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, pool_bytes: int = 256 << 20,
+                        max_k: int = 8, seed: int = 0):
+    """(run_job, expert_bytes): rowwise_expert_job's job in llama.cpp's repacked layout (`fmt` in
+    REPACKED_FORMATS): three ops a token (gate, up, down of all k experts, one parallel region each, as
+    ggml's MUL_MAT_ID). The synthetic rows' blocks are read as if interleaved (the same blocks, permuted:
+    the values don't matter to the timing, and each 18 bytes is still a valid block)."""
+    if fmt not in REPACKED_FORMATS:
+        raise ValueError(f"no repacked kernel for {fmt} (have {', '.join(REPACKED_FORMATS)})")
+    rng = np.random.default_rng(seed)
+    ebytes = 2 * ffn * _ROW_BYTES[fmt](hidden) + hidden * _ROW_BYTES[fmt](ffn)
+    pool = max(max_k, int(pool_bytes // ebytes))
+    gate, up, down = (_synth_tensor(fmt, pool, r, c, rng) for r, c in ((ffn, hidden), (ffn, hidden), (hidden, ffn)))
+    flat = [t.data.reshape(pool, -1) for t in (gate, up, down)]
+    code = gate.code
+    x = rng.standard_normal((1, hidden)).astype(np.float32)
+    h = (rng.standard_normal((1, ffn)) * 0.1).astype(np.float32)
+    g, y = np.zeros((max_k, ffn), np.float32), np.zeros((max_k, hidden), np.float32)
+
+    def run_job(k: int, i: int):
+        es = [(i * k + j) % pool for j in range(k)]
+        for m, rows, v, out in ((0, ffn, x, g), (1, ffn, x, g), (2, hidden, h, y)):
+            _repacked_matvec(List([flat[m][e] for e in es]), code, rows, v, out)
+    return run_job, ebytes
+
+
 def rowwise_expert_job(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, pool_bytes: int = 256 << 20,
                        max_k: int = 8, seed: int = 0):
     """(run_job, expert_bytes): one token's job of k SwiGLU experts, each matrix one `_rowwise_matvec`
@@ -83,7 +133,11 @@ def rowwise_expert_job(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, po
     return run_job, ebytes
 
 
-def label(fmt: str, hidden: int, ffn: int) -> str:
-    """The method line of a rowwise rate in a profile."""
+def label(fmt: str, hidden: int, ffn: int, repacked: bool = False) -> str:
+    """The method line of a rowwise (or repacked) rate in a profile."""
+    if repacked:
+        return (f"{REPACK_ROWS} interleaved rows a pass, each thread a contiguous share of every expert's rows, "
+                f"no software prefetch (ggml's repacked MUL_MAT_ID; calibration.bench_rowwise) {fmt} SwiGLU "
+                f"{hidden}x{ffn}, 1 token")
     return (f"one row per dot product, {CHUNK_ROWS}-row chunks across threads, no software prefetch "
             f"(ggml's structure; calibration.bench_rowwise) {fmt} SwiGLU {hidden}x{ffn}, 1 token")

@@ -19,7 +19,8 @@ one, over what `detect_hardware` reads off this machine. Constants for the simul
 
 and, beside `cpu.expert_gbs` (the executor's kernel), `cpu.rowwise_gbs`: the same expert jobs one weight
 row per dot product without software prefetch, as llama.cpp's ggml runs them (bench_rowwise.py), the
-rates of the simulator's llama.cpp plans.
+rates of the simulator's llama.cpp plans; and `cpu.repacked_gbs`: the formats llama.cpp repacks on this
+CPU (Q4_0 on AVX2) in its layout, 8 interleaved rows a pass, the rates of llama.cpp plans that repack.
 
 Statistics, chosen on `benchmarks/bench_drift.py` (which estimator reproduces between runs on
 this VM): expert-kernel jobs take their fastest clean round; prefill, layer-loop, hit and handover
@@ -133,6 +134,8 @@ class Results:
     kernels_1t: dict[str, KernelFit] = field(default_factory=dict)  # the same on one thread
     rowwise: dict[str, KernelFit] = field(default_factory=dict)  # ggml's structure (bench_rowwise)
     rowwise_1t: dict[str, KernelFit] = field(default_factory=dict)
+    repacked: dict[str, KernelFit] = field(default_factory=dict)  # llama.cpp's repacked layout (bench_rowwise)
+    repacked_1t: dict[str, KernelFit] = field(default_factory=dict)
     prefill: PrefillResult | None = None
     layer_loop: LayerLoop | None = None
     layer_loop_small: LayerLoop | None = None  # the same loop on a layer a quarter as wide: the fixed part
@@ -272,17 +275,22 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                     r.wall_s[f"kernel {fmt} 1 thread"] = time.perf_counter() - t0
                 numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
             if use_exec:  # the same jobs in ggml's structure: the rates of the simulator's llama.cpp plans
-                from .bench_rowwise import FORMATS as ROWWISE_FORMATS, label as rowwise_label, rowwise_expert_job
-                for fmt in [f for f in formats if f in ROWWISE_FORMATS]:
+                from . import bench_rowwise as BR
+                ggml_jobs = [("rowwise", fmt, BR.rowwise_expert_job, "rows without prefetch") for fmt in formats
+                             if fmt in BR.FORMATS]
+                ggml_jobs += [("repacked", fmt, BR.repacked_expert_job, "repacked rows") for fmt in formats
+                              if fmt in BR.REPACKED_FORMATS]
+                for kind, fmt, make_job, what in ggml_jobs:
                     for one in ((False, True) if maxt > 1 else (False,)):
                         t0 = time.perf_counter()
-                        key = f"rowwise {fmt}" + ("@1t" if one else "")
+                        key = f"{kind} {fmt}" + ("@1t" if one else "")
                         numba.set_num_threads(1 if one else min(maxt, numba.config.NUMBA_NUM_THREADS))
-                        ticks[key] = pg.stage(f"CPU rows without prefetch {fmt}" + (", 1 thread" if one else ""), n1)
-                        job, eb = rowwise_expert_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes,
-                                                     max_k=max(s.kernel_ks))
-                        kb = kbenches[key] = KernelBench(job, s.kernel_ks, eb, label=rowwise_label(
-                            fmt, s.kernel_hidden, s.kernel_ffn), threads=numba.get_num_threads())
+                        ticks[key] = pg.stage(f"CPU {what} {fmt}" + (", 1 thread" if one else ""), n1)
+                        job, eb = make_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes,
+                                           max_k=max(s.kernel_ks))
+                        kb = kbenches[key] = KernelBench(job, s.kernel_ks, eb, label=BR.label(
+                            fmt, s.kernel_hidden, s.kernel_ffn, repacked=kind == "repacked"),
+                            threads=numba.get_num_threads())
                         budgets[key] = bud.take(key, s.kernel_budget_s / 3)
                         kb.sample(n1_first, budgets[key] * n1_first / n1, ticks[key])
                         r.wall_s[key] = time.perf_counter() - t0
@@ -362,13 +370,13 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
         numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
         try:
             for key, kb in kbenches.items():
-                one, row = key.endswith("@1t"), key.startswith("rowwise ")
-                n, first_n = (n1, n1_first) if one or row else (s.kernel_repeats, k_first)
+                one, kind = key.endswith("@1t"), key.split(" ")[0] if " " in key else "kernels"
+                n, first_n = (n1, n1_first) if one or kind != "kernels" else (s.kernel_repeats, k_first)
                 numba.set_num_threads(1 if one else min(maxt, numba.config.NUMBA_NUM_THREADS))
                 if n > first_n:
                     kb.sample(n - first_n, budgets[key] * (1 - first_n / n), ticks[key])
-                dest = (r.rowwise_1t if one else r.rowwise) if row else (r.kernels_1t if one else r.kernels)
-                dest[key.removeprefix("rowwise ").removesuffix("@1t")] = kb.result()
+                dest = getattr(r, kind + ("_1t" if one else ""))  # kernels, rowwise or repacked
+                dest[key.split(" ")[-1].removesuffix("@1t")] = kb.result()
             numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
             if loop is not None:
                 if s.prefill_repeats > l_first:

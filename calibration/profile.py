@@ -23,6 +23,8 @@ def noise_of(r: Results) -> list[tuple[str, Noise]]:
     out += [(f"kernel {k} 1 thread", f.noise) for k, f in r.kernels_1t.items()]
     out += [(f"rows without prefetch {k}{t}", f.noise) for t, fits in (("", r.rowwise), (" 1 thread", r.rowwise_1t))
             for k, f in fits.items()]
+    out += [(f"repacked rows {k}{t}", f.noise) for t, fits in (("", r.repacked), (" 1 thread", r.repacked_1t))
+            for k, f in fits.items()]
     out += [("prefill", r.prefill.noise)] if r.prefill else []
     out += [("layer loop", r.layer_loop.noise)] if r.layer_loop else []
     out += [("small layer loop", r.layer_loop_small.noise)] if r.layer_loop_small else []
@@ -151,6 +153,10 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
                 rw["default" + suffix] = _m(fits_rw[src].expert_gbs, f"as {src}: " + fits_rw[src].method(), date)
                 rw.update(derived_block_rates({f: k.expert_gbs for f, k in fits_rw.items()}, others, date, suffix))
         data["cpu"]["rowwise_gbs"] = rw
+    if r.repacked:  # llama.cpp's repacked layout: the formats it repacks here (specs.hardware.CPU.repacked_gbs)
+        data["cpu"]["repacked_gbs"] = {fmt + suffix: _m(f.expert_gbs, f.method(), date)
+                                       for suffix, fits_rp in (("", r.repacked), ("@1t", r.repacked_1t))
+                                       for fmt, f in fits_rp.items()}
     if r.prefill:
         consts["cpu_prefill_gflops_per_core"] = _m(r.prefill.gflops_per_core, r.prefill.method(), date)
     if r.layer_loop and r.layer_loop.fmt in r.kernels and "F16" in r.kernels:
@@ -237,9 +243,10 @@ def store_rows(r: Results) -> list[dict]:
     for fmt, f in r.kernels_1t.items():
         add(f"cpu_kernel_{fmt}_1t", "expert_gbs", f.expert_gbs, threads=1, size_bytes=f.expert_bytes, kernel=kv,
             method=f.method())
-    for suffix, fits_rw in (("", r.rowwise), ("_1t", r.rowwise_1t)):
+    for kind, suffix, fits_rw in (("rowwise", "", r.rowwise), ("rowwise", "_1t", r.rowwise_1t),
+                                  ("repacked", "", r.repacked), ("repacked", "_1t", r.repacked_1t)):
         for fmt, f in fits_rw.items():
-            add(f"cpu_rowwise_{fmt}{suffix}", "expert_gbs", f.expert_gbs, threads=f.threads, size_bytes=f.expert_bytes,
+            add(f"cpu_{kind}_{fmt}{suffix}", "expert_gbs", f.expert_gbs, threads=f.threads, size_bytes=f.expert_bytes,
                 kernel=kv, method=f.method())
     for case, ll in (("cpu_layer_loop", r.layer_loop), ("cpu_layer_loop_small", r.layer_loop_small)):
         if ll:

@@ -101,7 +101,7 @@ def token_rows(context, builder, sig, args, MT: int) -> tuple[list, list, list]:
     return rows_of(3, I16), rows_of(4, F32), rows_of(7, F32)
 
 
-def _rows(q4: bool, NR: int, MT: int = 1, prefetch: bool = True):
+def _rows(q4: bool, NR: int, MT: int = 1, prefetch: bool = True, interleaved: bool = False):
     """Codegen: res[k0 + t, ro + k] = row_k . x_t for NR rows at byte woff + k * rb (nb blocks each) and
     the MT tokens t of X16 / DX [m, ...] (rows of C arrays) from k0.
 
@@ -119,7 +119,9 @@ def _rows(q4: bool, NR: int, MT: int = 1, prefetch: bool = True):
     each row broadcast-loads its own (vbroadcastss m32: a load, where a register broadcast costs a
     shuffle). With MT tokens a row's weights are decoded once for all of them; each token's products,
     scales and float adds are those of MT = 1, so the results are bitwise the same. prefetch=False: no
-    software prefetch (the same arithmetic, so the same bits).
+    software prefetch (the same arithmetic, so the same bits). interleaved: the NR rows' blocks lie side
+    by side (row k's block b at woff + (b NR + k) bs, rb unused), as llama.cpp's CPU_REPACK stores Q4_0
+    (block_q4_0x8): one linear stream through the group, the same products.
     """
     bs = 18 if q4 else 34
 
@@ -139,11 +141,12 @@ def _rows(q4: bool, NR: int, MT: int = 1, prefetch: bool = True):
         sput = lambda b, t, v: builder.store(v, builder.bitcast(slot(b, t), V(F32, NR).as_pointer()), align=4)  # noqa: E731
         fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
         c16 = lambda v: ir.Constant(V(I16, 16), [v] * 16)  # noqa: E731
-        rbk = [builder.mul(rb, i64(k)) for k in range(NR)]
+        rbk = [i64(k * bs) if interleaved else builder.mul(rb, i64(k)) for k in range(NR)]
+        bstep = NR * bs if interleaved else bs  # bytes from a row's block to its next
         pfo = builder.add(woff, builder.mul(rb, i64(NR)))  # the next row group
 
         def rowptrs(b):
-            p0 = builder.gep(wd, [builder.add(woff, builder.mul(b, i64(bs)))])
+            p0 = builder.gep(wd, [builder.add(woff, builder.mul(b, i64(bstep)))])
             return [builder.gep(p0, [rbk[k]]) if k else p0 for k in range(NR)]
 
         def scales(b):  # <NR x f32> per token: fp16 scales of block b of the NR rows, times its dx[b]
@@ -260,17 +263,21 @@ def _qsig(w, wo, rb, X16, DX, k0, nb, res, ro):
     return types.none(w, wo, rb, X16, DX, k0, nb, res, ro)
 
 
-def _qkernel(q4: bool, NR: int, MT: int = 1, prefetch: bool = True):
+def _qkernel(q4: bool, NR: int, MT: int = 1, prefetch: bool = True, interleaved: bool = False):
     """rows{NR}[x{MT}]_{q8|q4}(w, wo, rb, X16, DX, k0, nb, res, ro): res[k0:k0+MT, ro:ro+NR] = NR Q8_0 / Q4_0
-    rows (bytes at wo, stride rb, nb blocks) . tokens k0.. of X16 * DX (2-D, a token a row)."""
+    rows (bytes at wo, stride rb, nb blocks; interleaved: block by block, rb unused) . tokens k0.. of
+    X16 * DX (2-D, a token a row)."""
     if HAVE_AVX2:
         @intrinsic
         def kernel(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
-            return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(q4, NR, MT, prefetch)
+            return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(q4, NR, MT, prefetch, interleaved)
     else:  # a portable fallback with the same signature
+        bs = 18 if q4 else 34
+        rstep, bstep = (bs, NR * bs) if interleaved else (-1, bs)
+
         @njit
         def kernel(w, wo, rb, X16, DX, k0, nb, res, ro):
-            _slow(q4, NR, MT, w, wo, rb, X16, DX, k0, nb, res, ro)
+            _slow(q4, NR, MT, w, wo, rb if rstep < 0 else rstep, bstep, X16, DX, k0, nb, res, ro)
     return kernel
 
 
@@ -301,14 +308,14 @@ else:  # portable fallbacks with the same signatures
         return -v if h & 0x8000 else v
 
     @njit
-    def _slow(q4, n, mt, w, wo, rb, X16, DX, k0, nb, res, ro):
-        bs = 18 if q4 else 34
+    def _slow(q4, n, mt, w, wo, rb, bstep, X16, DX, k0, nb, res, ro):
+        """n rows from byte wo (row stride rb, block stride bstep) . tokens k0.. without AVX2."""
         for t in range(k0, k0 + mt):
             x16, dx = X16[t], DX[t]
             for k in range(n):
                 acc = np.float32(0.0)
                 for b in range(nb):
-                    o = wo + k * rb + b * bs
+                    o = wo + k * rb + b * bstep
                     s = 0
                     for j in range(32):
                         if q4:
@@ -345,6 +352,9 @@ rows8_q4, rows4_q4, rows1_q4, rows4x2_q4 = (_qkernel(True, n, t) for n, t in ((8
 # one row per call and no software prefetch: the structure of ggml's CPU dot products (llama.cpp), whose
 # rate calibrate measures for the simulator's llama.cpp plans (calibration.bench_rowwise)
 row_q8_noprefetch, row_q4_noprefetch = _qkernel(False, 1, 1, prefetch=False), _qkernel(True, 1, 1, prefetch=False)
+# eight interleaved rows a pass, no software prefetch: llama.cpp's CPU_REPACK layout of Q4_0 on AVX2 (block_q4_0x8,
+# ggml_gemv_q4_0_8x8_q8_0), whose rate calibrate measures for llama.cpp plans that repack (bench_rowwise)
+rows8_q4_interleaved = _qkernel(True, 8, 1, prefetch=False, interleaved=True)
 
 
 @intrinsic

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from specs.formats import llamacpp_repacks, parse_format
+
 from .engine import FluidNet, Pool, Serial, Sim
 
 GB = 1e9
@@ -73,9 +75,17 @@ def rowwise(hw, engine: str | None) -> bool:
     return engine == "llamacpp" and bool(hw.cpu.rowwise_gbs)
 
 
-def cpu_gbs(hw, fmt, threads: int, engine: str | None) -> float:
-    """GB/s at which `engine` computes weights in `fmt` on `threads` host cores (rowwise rates for llama.cpp)."""
-    return hw.cpu.expert_gbs_for(fmt, threads, rowwise=rowwise(hw, engine))
+def repacked(hw, plan, fmt) -> bool:
+    """Whether `plan`'s engine computes CPU weights in `fmt` from its repacked layout: llama.cpp copies
+    the formats its kernels interleave on this CPU's instruction sets at load (unless --no-repack) and
+    computes them 8 rows a pass (specs.formats.llamacpp_repacks)."""
+    return plan.engine == "llamacpp" and plan.cpu_repack and llamacpp_repacks(fmt, hw.cpu.isa)
+
+
+def cpu_gbs(hw, fmt, threads: int, plan) -> float:
+    """GB/s at which `plan`'s engine computes weights in `fmt` on `threads` host cores (for llama.cpp:
+    the repacked rate of the formats it repacks, the rowwise rate of the others)."""
+    return hw.cpu.expert_gbs_for(fmt, threads, rowwise=rowwise(hw, plan.engine), repacked=repacked(hw, plan, fmt))
 
 
 def cpu_pair_s(model, c: Constants, threads: int) -> float:
@@ -102,9 +112,8 @@ class Machine:
         self.nvme = self.net.link("nvme", hw.nvme.seq_read_gbs * GB)
         self.zc_rate = (pcie.zero_copy_gbs if pcie else 1.0) * GB * consts.zc_efficiency
         self.h2d_rate = (consts.copy_h2d_gbs or (pcie.h2d_gbs if pcie else 1.0)) * GB
-        self.cpu_expert_rate = cpu_gbs(hw, model.fmt_experts, self.threads, plan.engine) * GB
-        from specs.formats import parse_format
-        self.cpu_dense_rate = cpu_gbs(hw, parse_format(model.dense_format), self.threads, plan.engine) * GB
+        self.cpu_expert_rate = cpu_gbs(hw, model.fmt_experts, self.threads, plan) * GB
+        self.cpu_dense_rate = cpu_gbs(hw, parse_format(model.dense_format), self.threads, plan) * GB
         self.gpu_bw = (hw.gpu.bw_gbs * GB * consts.gpu_bw_efficiency) if self.has_gpu else 0.0
         self.gpu_flops = (hw.gpu.fp16_tflops * 1e12 * consts.gemm_efficiency) if self.has_gpu else 0.0
         self.rand_rate = hw.nvme.rand_4k_iops * hw.page_bytes

@@ -86,7 +86,7 @@ def expert_times(model, hw, plan, c: Constants, threads: int) -> ExpertTimes:
     eb = model.expert_bytes
     has_gpu = hw.gpu is not None
     gpu_bw = hw.gpu.bw_gbs * GB * c.gpu_bw_efficiency if has_gpu else 0.0
-    cpu_rate = cpu_gbs(hw, model.fmt_experts, threads, plan.engine) * GB
+    cpu_rate = cpu_gbs(hw, model.fmt_experts, threads, plan) * GB
     zc = hw.pcie.zero_copy_gbs * GB * c.zc_efficiency if hw.pcie else 1.0
     dev_eb = model.params_per_expert * c.dev_bytes_per_param if c.dev_bytes_per_param else eb
     dev_rate = c.dev_expert_gbs * GB if c.dev_expert_gbs else gpu_bw * c.gpu_expert_efficiency
@@ -182,10 +182,10 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
     from specs.formats import parse_format
     if has_gpu and plan.placement.dense == "gpu":  # the host issues each layer, the GPU streams its weights
         # (a host-sharing device reads them at the host kernels' rate: decode.py's host_dense)
-        rate = cpu_gbs(hw, parse_format(model.dense_format), threads, plan.engine) * GB if hw.gpu.shares_host else gpu_bw
+        rate = cpu_gbs(hw, parse_format(model.dense_format), threads, plan) * GB if hw.gpu.shares_host else gpu_bw
         dense_ms = dense_b / rate * 1e3 + model.n_layers * (c.layer_overhead_ms + (ntok - 1) * c.token_overhead_ms)
     else:
-        dense_ms = (dense_b / (cpu_gbs(hw, parse_format(model.dense_format), threads, plan.engine) * GB) * 1e3
+        dense_ms = (dense_b / (cpu_gbs(hw, parse_format(model.dense_format), threads, plan) * GB) * 1e3
                     + model.n_layers * c.cpu_job_ms  # one CPU job per layer, as the event simulation
                     # attention and experts alternating on the cores
                     + model.n_moe_layers * (c.cpu_layer_ms + c.cpu_layer_ms_per_mb * (

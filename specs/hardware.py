@@ -83,18 +83,27 @@ class CPU(_Strict):
     # The same for an engine computing one weight row per dot product without software prefetch, as
     # llama.cpp's ggml does (calibration.bench_rowwise); its plans read these where the profile has them.
     rowwise_gbs: dict[str, Pos] = Field(default_factory=dict)
+    # The same for the formats llama.cpp repacks at load into rows interleaved 8 at a time (its
+    # CPU_REPACK layout, computed 8 rows a pass: calibration.bench_rowwise's repacked job), per format.
+    repacked_gbs: dict[str, Pos] = Field(default_factory=dict)
 
-    def expert_gbs_for(self, fmt: WeightFormat, threads: int | None = None, rowwise: bool = False) -> float:
+    def expert_gbs_for(self, fmt: WeightFormat, threads: int | None = None, rowwise: bool = False,
+                       repacked: bool = False) -> float:
         """GB/s at which `threads` cores (default threads_used) compute experts stored in `fmt`:
         a rate measured at that thread count ('Q8_0@1t') when the profile has one, else the
         threads_used rate scaled linearly (arithmetic or bus bound). rowwise (llama.cpp plans), where
         the profile has `rowwise_gbs`: the format's rowwise rate, else its kernel rate times the
-        rowwise / kernel ratio of the default format."""
+        rowwise / kernel ratio of the default format. repacked (llama.cpp plans whose weights of `fmt`
+        are repacked): the format's `repacked_gbs` rate where the profile has one, else as rowwise."""
         family = fmt.name.split(":")[0]
         keys = (fmt.name, family, "codebook" if fmt.codebook else "block", "default")
         rate = self._rate(self.expert_gbs, keys, threads)
         if rate is None:
             raise KeyError(f"cpu.expert_gbs has no entry for {fmt.name} (nor 'default')")
+        if repacked and self.repacked_gbs:
+            own = self._rate(self.repacked_gbs, (fmt.name,), threads)
+            if own is not None:
+                return own
         if rowwise and self.rowwise_gbs:
             own = self._rate(self.rowwise_gbs, (fmt.name, family), threads)
             if own is not None:

@@ -60,6 +60,11 @@ def test_measured_figures_carry_date_and_method(run):
         assert rw[fmt].source == "measured" and "no software prefetch" in rw[fmt].ref and rw[fmt] > 0
         assert float(rw["default"]) == float(rw[fmt])
         assert (f"{fmt}@1t" in rw) == (hw.cpu.threads_used > 1)
+        from calibration.bench_rowwise import REPACKED_FORMATS  # llama.cpp's repacked layout (Q4_0 on AVX2)
+        rp = hw.cpu.repacked_gbs
+        for f in (f for f in TINY.kernel_formats if f in REPACKED_FORMATS):
+            assert rp[f].source == "measured" and "interleaved rows" in rp[f].ref and rp[f] > 0
+            assert (f"{f}@1t" in rp) == (hw.cpu.threads_used > 1)
     for f in (hw.memory.efficiency, hw.nvme.seq_read_gbs, hw.nvme.rand_4k_iops, hw.nvme.latency_us,
               hw.cpu.expert_gbs["default"], hw.cpu.expert_gbs[fmt]):
         assert f.source == "measured" and f.ref.startswith(date) and f > 0

@@ -325,3 +325,26 @@ def test_more_rowwise_bandwidth_never_slows_llamacpp(gbs, factor):
     a = simulate(model, hw, ll, gen_tokens=4, routing="uniform", warm_steps=0).decode_tok_s
     b = simulate(model, hw2, ll, gen_tokens=4, routing="uniform", warm_steps=0).decode_tok_s
     assert b >= a * (1 - 1e-9)
+
+
+def _q4_llamacpp(isa: list[str], repack: bool, repacked_gbs: float, rowwise_gbs: float):
+    """tiny with Q4_0 experts, all-CPU as a llama.cpp plan (cpu_repack as given) on a CPU with `isa`, whose
+    profile has Q4_0 at `repacked_gbs` in llama.cpp's repacked layout and `rowwise_gbs` a row at a time."""
+    from specs.figure import Figure
+    model = tiny_model().model_copy(update={"expert_format": "Q4_0"})
+    hw, ll, _ = _cpu_only_llamacpp(rowwise_gbs)
+    hw = hw.model_copy(update={"cpu": hw.cpu.model_copy(update={
+        "isa": isa, "repacked_gbs": {"Q4_0": Figure(repacked_gbs, "measured", "test")}})})
+    return model, hw, ll.model_copy(update={"cpu_repack": repack})
+
+
+def test_llamacpp_plans_read_the_repacked_rate_of_the_formats_llamacpp_repacks():
+    """llama.cpp copies Q4_0 at load into 8 interleaved rows on an AVX2 CPU and computes 8 rows a pass
+    (ggml_gemv_q4_0_8x8_q8_0): such plans run at the profile's repacked Q4_0 rate; with --no-repack
+    (cpu_repack off), or on a CPU without AVX2, at the rowwise rate; the screen agrees with the events."""
+    run = lambda m, h, p: simulate(m, h, p, gen_tokens=1, routing="uniform", warm_steps=0).decode_tok_s  # noqa: E731
+    fast = run(*_q4_llamacpp(["avx2"], True, 20.0, 5.0))
+    assert fast > 1.3 * run(*_q4_llamacpp(["avx2"], False, 20.0, 5.0))
+    assert fast > 1.3 * run(*_q4_llamacpp(["avx"], True, 20.0, 5.0))
+    m, h, p = _q4_llamacpp(["avx2"], True, 20.0, 5.0)
+    assert fast == pytest.approx(screen(m, h, p).decode_tok_s, rel=1e-9)

@@ -50,3 +50,17 @@ def test_a_format_without_a_rowwise_figure_scales_by_the_default_formats_ratio()
     cpu = cpu.model_copy(update={"rowwise_gbs": {"default": Figure(16.0, "measured", "test")}})
     assert cpu.expert_gbs_for(parse_format("EXL3:3.0"), 2, rowwise=True) == pytest.approx(4.8)
     assert cpu.expert_gbs_for(parse_format("Q8_0"), 2, rowwise=True) == pytest.approx(24.0)  # 30 x 16 / 20
+
+
+def test_repacked_rates_are_read_for_a_repacked_format_only():
+    """repacked=True (a llama.cpp plan whose weights of this format it repacks) reads cpu.repacked_gbs for
+    the format, by the same thread rule; a format without a repacked figure falls back to its rowwise rate."""
+    cpu = _cpu(Q8_0=30.0, Q4_0=28.0, default=20.0)
+    q8, q4 = parse_format("Q8_0"), parse_format("Q4_0")
+    f = lambda v: Figure(v, "measured", "test")  # noqa: E731
+    cpu = cpu.model_copy(update={"rowwise_gbs": {"Q4_0": f(15.0), "Q8_0": f(24.0)},
+                                 "repacked_gbs": {"Q4_0": f(21.0), "Q4_0@1t": f(12.0)}})
+    assert cpu.expert_gbs_for(q4, 2, rowwise=True, repacked=True) == 21.0
+    assert cpu.expert_gbs_for(q4, 1, rowwise=True, repacked=True) == 12.0
+    assert cpu.expert_gbs_for(q4, 2, rowwise=True) == 15.0  # --no-repack: one row per dot product
+    assert cpu.expert_gbs_for(q8, 2, rowwise=True, repacked=True) == 24.0  # no repacked figure
