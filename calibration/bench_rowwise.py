@@ -30,8 +30,8 @@ from .bench_kernel import _ROW_BYTES, _synth_tensor
 CHUNK_ROWS = 64  # ggml's chunk for a one-token product (`chunk_size = 64` when nr1 == 1)
 FORMATS = ("Q8_0", "Q4_0", "F16", "Q4_K", "Q6_K")  # the formats with a single-row kernel here
 # the formats with a kernel in llama.cpp's repacked layout here: its x86 layout (8 rows; ARM's is 4)
-# (llama.cpp repacks Q4_K too, but the executor's Q4_K arithmetic 8 rows a pass spills: 8.2 GB/s on 2 threads
-# against 12.7 one row at a time, where llama.cpp's q4_K_8x8 is its fastest Q4_K path; Q4_K keeps rowwise rates)
+# (llama.cpp repacks Q4_K too, but the executor's Q4_K arithmetic 8 rows a pass is slower than a row at a time,
+# 8.2 against 12.7 GB/s on 2 threads, where llama.cpp's q4_K_8x8 is its fastest Q4_K path; Q4_K keeps rowwise)
 REPACKED_FORMATS = ("Q4_0",) if HAVE_AVX2 else ()
 REPACK_ROWS = 8  # rows interleaved (block_q4_0x8 on AVX2)
 

@@ -251,8 +251,9 @@ def fit(traces: dict[str, list[dict]], model, dense_gbs: float, threads: int,
         t = sum(r["t_cpu_ms"] for r in pre if r["cpu"]) * 1e-3
         f.prefill_gflops_per_core = flops / t / 1e9 / threads if t > 0 else None
         from simulator.prefill import attention_flops
-        dflops = sum((model.prefill_dense_flops(r["tokens"]) + attention_flops(model, 0, r["tokens"]))
-                     / model.n_layers for r in pre)
+        # the head once per stream (its last prompt token's logits); traces before `streams` was recorded: one
+        dflops = sum((model.prefill_dense_flops(r["tokens"], outputs=r.get("streams", 1))
+                      + attention_flops(model, 0, r["tokens"])) / model.n_layers for r in pre)
         td = sum(r["t_dense_ms"] + r["t_experts_ms"] - r["t_cpu_ms"] - r["t_dev_ms"] for r in pre) * 1e-3
         f.host_gemm_gflops = dflops / td / 1e9 if td > 0 else None
         f.n["prefill_records"] = len(pre)

@@ -161,9 +161,9 @@ class CpuStep:
         """Append the trace records of the fused steps run since the last flush (built here, after the
         timed steps: ~4 us a record in a step, its Python data cache-cold after the kernels)."""
         r, k = self.r, self.r.k
-        for step, phase, T, t_embed, t_head, runs in self.pending:
+        for step, phase, S, T, t_embed, t_head, runs in self.pending:
             recs = [rec for i0, i1, eng, out in runs
-                    for rec in CL.layer_records(out, i0, i1, T, k, self.ebytes, step, phase, eng)]
+                    for rec in CL.layer_records(out, i0, i1, T, k, self.ebytes, step, phase, eng, S)]
             recs[0]["t_dense_ms"] += t_embed
             recs[-1]["t_dense_ms"] += t_head
             r.trace += recs
@@ -189,7 +189,7 @@ class CpuStep:
             while not runs or runs[-1][1] < L:
                 runs.append(self._layers_fused(runs[-1][1] if runs else 0, x, cos, sin, p0, n))
         else:
-            tag = dict(step=step, phase=phase)
+            tag = dict(step=step, phase=phase, streams=S)
             recs = [self._layer(i, x, cos, sin, p0, n, tag) for i in range(L)]
             recs[0]["t_dense_ms"] += t_embed
         r.kv.len += n
@@ -197,7 +197,7 @@ class CpuStep:
         logits = r.dense.head_np(x.reshape(S, n, -1)[:, -1])  # [S, V]
         t_head = (pc() - t0) * 1e3
         if runs:
-            self.pending.append((step, phase, T, t_embed, t_head, runs))
+            self.pending.append((step, phase, S, T, t_embed, t_head, runs))
         else:
             recs[-1]["t_dense_ms"] += t_head
             r.trace += recs

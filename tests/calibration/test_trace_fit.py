@@ -167,6 +167,23 @@ def test_engram_time_kept_out_of_the_layer_constants(runs):
     assert abs(e_eng) <= abs(e_old) + 1e-12  # the Engram time is predicted, row for row
 
 
+def test_a_prefill_of_several_streams_counts_a_head_per_stream(runs):
+    """The executor computes each stream's last-token logits after a prefill step, so a trace record of S
+    streams (its `streams` field) carries S heads in the host GEMM rate's FLOPs
+    (ModelSpec.prefill_dense_flops(tokens, outputs=S)); a record without the field (older traces) one."""
+    from simulator.prefill import attention_flops
+    path, m, d, out = runs
+    recs = trace_fit.read_trace(out[0][2]["trace"])
+    assert {r["streams"] for r in recs} == {1}  # the executor records it (one stream here)
+    dense, _, _, ca = trace_profile.base_rates(base_profile(), m)
+    big = lambda extra: [{**r, "tokens": 128, **extra} if r["phase"] == "prefill" else r for r in recs]  # noqa: E731
+    one, old, two = (trace_fit.fit({"t": big(x)}, m, dense, 2, ca).host_gemm_gflops
+                     for x in ({"streams": 1}, {}, {"streams": 2}))
+    assert one == old
+    flops = lambda s: m.prefill_dense_flops(128, outputs=s) + attention_flops(m, 0, 128)  # noqa: E731
+    assert two / one == pytest.approx(flops(2) / flops(1), rel=1e-12) and two > one
+
+
 def test_fit_reduces_simulator_error(runs):
     """The fitted host constants (layer overhead, CPU job cost, device rate) bring simulated decode tok/s
     closer to the executor than the same profile without them, the CPU rates fitted from the traces
