@@ -63,6 +63,18 @@ def _rowwise_matvec(w, code, rows, x, out):
             _row(code, w, np.int64(r * rb), rb, x16, dx, x, out, np.int64(r))
 
 
+def _synthetic_experts(fmt: str, hidden: int, ffn: int, pool_bytes: int, max_k: int, seed: int):
+    """A pool of synthetic `fmt` SwiGLU experts larger than the last-level cache -> (flat bytes [E, ...] of
+    gate, up, down; kernel code; bytes an expert; experts in the pool; x [1, hidden]; h [1, ffn])."""
+    rng = np.random.default_rng(seed)
+    ebytes = 2 * ffn * _ROW_BYTES[fmt](hidden) + hidden * _ROW_BYTES[fmt](ffn)
+    pool = max(max_k, int(pool_bytes // ebytes))
+    gate, up, down = (_synth_tensor(fmt, pool, r, c, rng) for r, c in ((ffn, hidden), (ffn, hidden), (hidden, ffn)))
+    x = rng.standard_normal((1, hidden)).astype(np.float32)
+    h = (rng.standard_normal((1, ffn)) * 0.1).astype(np.float32)
+    return [t.data.reshape(pool, -1) for t in (gate, up, down)], gate.code, ebytes, pool, x, h
+
+
 @njit(parallel=True, nogil=True, fastmath=True)
 def _repacked_matvec(ws, code, rows, x, out):
     """out[j, r] = W_j[r] . x[0] for the experts' matrices ws[j] (flat bytes, `rows` rows, 8 rows' blocks
@@ -89,14 +101,7 @@ def repacked_expert_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, p
     the values don't matter to the timing, and each 18 bytes is still a valid block)."""
     if fmt not in REPACKED_FORMATS:
         raise ValueError(f"no repacked kernel for {fmt} (have {', '.join(REPACKED_FORMATS)})")
-    rng = np.random.default_rng(seed)
-    ebytes = 2 * ffn * _ROW_BYTES[fmt](hidden) + hidden * _ROW_BYTES[fmt](ffn)
-    pool = max(max_k, int(pool_bytes // ebytes))
-    gate, up, down = (_synth_tensor(fmt, pool, r, c, rng) for r, c in ((ffn, hidden), (ffn, hidden), (hidden, ffn)))
-    flat = [t.data.reshape(pool, -1) for t in (gate, up, down)]
-    code = gate.code
-    x = rng.standard_normal((1, hidden)).astype(np.float32)
-    h = (rng.standard_normal((1, ffn)) * 0.1).astype(np.float32)
+    flat, code, ebytes, pool, x, h = _synthetic_experts(fmt, hidden, ffn, pool_bytes, max_k, seed)
     g, y = np.zeros((max_k, ffn), np.float32), np.zeros((max_k, hidden), np.float32)
 
     def run_job(k: int, i: int):
@@ -114,15 +119,8 @@ def rowwise_expert_job(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, po
     applied (values don't matter to the timing)."""
     if fmt not in FORMATS:
         raise ValueError(f"no single-row kernel for {fmt} (have {', '.join(FORMATS)})")
-    rng = np.random.default_rng(seed)
-    ebytes = 2 * ffn * _ROW_BYTES[fmt](hidden) + hidden * _ROW_BYTES[fmt](ffn)
-    pool = max(max_k, int(pool_bytes // ebytes))
-    gate, up, down = (_synth_tensor(fmt, pool, r, c, rng) for r, c in ((ffn, hidden), (ffn, hidden), (hidden, ffn)))
-    flat = [t.data.reshape(pool, -1) for t in (gate, up, down)]
-    code = gate.code
-    x = rng.standard_normal((1, hidden)).astype(np.float32)
+    flat, code, ebytes, pool, x, h = _synthetic_experts(fmt, hidden, ffn, pool_bytes, max_k, seed)
     g, u, y = np.zeros((1, ffn), np.float32), np.zeros((1, ffn), np.float32), np.zeros((1, hidden), np.float32)
-    h = (rng.standard_normal((1, ffn)) * 0.1).astype(np.float32)
 
     def run_job(k: int, i: int):
         for j in range(k):
