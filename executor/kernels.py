@@ -19,8 +19,8 @@ from numba import njit, prange
 from .gemm import F16, Q4_0, Q4_K, Q6_K, Q8_0, deq_matmul  # noqa: F401  (the type codes, re-exported)
 from .kquants import rows1_q4_k, rows1_q6_k, rows4_q4_k, rows4_q6_k, rows4x2_q4_k, rows4x2_q6_k
 from .nbcache import drop_stale_cache
-from .simd import (quant16, rows1_f16, rows1_q4, rows1_q8, rows4_f16, rows4_q4, rows4_q8, rows4x2_q4, rows4x2_q8,
-                   rows8_q4, rows8_q8)
+from .simd import (quant16, rows1_f16, rows1_q4, rows1_q8, rows2_q8, rows4_f16, rows4_q4, rows4x2_q4, rows4x2_q8,
+                   rows8_q4)
 
 
 drop_stale_cache("kernels", ("simd.py", "gemm.py", "kquants.py"))
@@ -46,8 +46,13 @@ _FUSED_Q4_K, _FUSED_Q6_K = 10, 4
 @njit(fastmath=True)
 def _rows_token(code, w, r0, r1, rb, X16, DX, k, res, off):
     """res[k, off + r - r0] = row_r . token k for rows [r0, r1) of flat Q8_0 / Q4_0 / Q4_K / Q6_K bytes w (row
-    stride rb), the token's int16 activations X16[k] * DX[k] (simd.py / kquants.py intrinsics, 8 or 4 rows
-    at a time)."""
+    stride rb), the token's int16 activations X16[k] * DX[k] (simd.py / kquants.py intrinsics, 8, 4 or 2 rows
+    at a time).
+
+    Q8_0 runs 2 rows a pass: from DRAM, on 2 threads, 1.29-1.35x its 8-row rate (2048- to 4096-wide rows,
+    bench_q8_rows.py), 8 rows' worth of interleaved streams being more than this Zen 3 keeps in flight
+    beside the prefetch of the next group; Q4_0, whose arithmetic per byte is twice Q8_0's, keeps 8 (2 rows:
+    0.80x)."""
     nb = np.int64(X16.shape[1] // 32)
     r = r0
     if code >= Q4_K:  # K-quants: 4-row groups (8 were slower: registers), then single rows
@@ -64,12 +69,9 @@ def _rows_token(code, w, r0, r1, rb, X16, DX, k, res, off):
                 rows1_q6_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
             r += 1
     elif code == Q8_0:
-        while r + 8 <= r1:
-            rows8_q8(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-            r += 8
-        while r + 4 <= r1:
-            rows4_q8(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-            r += 4
+        while r + 2 <= r1:
+            rows2_q8(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+            r += 2
         while r < r1:
             rows1_q8(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
             r += 1

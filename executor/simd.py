@@ -347,7 +347,8 @@ else:  # portable fallbacks with the same signatures
     row_f16_noprefetch = rows1_f16
 
 
-rows8_q8, rows4_q8, rows1_q8, rows4x2_q8 = (_qkernel(False, n, t) for n, t in ((8, 1), (4, 1), (1, 1), (4, 2)))
+# Q8_0 decodes 2 rows a pass (kernels._rows_token: from DRAM 1.3x its 8-row rate), Q4_0 8
+rows2_q8, rows1_q8, rows4x2_q8 = (_qkernel(False, n, t) for n, t in ((2, 1), (1, 1), (4, 2)))
 rows8_q4, rows4_q4, rows1_q4, rows4x2_q4 = (_qkernel(True, n, t) for n, t in ((8, 1), (4, 1), (1, 1), (4, 2)))
 # one row per call and no software prefetch: the structure of ggml's CPU dot products (llama.cpp), whose
 # rate calibrate measures for the simulator's llama.cpp plans (calibration.bench_rowwise)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import gguf
 import numpy as np
 from hypothesis import given, settings, strategies as st
+from numba import njit
 
 from executor import kernels as K
+from executor import simd
 from executor.gguf_model import ExpertTensor
 
 QT = gguf.GGMLQuantizationType
@@ -106,3 +108,34 @@ def test_token_pairs_give_each_tokens_bits(qk, qt, rows, nb, seed):
     for k in (1, 2):
         K._rows_token(w.code, flat, 0, rows, rb, X16, DX, k, alone, 2)
     assert np.array_equal(pair[1:, 2:], alone[1:, 2:]) and np.isnan(pair[0]).all() and np.isnan(pair[:, :2]).all()
+
+
+_ROWS8_Q8 = simd._qkernel(False, 8, 1)  # Q8_0 8 rows a pass, as the decode kernel ran before session 15
+
+
+@njit
+def _q8_eight_rows_a_pass(w, rows, x16, dx, out):
+    rb = np.int64(w.shape[0] // rows)
+    nb = np.int64(x16.shape[1] // 32)
+    r = 0
+    while r + 8 <= rows:
+        _ROWS8_Q8(w, np.int64(r * rb), rb, x16, dx, 0, nb, out, np.int64(r))
+        r += 8
+    while r < rows:
+        simd.rows1_q8(w, np.int64(r * rb), rb, x16, dx, 0, nb, out, np.int64(r))
+        r += 1
+
+
+@settings(max_examples=20, deadline=None)
+@given(rows=st.integers(1, 40), nb=st.integers(1, 12), seed=st.integers(0, 2**31))
+def test_q8_0_two_rows_a_pass_give_the_bits_of_eight(qk, rows, nb, seed):
+    """Q8_0 decodes 2 rows a pass (kernels._rows_token; from DRAM 1.3x its 8-row rate, bench_q8_rows.py):
+    each row's products and adds are those of 8 rows a pass, so its bits are too."""
+    rng = np.random.default_rng(seed)
+    w = qk.tensor(rng, QT.Q8_0, 1, rows, nb * 32).data[0].reshape(-1)
+    x16, dx = np.empty((1, nb * 32), np.int16), np.empty((1, 2 * nb), np.float32)
+    simd.quant16(rng.standard_normal(nb * 32).astype(np.float32), x16[0], dx[0])
+    got, want = np.zeros((1, rows), np.float32), np.zeros((1, rows), np.float32)
+    K._rows_token(K.Q8_0, w, 0, rows, w.shape[0] // rows, x16, dx, 0, got, 0)
+    _q8_eight_rows_a_pass(w, rows, x16, dx, want)
+    assert np.array_equal(got, want) and np.abs(want).max() > 0

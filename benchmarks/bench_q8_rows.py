@@ -1,0 +1,100 @@
+"""Rows per pass of the Q8_0 / Q4_0 decode kernels, from DRAM: the executor's int16 row kernels computing
+2, 4 or 8 rows at once (each prefetching its next group), whole experts per thread on 2 threads, as the
+executor's decode runs them, on a synthetic expert pool larger than the last-level cache:
+
+    python benchmarks/bench_q8_rows.py [--fmt Q8_0] [--hidden 2048] [--ffn 768] [--rounds 12]
+
+Each round reads 1 GiB first (kernels.read_bandwidth) and runs every variant once on routes of its own,
+in rotating order; printed: each variant's median GB/s of expert bytes, its median per-round ratio to 8
+rows, and the read. Why kernels._rows_token computes Q8_0 2 rows a pass and Q4_0 8.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from numba import njit, prange
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import executor  # noqa: E402,F401  (first: sets OMP_WAIT_POLICY before torch loads OpenMP)
+from calibration.bench_kernel import _ROW_BYTES, _synth_tensor  # noqa: E402
+from executor import kernels as K  # noqa: E402
+from executor import simd  # noqa: E402
+
+THREADS = 2
+
+
+def runner(kernel, nr: int):
+    """A compiled token of whole experts per thread: gate, up (ffn rows) and down (hidden rows) of each."""
+    @njit(nogil=True)
+    def matvec(w, rows, x16, dx, out):
+        rb = np.int64(w.shape[0] // rows)
+        nb = np.int64(x16.shape[1] // 32)
+        for r in range(0, rows, nr):
+            kernel(w, np.int64(r * rb), rb, x16, dx, 0, nb, out, np.int64(r))
+
+    @njit(parallel=True)
+    def run(gate, up, down, experts, ffn, hidden, x16, dx, h16, dh, og, od):
+        for t in prange(THREADS):
+            for j in range(t, experts.shape[0], THREADS):
+                e = experts[j]
+                matvec(gate[e], ffn, x16, dx, og[t:t + 1])
+                matvec(up[e], ffn, x16, dx, og[t:t + 1])
+                matvec(down[e], hidden, h16, dh, od[t:t + 1])
+    return run
+
+
+def quantised(rng, n: int):
+    """A random activation row of n as the kernels read it (simd.quant16: int16 [1, n], scales [1, 2n/32])."""
+    x = rng.standard_normal(n).astype(np.float32)
+    x16, dx = np.empty((1, n), np.int16), np.empty((1, 2 * n // 32), np.float32)
+    simd.quant16(x, x16[0], dx[0])
+    return x16, dx
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fmt", choices=("Q8_0", "Q4_0"), default="Q8_0")
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--ffn", type=int, default=768)
+    ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=12)
+    a = ap.parse_args()
+    K.set_threads(THREADS)
+    rng = np.random.default_rng(0)
+    h, f, k = a.hidden, a.ffn, a.top_k
+    eb = 2 * f * _ROW_BYTES[a.fmt](h) + h * _ROW_BYTES[a.fmt](f)
+    pool = max(4 * k, (1 << 30) // eb)  # 1 GiB of experts: far beyond the last-level cache
+    w = [t.data.reshape(pool, -1) for t in (_synth_tensor(a.fmt, pool, f, h, rng), _synth_tensor(a.fmt, pool, f, h, rng),
+                                            _synth_tensor(a.fmt, pool, h, f, rng))]
+    (x16, dx), (h16, dh) = quantised(rng, h), quantised(rng, f)
+    og, od = np.zeros((THREADS, f), np.float32), np.zeros((THREADS, h), np.float32)
+    q4 = a.fmt == "Q4_0"
+    variants = {nr: runner(simd._qkernel(q4, nr, 1), nr) for nr in (8, 4, 2)}
+    for run in variants.values():  # compile; every page mapped
+        run(*w, np.arange(pool), f, h, x16, dx, h16, dh, og, od)
+    rates: dict[int, list[float]] = {nr: [] for nr in variants}
+    reads, order = [], list(variants)
+    big = np.ones((1 << 30) // 8, np.uint64)
+    for r in range(a.rounds):
+        reads.append(K.read_bandwidth(pool=big, repeat=1))
+        for nr in order[r % len(order):] + order[:r % len(order)]:
+            experts = rng.choice(pool, k, replace=False)
+            t = time.perf_counter()
+            variants[nr](*w, experts, f, h, x16, dx, h16, dh, og, od)
+            rates[nr].append(k * eb / (time.perf_counter() - t) / 1e9)
+    print(f"{a.fmt} experts {h}x{f} (rows of {_ROW_BYTES[a.fmt](h)} B), top-{k}, {THREADS} threads, {a.rounds} rounds; "
+          f"read {np.median(reads):.1f} GB/s")
+    for nr, v in rates.items():
+        ratio = np.median(np.array(v) / np.array(rates[8]))
+        print(f"  {nr} rows a pass: {np.median(v):.1f} GB/s = {np.median(v) / np.median(reads):.0%} of the read; "
+              f"{ratio:.2f}x 8 rows (median of per-round ratios)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
