@@ -49,10 +49,9 @@ def _rows_token(code, w, r0, r1, rb, X16, DX, k, res, off):
     stride rb), the token's int16 activations X16[k] * DX[k] (simd.py / kquants.py intrinsics, 8, 4 or 2 rows
     at a time).
 
-    Q8_0 runs 2 rows a pass: from DRAM, on 2 threads, 1.29-1.35x its 8-row rate (2048- to 4096-wide rows,
-    bench_q8_rows.py), 8 rows' worth of interleaved streams being more than this Zen 3 keeps in flight
-    beside the prefetch of the next group; Q4_0, whose arithmetic per byte is twice Q8_0's, keeps 8 (2 rows:
-    0.80x)."""
+    Q8_0 runs 2 rows a pass: from DRAM, on 2 threads, 1.28-1.35x its 8-row rate at 1024- to 4096-wide rows
+    (bench_q8_rows.py: 91% of the read against 68% at 2048), and no slower in cache; Q4_0, whose arithmetic
+    per byte is twice Q8_0's, keeps 8 (2 rows 0.80x, 4 rows 0.96-1.02x)."""
     nb = np.int64(X16.shape[1] // 32)
     r = r0
     if code >= Q4_K:  # K-quants: 4-row groups (8 were slower: registers), then single rows

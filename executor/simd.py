@@ -273,11 +273,11 @@ def _qkernel(q4: bool, NR: int, MT: int = 1, prefetch: bool = True, interleaved:
             return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(q4, NR, MT, prefetch, interleaved)
     else:  # a portable fallback with the same signature
         bs = 18 if q4 else 34
-        rstep, bstep = (bs, NR * bs) if interleaved else (-1, bs)
+        bstep = NR * bs if interleaved else bs  # a row's next block; interleaved rows are bs apart
 
         @njit
         def kernel(w, wo, rb, X16, DX, k0, nb, res, ro):
-            _slow(q4, NR, MT, w, wo, rb if rstep < 0 else rstep, bstep, X16, DX, k0, nb, res, ro)
+            _slow(q4, NR, MT, w, wo, bs if interleaved else rb, bstep, X16, DX, k0, nb, res, ro)
     return kernel
 
 
