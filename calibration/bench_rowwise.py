@@ -12,6 +12,10 @@ read this rate (`cpu.rowwise_gbs`), the executor's plans the executor's (`cpu.ex
 The arithmetic is the executor's (simd.py's single-row kernels, compiled without the prefetch), so
 only the access pattern differs from `executor_expert_job`; the job is the same: k SwiGLU experts of
 one token, gate and up, then down.
+
+`repacked_expert_job` is the same job in the layout llama.cpp copies Q4_0 into at load on AVX2 (8 rows
+interleaved block by block, computed 8 rows a pass; rows a multiple of 8, as llama.cpp requires to
+repack): the rates of llama.cpp plans that repack (`cpu.repacked_gbs`).
 """
 from __future__ import annotations
 
