@@ -6,7 +6,9 @@ threads, ingested into data/epyc-2026-11-30/results-llamacpp.csv with the models
 predicted on the profile `moe-offload calibrate --quick` wrote beside them. No constant is fitted on
 llama.cpp: this is the check README's "Simulator against llama.cpp on this machine" quotes, rerunnable.
 Section 2: session 14's runs (data/epyc-2026-11-30b), on profiles that carry llama.cpp's structure
-(cpu.rowwise_gbs), against the same profiles without it."""
+(cpu.rowwise_gbs), against the same profiles without it. Section 3: session 15's runs
+(data/epyc-2026-11-30c), on profiles that carry llama.cpp's repacked Q4_0 (cpu.repacked_gbs), against the
+same profiles without it."""
 from __future__ import annotations
 
 import statistics
