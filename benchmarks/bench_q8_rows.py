@@ -49,14 +49,6 @@ def runner(kernel, nr: int):
     return run
 
 
-def quantised(rng, n: int):
-    """A random activation row of n as the kernels read it (simd.quant16: int16 [1, n], scales [1, 2n/32])."""
-    x = rng.standard_normal(n).astype(np.float32)
-    x16, dx = np.empty((1, n), np.int16), np.empty((1, 2 * n // 32), np.float32)
-    simd.quant16(x, x16[0], dx[0])
-    return x16, dx
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fmt", choices=("Q8_0", "Q4_0", "Q4_K", "Q6_K"), default="Q8_0")
@@ -72,7 +64,8 @@ def main() -> int:
     pool = max(4 * k, (1 << 30) // eb)  # 1 GiB of experts: far beyond the last-level cache
     w = [t.data.reshape(pool, -1) for t in (_synth_tensor(a.fmt, pool, f, h, rng), _synth_tensor(a.fmt, pool, f, h, rng),
                                             _synth_tensor(a.fmt, pool, h, f, rng))]
-    (x16, dx), (h16, dh) = quantised(rng, h), quantised(rng, f)
+    x16, dx = K._quant_rows(rng.standard_normal((1, h)).astype(np.float32))  # int16 activations, as decode
+    h16, dh = K._quant_rows(rng.standard_normal((1, f)).astype(np.float32))
     og, od = np.zeros((THREADS, f), np.float32), np.zeros((THREADS, h), np.float32)
     if a.fmt in ("Q4_K", "Q6_K"):
         gen, slow = ((kquants._rows_q4_k_ir, kquants._slow_q4_k) if a.fmt == "Q4_K"

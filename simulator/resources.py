@@ -68,11 +68,11 @@ class Constants:
         return cls(**vals)
 
 
-def rowwise(hw, engine: str | None) -> bool:
-    """Whether `engine`'s CPU products run at the profile's rowwise rates: llama.cpp's ggml computes one
-    weight row per dot product without software prefetch (calibration.bench_rowwise), where the
+def rowwise(hw, plan) -> bool:
+    """Whether `plan`'s engine's CPU products run at the profile's rowwise rates: llama.cpp's ggml computes
+    one weight row per dot product without software prefetch (calibration.bench_rowwise), where the
     profile has such rates."""
-    return engine == "llamacpp" and bool(hw.cpu.rowwise_gbs)
+    return plan.engine == "llamacpp" and bool(hw.cpu.rowwise_gbs)
 
 
 def repacked(hw, plan, fmt) -> bool:
@@ -85,7 +85,7 @@ def repacked(hw, plan, fmt) -> bool:
 def cpu_gbs(hw, fmt, threads: int, plan) -> float:
     """GB/s at which `plan`'s engine computes weights in `fmt` on `threads` host cores (for llama.cpp:
     the repacked rate of the formats it repacks, the rowwise rate of the others)."""
-    return hw.cpu.expert_gbs_for(fmt, threads, rowwise=rowwise(hw, plan.engine), repacked=repacked(hw, plan, fmt))
+    return hw.cpu.expert_gbs_for(fmt, threads, rowwise=rowwise(hw, plan), repacked=repacked(hw, plan, fmt))
 
 
 def cpu_pair_s(model, c: Constants, threads: int) -> float:

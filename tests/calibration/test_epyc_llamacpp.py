@@ -90,11 +90,12 @@ PROFILES14 = ("host-calibrated-1854.yaml", "host-calibrated-1858.yaml")  # calib
 MAIN14 = ("small", "small-q4", "fixture-shape", "small-q4km")  # the four files of section 1, 2 and 1 threads
 
 
-def _without_rowwise(path: Path, out: Path) -> Path:
-    """A copy of profile `path` without cpu.rowwise_gbs: llama.cpp plans at the executor's kernel rates."""
+def _without(path: Path, out: Path, table: str) -> Path:
+    """A copy of profile `path` without the CPU rate table `table` (rowwise_gbs: llama.cpp plans at the
+    executor's kernel rates; repacked_gbs: every llama.cpp product at the rowwise rates)."""
     from specs.loaders import dump_hardware, load_hardware
     hw = load_hardware(str(path))
-    out.write_text(dump_hardware(hw.model_copy(update={"cpu": hw.cpu.model_copy(update={"rowwise_gbs": {}})})))
+    out.write_text(dump_hardware(hw.model_copy(update={"cpu": hw.cpu.model_copy(update={table: {}})})))
     return out
 
 
@@ -105,7 +106,7 @@ def rows14(request, tmp_path_factory):
     taken after them (18:54, 18:58): the four files of section 1, and six variants of the fixture's shape
     (4 or 16 layers, vocab 4,000 or 32,000, hidden 512 or 2048; `fx-*.yaml`, named L4V32k ...)."""
     hw = ROOT / DATA14 / request.param
-    plain = _without_rowwise(hw, tmp_path_factory.mktemp("hw") / "plain.yaml")
+    plain = _without(hw, tmp_path_factory.mktemp("hw") / "plain.yaml", "rowwise_gbs")
     return tuple(_decode(_local_rows(DATA14 / "results-llamacpp.csv", p)) for p in (hw, plain))
 
 
@@ -168,14 +169,6 @@ PROFILES15 = ("host-calibrated-2116.yaml", "host-calibrated-2118.yaml", "host-ca
               "host-calibrated-2121.yaml")
 
 
-def _without_repacked(path: Path, out: Path) -> Path:
-    """A copy of profile `path` without cpu.repacked_gbs: every llama.cpp product at the rowwise rates."""
-    from specs.loaders import dump_hardware, load_hardware
-    hw = load_hardware(str(path))
-    out.write_text(dump_hardware(hw.model_copy(update={"cpu": hw.cpu.model_copy(update={"repacked_gbs": {}})})))
-    return out
-
-
 def _runs(rows: list[dict]) -> dict[str, float]:
     """Signed decode error of each run by 'time it was stored, model, tN' (a round's runs share their times)."""
     out = {}
@@ -193,7 +186,7 @@ def rows15(tmp_path_factory):
     out = {}
     for name in PROFILES15:
         hw = ROOT / DATA15 / name
-        plain = _without_repacked(hw, tmp_path_factory.mktemp("hw") / "plain.yaml")
+        plain = _without(hw, tmp_path_factory.mktemp("hw") / "plain.yaml", "repacked_gbs")
         out[name] = tuple(_runs(_local_rows(DATA15 / "results-llamacpp.csv", p, latest_only=False)) for p in (hw, plain))
     return out
 
