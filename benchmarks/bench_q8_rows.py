@@ -3,11 +3,14 @@ rows at once (Q4_K / Q6_K: 2 or 4), each prefetching its next group, whole exper
 as the executor's decode runs them, on a synthetic expert pool larger than the last-level cache:
 
     python benchmarks/bench_q8_rows.py [--fmt Q8_0|Q4_0|Q4_K|Q6_K] [--hidden 2048] [--ffn 768] [--rounds 12]
+                                       [--layers 24]
 
 Each round reads 1 GiB first (kernels.read_bandwidth) and runs every variant once on routes of its own,
-in rotating order; printed: each variant's median GB/s of expert bytes, its median per-round ratio to the
-most rows, and the read. Why kernels._rows_token computes Q8_0 2 rows a pass, Q4_0 8 and the K-quants 4
-(2 rows: Q4_K 16.6 against 16.4 GB/s, Q6_K 19.7 against 19.2, 2026-11-30: within this VM's noise).
+in rotating order, a token's worth of experts a call (top-k drawn for each of `layers` layers; one layer a
+call, before session 16, timed each call's start-up as well, so its percentages of the read were low, its
+ratios between variants alike); printed: each variant's median GB/s of expert bytes, its median per-round
+ratio to the most rows, and the read. Why kernels._rows_token computes Q8_0 2 rows a pass, Q4_0 8 and the
+K-quants 2 (session 16, 2 rows against 4: Q4_K 17.6 against 16.8 GB/s, Q6_K 18.8 against 15.6).
 """
 from __future__ import annotations
 
@@ -56,6 +59,7 @@ def main() -> int:
     ap.add_argument("--ffn", type=int, default=768)
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--layers", type=int, default=24, help="layers of top-k experts a call (a token)")
     a = ap.parse_args()
     K.set_threads(THREADS)
     rng = np.random.default_rng(0)
@@ -82,10 +86,10 @@ def main() -> int:
     for r in range(a.rounds):
         reads.append(K.read_bandwidth(pool=big, repeat=1))
         for nr in order[r % len(order):] + order[:r % len(order)]:
-            experts = rng.choice(pool, k, replace=False)
+            experts = np.concatenate([rng.choice(pool, k, replace=False) for _ in range(a.layers)])
             t = time.perf_counter()
             variants[nr](*w, experts, f, h, x16, dx, h16, dh, og, od)
-            rates[nr].append(k * eb / (time.perf_counter() - t) / 1e9)
+            rates[nr].append(experts.size * eb / (time.perf_counter() - t) / 1e9)
     print(f"{a.fmt} experts {h}x{f} (rows of {_ROW_BYTES[a.fmt](h)} B), top-{k}, {THREADS} threads, {a.rounds} rounds; "
           f"read {np.median(reads):.1f} GB/s")
     for nr, v in rates.items():

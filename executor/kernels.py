@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit, prange
 
 from .gemm import F16, Q4_0, Q4_K, Q6_K, Q8_0, deq_matmul  # noqa: F401  (the type codes, re-exported)
-from .kquants import rows1_q4_k, rows1_q6_k, rows4_q4_k, rows4_q6_k, rows4x2_q4_k, rows4x2_q6_k
+from .kquants import rows1_q4_k, rows1_q6_k, rows2_q4_k, rows2_q6_k, rows4x2_q4_k, rows4x2_q6_k
 from .nbcache import drop_stale_cache
 from .simd import (quant16, rows1_f16, rows1_q4, rows1_q8, rows2_q8, rows4_f16, rows4_q4, rows4x2_q4, rows4x2_q8,
                    rows8_q4)
@@ -51,16 +51,18 @@ def _rows_token(code, w, r0, r1, rb, X16, DX, k, res, off):
 
     Q8_0 runs 2 rows a pass: from DRAM, on 2 threads, 1.28-1.35x its 8-row rate at 1024- to 4096-wide rows
     (bench_q8_rows.py: 91% of the read against 68% at 2048), and no slower in cache; Q4_0, whose arithmetic
-    per byte is twice Q8_0's, keeps 8 (2 rows 0.80x, 4 rows 0.96-1.02x)."""
+    per byte is twice Q8_0's, keeps 8 (2 rows 0.80-0.85x, 4 rows 0.96-1.02x). The K-quants run 2 rows a pass
+    too: from DRAM Q4_K 1.05x and Q6_K 1.20x their 4-row rate (bench_q8_rows.py --fmt Q4_K|Q6_K), on one core
+    in L2 1.07-1.13x and 1.10-1.18x (small-q4k's experts; 1 row a pass 1.04-1.06x)."""
     nb = np.int64(X16.shape[1] // 32)
     r = r0
-    if code >= Q4_K:  # K-quants: 4-row groups (8 were slower: registers), then single rows
-        while r + 4 <= r1:
+    if code >= Q4_K:  # K-quants: 2-row groups, then single rows
+        while r + 2 <= r1:
             if code == Q4_K:
-                rows4_q4_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+                rows2_q4_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
             else:
-                rows4_q6_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-            r += 4
+                rows2_q6_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+            r += 2
         while r < r1:
             if code == Q4_K:
                 rows1_q4_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))

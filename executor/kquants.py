@@ -287,8 +287,8 @@ def _k_kernel(codegen, slow, NR: int, MT: int = 1, prefetch: bool = True):
     return kernel
 
 
-rows4_q4_k, rows1_q4_k, rows4x2_q4_k = (_k_kernel(_rows_q4_k_ir, _slow_q4_k, n, t) for n, t in ((4, 1), (1, 1), (4, 2)))
-rows4_q6_k, rows1_q6_k, rows4x2_q6_k = (_k_kernel(_rows_q6_k_ir, _slow_q6_k, n, t) for n, t in ((4, 1), (1, 1), (4, 2)))
+rows2_q4_k, rows1_q4_k, rows4x2_q4_k = (_k_kernel(_rows_q4_k_ir, _slow_q4_k, n, t) for n, t in ((2, 1), (1, 1), (4, 2)))
+rows2_q6_k, rows1_q6_k, rows4x2_q6_k = (_k_kernel(_rows_q6_k_ir, _slow_q6_k, n, t) for n, t in ((2, 1), (1, 1), (4, 2)))
 # one row per call, no software prefetch: ggml's structure (calibration.bench_rowwise)
 row_q4_k_noprefetch = _k_kernel(_rows_q4_k_ir, _slow_q4_k, 1, 1, prefetch=False)
 row_q6_k_noprefetch = _k_kernel(_rows_q6_k_ir, _slow_q6_k, 1, 1, prefetch=False)
