@@ -3,14 +3,15 @@ rows at once (Q4_K / Q6_K: 2 or 4), each prefetching its next group, whole exper
 as the executor's decode runs them, on a synthetic expert pool larger than the last-level cache:
 
     python benchmarks/bench_q8_rows.py [--fmt Q8_0|Q4_0|Q4_K|Q6_K] [--hidden 2048] [--ffn 768] [--rounds 12]
-                                       [--layers 24]
+                                       [--layers 24] [--l2]
 
 Each round reads 1 GiB first (kernels.read_bandwidth) and runs every variant once on routes of its own,
 in rotating order, a token's worth of experts a call (top-k drawn for each of `layers` layers; one layer a
 call, before session 16, timed each call's start-up as well, so its percentages of the read were low, its
 ratios between variants alike); printed: each variant's median GB/s of expert bytes, its median per-round
 ratio to the most rows, and the read. Why kernels._rows_token computes Q8_0 2 rows a pass, Q4_0 8 and the
-K-quants 2 (session 16, 2 rows against 4: Q4_K 17.6 against 16.8 GB/s, Q6_K 18.8 against 15.6).
+K-quants 2 (session 16, 2 rows against 4: Q4_K 1.00-1.05x, Q6_K 1.02-1.20x, the most while slow).
+--l2: the kernels' arithmetic alone, one core, 128 rows of one expert's gate in L2 (1 row a pass too).
 """
 from __future__ import annotations
 
@@ -52,6 +53,35 @@ def runner(kernel, nr: int):
     return run
 
 
+def in_l2(kernel, nr: int):
+    """A compiled loop of `reps` passes over `rows` rows of w on the calling thread (w small: in L2)."""
+    @njit(nogil=True)
+    def loop(w, rows, x16, dx, out, reps):
+        rb = np.int64(w.shape[0] // rows)
+        nb = np.int64(x16.shape[1] // 32)
+        for _ in range(reps):
+            for r in range(0, rows, nr):
+                kernel(w, np.int64(r * rb), rb, x16, dx, 0, nb, out, np.int64(r))
+    return loop
+
+
+def l2_rates(kernels: dict, w: np.ndarray, rows: int, x16, dx, rounds: int) -> dict[int, list[float]]:
+    """G weights/s of each row count's kernel on one core, `rows` rows of w in L2, rotating order."""
+    loops = {nr: in_l2(k, nr) for nr, k in kernels.items()}
+    out = np.zeros((1, rows), np.float32)
+    reps = max(1, int(2e8 // w.nbytes))
+    for loop in loops.values():  # compile
+        loop(w, rows, x16, dx, out, 1)
+    rates: dict[int, list[float]] = {nr: [] for nr in loops}
+    order = list(loops)
+    for r in range(rounds):
+        for nr in order[r % len(order):] + order[:r % len(order)]:
+            t = time.perf_counter()
+            loops[nr](w, rows, x16, dx, out, reps)
+            rates[nr].append(reps * rows * x16.shape[1] / (time.perf_counter() - t) / 1e9)
+    return rates
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fmt", choices=("Q8_0", "Q4_0", "Q4_K", "Q6_K"), default="Q8_0")
@@ -60,6 +90,7 @@ def main() -> int:
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--layers", type=int, default=24, help="layers of top-k experts a call (a token)")
+    ap.add_argument("--l2", action="store_true", help="one core, 128 rows of one expert's gate in L2 (compute)")
     a = ap.parse_args()
     K.set_threads(THREADS)
     rng = np.random.default_rng(0)
@@ -74,10 +105,19 @@ def main() -> int:
     if a.fmt in ("Q4_K", "Q6_K"):
         gen, slow = ((kquants._rows_q4_k_ir, kquants._slow_q4_k) if a.fmt == "Q4_K"
                      else (kquants._rows_q6_k_ir, kquants._slow_q6_k))
-        variants = {nr: runner(kquants._k_kernel(gen, slow, nr, 1), nr) for nr in (4, 2)}
+        kernels = {nr: kquants._k_kernel(gen, slow, nr, 1) for nr in (4, 2, 1)}
     else:
-        variants = {nr: runner(simd._qkernel(a.fmt == "Q4_0", nr, 1), nr) for nr in (8, 4, 2)}
-    most = max(variants)
+        kernels = {nr: simd._qkernel(a.fmt == "Q4_0", nr, 1) for nr in (8, 4, 2, 1)}
+    most = max(kernels)
+    if a.l2:
+        rows = 128
+        rates = l2_rates(kernels, np.ascontiguousarray(w[0][0][:rows * _ROW_BYTES[a.fmt](h)]), rows, x16, dx, a.rounds)
+        print(f"{a.fmt} {rows} rows of {h} in L2, one core, {a.rounds} rounds")
+        for nr, v in rates.items():
+            ratio = np.median(np.array(v) / np.array(rates[most]))
+            print(f"  {nr} rows a pass: {np.median(v):.2f} G weights/s; {ratio:.2f}x {most} rows (median of per-round ratios)")
+        return 0
+    variants = {nr: runner(k, nr) for nr, k in kernels.items() if nr > 1}
     for run in variants.values():  # compile; every page mapped
         run(*w, np.arange(pool), f, h, x16, dx, h16, dh, og, od)
     rates: dict[int, list[float]] = {nr: [] for nr in variants}

@@ -52,8 +52,8 @@ def _rows_token(code, w, r0, r1, rb, X16, DX, k, res, off):
     Q8_0 runs 2 rows a pass: from DRAM, on 2 threads, 1.28-1.35x its 8-row rate at 1024- to 4096-wide rows
     (bench_q8_rows.py: 91% of the read against 68% at 2048), and no slower in cache; Q4_0, whose arithmetic
     per byte is twice Q8_0's, keeps 8 (2 rows 0.80-0.85x, 4 rows 0.96-1.02x). The K-quants run 2 rows a pass
-    too: from DRAM Q4_K 1.05x and Q6_K 1.20x their 4-row rate (bench_q8_rows.py --fmt Q4_K|Q6_K), on one core
-    in L2 1.07-1.13x and 1.10-1.18x (small-q4k's experts; 1 row a pass 1.04-1.06x)."""
+    too: never slower than 4 in any run here, faster while the machine runs slow (bench_q8_rows.py --fmt
+    Q4_K|Q6_K: from DRAM Q4_K 1.00-1.05x, Q6_K 1.02-1.20x; --l2, one core, 1.00-1.13x)."""
     nb = np.int64(X16.shape[1] // 32)
     r = r0
     if code >= Q4_K:  # K-quants: 2-row groups, then single rows
