@@ -1,11 +1,13 @@
-"""The vectorisable float32 math of executor/simd.py matches numpy's in float64."""
+"""The vectorisable float32 math of executor/simd.py matches numpy's in float64; the row kernels' machine code
+keeps the shape it was measured in."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 from numba import njit
 
-from executor.simd import exp32, quant16, silu_mul
+from executor.simd import HAVE_AVX2, exp32, quant16, rows1_q8, silu_mul
 
 
 @njit
@@ -46,3 +48,21 @@ def test_quant16_blocks_too_small_for_a_scale():
     x16, dx = np.empty(64, np.int16), np.empty(4, np.float32)
     quant16(x, x16, dx)
     assert not x16.any() and list(dx) == [1.0, 1.0, 0.0, 0.0]
+
+
+@njit
+def _one_row_q8(w, rb, x16, dx, out):
+    rows1_q8(w, 0, rb, x16, dx, 0, x16.shape[1] // 32, out, 0)
+
+
+@pytest.mark.skipif(not HAVE_AVX2, reason="the AVX2 kernels' code")
+def test_a_lone_rows_block_scale_is_no_lane_insert_into_a_live_register():
+    """simd.h16_lane0: one row's block scale enters by movzwl + vmovd. As a lone 16-bit lane (vpinsrw $0)
+    it merged into whatever register LLVM picked, the accumulator's, and each block's scale waited for
+    the fma of the block before: one row of Q8_0 ran 8.96 G weights/s in L2 against 20.6 without it
+    (`python benchmarks/bench_q8_rows.py --l2`, session 16)."""
+    x16, dx = np.zeros((1, 64), np.int16), np.ones((1, 4), np.float32)
+    out = np.zeros((1, 1), np.float32)
+    _one_row_q8(np.zeros(68, np.uint8), 68, x16, dx, out)
+    asm = next(iter(_one_row_q8.inspect_asm().values()))
+    assert "vmovd" in asm and "vpinsrw\t$0," not in asm
