@@ -33,14 +33,20 @@ from executor import kquants, simd  # noqa: E402
 THREADS = 2
 
 
-def runner(kernel, nr: int):
-    """A compiled token of whole experts per thread: gate, up (ffn rows) and down (hidden rows) of each."""
+def matvec_of(kernel, nr: int):
+    """A compiled product of `rows` rows of flat bytes w with one token, `nr` rows a kernel call."""
     @njit(nogil=True)
     def matvec(w, rows, x16, dx, out):
         rb = np.int64(w.shape[0] // rows)
         nb = np.int64(x16.shape[1] // 32)
         for r in range(0, rows, nr):
             kernel(w, np.int64(r * rb), rb, x16, dx, 0, nb, out, np.int64(r))
+    return matvec
+
+
+def runner(kernel, nr: int):
+    """A compiled token of whole experts per thread: gate, up (ffn rows) and down (hidden rows) of each."""
+    matvec = matvec_of(kernel, nr)
 
     @njit(parallel=True)
     def run(gate, up, down, experts, ffn, hidden, x16, dx, h16, dh, og, od):
@@ -54,15 +60,19 @@ def runner(kernel, nr: int):
 
 
 def in_l2(kernel, nr: int):
-    """A compiled loop of `reps` passes over `rows` rows of w on the calling thread (w small: in L2)."""
+    """A compiled loop of `reps` products over `rows` rows of w on the calling thread (w small: in L2)."""
+    matvec = matvec_of(kernel, nr)
+
     @njit(nogil=True)
     def loop(w, rows, x16, dx, out, reps):
-        rb = np.int64(w.shape[0] // rows)
-        nb = np.int64(x16.shape[1] // 32)
         for _ in range(reps):
-            for r in range(0, rows, nr):
-                kernel(w, np.int64(r * rb), rb, x16, dx, 0, nb, out, np.int64(r))
+            matvec(w, rows, x16, dx, out)
     return loop
+
+
+def per_round_ratio(v: list[float], ref: list[float]) -> float:
+    """Median of the per-round ratios v / ref (rounds ran side by side)."""
+    return float(np.median(np.array(v) / np.array(ref)))
 
 
 def l2_rates(kernels: dict, w: np.ndarray, rows: int, x16, dx, rounds: int) -> dict[int, list[float]]:
@@ -114,8 +124,8 @@ def main() -> int:
         rates = l2_rates(kernels, np.ascontiguousarray(w[0][0][:rows * _ROW_BYTES[a.fmt](h)]), rows, x16, dx, a.rounds)
         print(f"{a.fmt} {rows} rows of {h} in L2, one core, {a.rounds} rounds")
         for nr, v in rates.items():
-            ratio = np.median(np.array(v) / np.array(rates[most]))
-            print(f"  {nr} rows a pass: {np.median(v):.2f} G weights/s; {ratio:.2f}x {most} rows (median of per-round ratios)")
+            print(f"  {nr} rows a pass: {np.median(v):.2f} G weights/s; {per_round_ratio(v, rates[most]):.2f}x {most} rows "
+                  "(median of per-round ratios)")
         return 0
     variants = {nr: runner(k, nr) for nr, k in kernels.items() if nr > 1}
     for run in variants.values():  # compile; every page mapped
@@ -133,9 +143,8 @@ def main() -> int:
     print(f"{a.fmt} experts {h}x{f} (rows of {_ROW_BYTES[a.fmt](h)} B), top-{k}, {THREADS} threads, {a.rounds} rounds; "
           f"read {np.median(reads):.1f} GB/s")
     for nr, v in rates.items():
-        ratio = np.median(np.array(v) / np.array(rates[most]))
         print(f"  {nr} rows a pass: {np.median(v):.1f} GB/s = {np.median(v) / np.median(reads):.0%} of the read; "
-              f"{ratio:.2f}x {most} rows (median of per-round ratios)")
+              f"{per_round_ratio(v, rates[most]):.2f}x {most} rows (median of per-round ratios)")
     return 0
 
 
