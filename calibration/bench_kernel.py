@@ -177,22 +177,16 @@ def executor_kernel_available() -> bool:
 
 
 def _synth_tensor(fmt: str, n: int, rows: int, cols: int, rng):
-    """A synthetic ExpertTensor [n, rows, row_bytes] in `fmt` with sane fp16 scales."""
+    """A synthetic ExpertTensor [n, rows, row_bytes] in `fmt`: make_model's random weights (std 0.02), whose
+    block scales spread over 0.5-1.5x their mean as real ones spread (one scale value for every block, as
+    here before session 17, would time a kernel whose speed depends on the values, a table of scales say,
+    as if all its lookups hit one cache line)."""
     from gguf import GGMLQuantizationType as QT
     from executor.gguf_model import EXPERT_TYPES, ExpertTensor
+    from executor.make_model import _rand_tensor
     qt = QT[fmt]
     rb = _ROW_BYTES[fmt](cols)
-    if fmt == "F16":
-        data = (rng.standard_normal((n, rows, cols), dtype=np.float32) * 0.02).astype(np.float16).view(np.uint8)
-    elif fmt in ("Q4_K", "Q6_K"):  # super-blocks with sane scales (make_model's)
-        from executor.make_model import _rand_tensor
-        data = _rand_tensor(rng, (n, rows, cols), qt, 0.02).reshape(n, rows, rb)
-    else:
-        data = rng.integers(0, 256, (n, rows, rb), dtype=np.uint8)
-        blk = 34 if fmt == "Q8_0" else 18
-        scale = np.frombuffer(np.float16(0.004).tobytes(), np.uint8)
-        v = data.reshape(n, rows, rb // blk, blk)
-        v[..., 0], v[..., 1] = scale[0], scale[1]
+    data = _rand_tensor(rng, (n, rows, cols), qt, 0.02).view(np.uint8).reshape(n, rows, rb)
     return ExpertTensor(data=np.ascontiguousarray(data), qtype=qt, code=EXPERT_TYPES[qt], rows=rows, cols=cols)
 
 
