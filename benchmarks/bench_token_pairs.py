@@ -1,8 +1,9 @@
 """Two tokens per row decode (kernels._rows_pair: a 4-row group's weights decoded once for both tokens)
-against the same two tokens one at a time (_rows_token), and the fused int16 path with pairs against
-dequantise-then-GEMM (gemm.deq_matmul) at m tokens an expert: where kernels._FUSED sits (F16 rows, one
-token at a time, too). Expert 0's gate (or --parts) of each model, in cache, the ways interleaved in one
-process, one thread; with each line the single-token rate and the rate rows dequantise at (G weights/s):
+against the same two tokens one at a time (_rows_token); the fused int16 path (kernels._rows_fused: four
+tokens a row group, then pairs) against pairs alone at 4 and 8 tokens, and against dequantise-then-GEMM
+(gemm.deq_matmul) at m tokens an expert: where kernels._FUSED sits (F16 rows, one token at a time, too).
+Expert 0's gate (or --parts) of each model, in cache, the ways interleaved in one process, one thread; with
+each line the single-token rate and the rate rows dequantise at (G weights/s):
 
     python benchmarks/bench_token_pairs.py [--dir /tmp/moe-offload-bench] [--presets tiny small small-q4]
     python benchmarks/bench_token_pairs.py --presets small-q4k --parts gate down   # Q4_K, Q6_K
@@ -43,6 +44,12 @@ def _pairs(code, w, R, rb, X16, DX, res, reps):
             k += 2
         if k < m:
             K._rows_token(code, w, 0, R, rb, X16, DX, k, res, 0)
+
+
+@njit(fastmath=True)
+def _fused(code, w, R, rb, X16, DX, res, reps):
+    for _ in range(reps):
+        K._rows_fused(code, w, 0, R, rb, X16, DX, res, 0)
 
 
 @njit(fastmath=True)
@@ -89,20 +96,23 @@ def main() -> int:
         w, R = K.flat(W)[0], W.rows
         rb = w.shape[0] // R
         line = []
-        for m in (2, 4, 6, 8, 12, 16, 24):
+        for m in (2, 4, 6, 8, 12, 16, 24, 32):
             X = np.random.default_rng(m).standard_normal((m, W.cols)).astype(np.float32)
             X16, DX = K._quant_rows(X)
             res = np.empty((m, R), np.float32)
             reps = max(1, int(2e6 // (R * W.cols * m // 1000 + 1)))
-            calls = [lambda: _pairs(W.code, w, R, rb, X16, DX, res, reps)]
+            calls = [lambda: _fused(W.code, w, R, rb, X16, DX, res, reps)]
             calls.append((lambda: _alone(W.code, w, R, rb, X16, DX, res, reps)) if m == 2 else
                          (lambda: _deq(W.code, w, R, rb, X, res, reps)))
+            if m in (4, 8):
+                calls.append(lambda: _pairs(W.code, w, R, rb, X16, DX, res, reps))
             for f in calls:
                 f()  # compiled
-            t_pairs, t_other = _time(calls)
+            t_fused, t_other, *t_pairs = _time(calls)
             if m == 2:  # two tokens alone: the single-token rate
                 line.append(f"one token {2 * reps * R * W.cols / t_other / 1e9:.1f} G weights/s")
-            line.append(f"m={m}: {'alone' if m == 2 else 'deq'} / pairs {t_other / t_pairs:.2f}")
+            line.append(f"m={m}: {'alone' if m == 2 else 'deq'} / fused {t_other / t_fused:.2f}"
+                        + (f", pairs / fused {t_pairs[0] / t_fused:.2f}" if t_pairs else ""))
         out = np.empty((R, W.cols), np.float32)  # the whole matrix dequantised (prefill's first half), 1 pass
         t_deq, = _time([lambda: deq_rows(W.code, w.reshape(R, rb), out)])
         line.append(f"rows dequantised {R * W.cols / t_deq / 1e9:.1f} G weights/s")

@@ -17,10 +17,11 @@ import numpy as np
 from numba import njit, prange
 
 from .gemm import F16, Q4_0, Q4_K, Q6_K, Q8_0, deq_matmul  # noqa: F401  (the type codes, re-exported)
-from .kquants import rows1_q4_k, rows1_q6_k, rows2_q4_k, rows2_q6_k, rows4x2_q4_k, rows4x2_q6_k
+from .kquants import (rows1_q4_k, rows1_q6_k, rows2_q4_k, rows2_q6_k, rows2x4_q4_k, rows2x4_q6_k, rows4x2_q4_k,
+                      rows4x2_q6_k)
 from .nbcache import drop_stale_cache
 from .simd import (quant16, rows1_f16, rows1_q4, rows1_q8, rows2_q8, rows4_f16, rows4_q4, rows4x2_q4, rows4x2_q8,
-                   rows8_q4)
+                   rows8_q4, rows8x4_q4)
 
 
 drop_stale_cache("kernels", ("simd.py", "gemm.py", "kquants.py"))
@@ -36,11 +37,16 @@ def prange_only() -> dict:
                 numpy=False, stencil=False, fusion=False)
 
 _ROWS = 32  # rows per parallel work item (16 -> 32: ~5% on Q4_0 expert GB/s, fewer item switches)
-_FUSED = 16  # tokens per expert up to which each token gets fused in-place dots (8 before token pairs)
-# the same for the K-quants, whose rows dequantise faster than their fused dots run (kquants.deq_q*_k_row):
-# dequantise-then-GEMM / pairs 1.17 at 8 tokens and 0.94 at 12 for Q4_K, 1.11 at 4 and 0.93 at 6 for Q6_K
-# (bench_token_pairs.py --presets small-q4k --parts gate down)
-_FUSED_Q4_K, _FUSED_Q6_K = 10, 4
+# Tokens per expert up to which each token gets fused in-place dots, by type code (-, F16, Q8_0, Q4_0, Q4_K, Q6_K);
+# more dequantise each row once for a GEMM (gemm.deq_matmul). Dequantise-then-GEMM against the fused path, one core,
+# an expert's rows in cache (bench_token_pairs.py --presets small small-q4, --presets small-q4k --parts gate down):
+# - Q4_0, four tokens a row group (session 17): 1.25 at 16 tokens, 1.10 at 24, 1.08 at 32;
+# - Q8_0, token pairs (its four-token groups are 1.06x pairs in cache but 8 interleaved rows from DRAM, where a
+#   prefill's first token group reads them: `small` pp64 0.91x): 1.04-1.28 at 16, 0.94-1.25 at 24;
+# - F16, one token at a time: 1.18-1.26 at 8-16 tokens (`tiny`);
+# - the K-quants, whose rows dequantise faster than their dots run (kquants.deq_q*_k_row), four tokens a 2-row
+#   group: Q4_K 1.07 at 12 tokens, 0.81 at 16; Q6_K 1.04 at 6, 0.99 at 8 (pairs only: 10 and 4 tokens).
+_FUSED = (0, 16, 16, 32, 12, 6)
 
 
 @njit(fastmath=True)
@@ -110,13 +116,51 @@ def _rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off):
 
 
 @njit(fastmath=True)
+def _rows_quad(code, w, r0, r1, rb, X16, DX, k, res, off):
+    """_rows_token for tokens k .. k + 3 of Q4_0 / Q4_K / Q6_K rows at once: each row group decoded once for all four
+    (the same products and float adds per row and token, so the same bits), 8-row groups for Q4_0, 2-row ones for
+    the K-quants; the last rows as two pairs. An expert's rows in cache, one core, four tokens against two pairs
+    (bench_token_pairs.py): Q4_0 1.18x, Q4_K 1.13x, Q6_K 1.20x (Q8_0 stays in pairs: _FUSED)."""
+    nb = np.int64(X16.shape[1] // 32)
+    g = 8 if code == Q4_0 else 2
+    r = r0
+    while r + g <= r1:
+        if code == Q4_0:
+            rows8x4_q4(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+        elif code == Q4_K:
+            rows2x4_q4_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+        else:
+            rows2x4_q6_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+        r += g
+    if r < r1:
+        _rows_pair(code, w, r, r1, rb, X16, DX, k, res, off + r - r0)
+        _rows_pair(code, w, r, r1, rb, X16, DX, k + 2, res, off + r - r0)
+
+
+@njit(fastmath=True)
+def _rows_fused(code, w, r0, r1, rb, X16, DX, res, off):
+    """res[k, off + r - r0] = row_r . token k for every token of X16 / DX (int16 activations) and rows [r0, r1) of
+    Q8_0 / Q4_0 / Q4_K / Q6_K bytes w: tokens four at a time (not Q8_0), then in pairs, then one."""
+    m = X16.shape[0]
+    k = 0
+    while k + 4 <= m and code != Q8_0:
+        _rows_quad(code, w, r0, r1, rb, X16, DX, k, res, off)
+        k += 4
+    while k + 2 <= m:
+        _rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off)
+        k += 2
+    if k < m:
+        _rows_token(code, w, r0, r1, rb, X16, DX, k, res, off)
+
+
+@njit(fastmath=True)
 def _rows_matmul(code, w, r0, r1, rb, X, X16, DX, res, off):
-    """res[k, off + r - r0] = row_r . X[k] for the m rows of X [m, cols]: fused in-place dots up to _FUSED
-    tokens (_FUSED_Q4_K / _Q6_K for those; Q8_0 / Q4_0 / Q4_K / Q6_K: int16 activations X16 * DX, tokens in
-    pairs; F16: float32 X), the weight rows staying in L1/L2; else the rows are dequantised once and
-    multiplied with every token in register blocks (prefill; gemm.py)."""
+    """res[k, off + r - r0] = row_r . X[k] for the m rows of X [m, cols]: fused in-place dots up to _FUSED[code]
+    tokens (Q8_0 / Q4_0 / Q4_K / Q6_K: int16 activations X16 * DX, tokens in fours and pairs: _rows_fused;
+    F16: float32 X), the weight rows staying in L1/L2; else the rows
+    are dequantised once and multiplied with every token in register blocks (prefill; gemm.py)."""
     m = X.shape[0]
-    if m > (_FUSED_Q4_K if code == Q4_K else _FUSED_Q6_K if code == Q6_K else _FUSED):
+    if m > _FUSED[code]:
         deq_matmul(code, w, r0, r1, rb, X, res, off)
     elif code == F16:
         nc = np.int64(X.shape[1] // 16)
@@ -129,13 +173,7 @@ def _rows_matmul(code, w, r0, r1, rb, X, X16, DX, res, off):
                 rows1_f16(w, np.int64(r * rb), np.int64(rb), X[k], DX[k], nc, res[k], np.int64(off + r - r0))
                 r += 1
     else:
-        k = 0
-        while k + 2 <= m:
-            _rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off)
-            k += 2
-        while k < m:
-            _rows_token(code, w, r0, r1, rb, X16, DX, k, res, off)
-            k += 1
+        _rows_fused(code, w, r0, r1, rb, X16, DX, res, off)
 
 
 @njit(fastmath=True, cache=True)

@@ -110,6 +110,26 @@ def test_token_pairs_give_each_tokens_bits(qk, qt, rows, nb, seed):
     assert np.array_equal(pair[1:, 2:], alone[1:, 2:]) and np.isnan(pair[0]).all() and np.isnan(pair[:, :2]).all()
 
 
+@settings(max_examples=40, deadline=None)
+@given(qt=st.sampled_from(TYPES[:2] + [QT.Q4_K, QT.Q6_K]), rows=st.integers(1, 40), nb=st.integers(1, 6),
+       m=st.integers(4, 11), seed=st.integers(0, 2**31))
+def test_tokens_four_at_a_time_give_each_tokens_bits(qk, qt, rows, nb, m, seed):
+    """m tokens through the fused path (kernels._rows_fused: four tokens a row group, 8 rows for Q8_0 / Q4_0, 2 for
+    the K-quants, then a pair, then one) give the bits of each token alone (_rows_token)."""
+    rng = np.random.default_rng(seed)
+    cols = nb * (256 if qt in (QT.Q4_K, QT.Q6_K) else 32)
+    w = qk.tensor(rng, qt, 2, rows, cols)
+    x = (rng.standard_normal((m, cols)) * rng.uniform(0.01, 10)).astype(np.float32)
+    X16, DX = K._quant_rows(x)
+    flat = K.flat(w)[1]
+    rb = flat.shape[0] // rows
+    fused, alone = np.full((m, rows + 3), np.nan, np.float32), np.full((m, rows + 3), np.nan, np.float32)
+    K._rows_fused(w.code, flat, 0, rows, rb, X16, DX, fused, 3)
+    for k in range(m):
+        K._rows_token(w.code, flat, 0, rows, rb, X16, DX, k, alone, 3)
+    assert np.array_equal(fused[:, 3:], alone[:, 3:]) and np.isnan(fused[:, :3]).all()
+
+
 _ROWS8_Q8 = simd._qkernel(False, 8, 1)  # Q8_0 8 rows a pass, as the decode kernel ran before session 15
 
 
