@@ -41,8 +41,8 @@ _ROWS = 32  # rows per parallel work item (16 -> 32: ~5% on Q4_0 expert GB/s, fe
 # more dequantise each row once for a GEMM (gemm.deq_matmul). Dequantise-then-GEMM against the fused path, one core,
 # an expert's rows in cache (bench_token_pairs.py --presets small small-q4, --presets small-q4k --parts gate down):
 # - Q4_0, four tokens a row group (session 17, two runs): 1.23-1.26 at 16 tokens, 1.10-1.16 at 24, 1.07-1.13 at 32;
-# - Q8_0, token pairs (its four-token groups are 1.06x pairs in cache but 8 interleaved rows from DRAM, where a
-#   prefill's first token group reads them: `small` pp64 0.91x): 1.04-1.28 at 16, 0.94-1.25 at 24;
+# - Q8_0, token pairs (four-token groups of 8 rows were only 1.06x pairs in cache, and `small` pp64 0.91x in one
+#   noisy end-to-end A/B, so not kept): 1.04-1.28 at 16, 0.94-1.25 at 24;
 # - F16, one token at a time: 1.18-1.26 at 8-16 tokens (`tiny`);
 # - the K-quants, whose rows dequantise faster than their dots run (kquants.deq_q*_k_row), four tokens a 2-row
 #   group: Q4_K 1.07 / 0.93 at 12 tokens (two runs), 0.81-0.90 at 16; Q6_K 1.04 at 6, 0.99-1.00 at 8 (pairs only: 10 and
@@ -158,8 +158,8 @@ def _rows_fused(code, w, r0, r1, rb, X16, DX, res, off):
 def _rows_matmul(code, w, r0, r1, rb, X, X16, DX, res, off):
     """res[k, off + r - r0] = row_r . X[k] for the m rows of X [m, cols]: fused in-place dots up to _FUSED[code]
     tokens (Q8_0 / Q4_0 / Q4_K / Q6_K: int16 activations X16 * DX, tokens in fours and pairs: _rows_fused;
-    F16: float32 X), the weight rows staying in L1/L2; else the rows
-    are dequantised once and multiplied with every token in register blocks (prefill; gemm.py)."""
+    F16: float32 X), the weight rows staying in L1/L2; else the rows are dequantised once and multiplied with
+    every token in register blocks (prefill; gemm.py)."""
     m = X.shape[0]
     if m > _FUSED[code]:
         deq_matmul(code, w, r0, r1, rb, X, res, off)
