@@ -128,8 +128,8 @@ def test_token_pairs_give_each_tokens_bits(qk, qt, rows, nb, seed):
 @given(qt=st.sampled_from(TYPES[:2] + [QT.Q4_K, QT.Q6_K]), rows=st.integers(1, 40), nb=st.integers(1, 6),
        m=st.integers(4, 11), seed=st.integers(0, 2**31))
 def test_tokens_four_at_a_time_give_each_tokens_bits(qk, qt, rows, nb, m, seed):
-    """m tokens through the fused path (kernels._rows_fused: four tokens a row group, 8 rows for Q8_0 / Q4_0, 2 for
-    the K-quants, then a pair, then one) give the bits of each token alone (_rows_token)."""
+    """m tokens through the fused path (kernels._rows_fused: four tokens a row group, 8 rows for Q4_0, 2 for the
+    K-quants; Q8_0 in pairs; then a pair, then one) give the bits of each token alone (_rows_token)."""
     rng = np.random.default_rng(seed)
     cols = nb * (256 if qt in (QT.Q4_K, QT.Q6_K) else 32)
     w = qk.tensor(rng, qt, 2, rows, cols)
