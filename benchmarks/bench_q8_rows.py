@@ -33,20 +33,14 @@ from executor import kquants, simd  # noqa: E402
 THREADS = 2
 
 
-def matvec_of(kernel, nr: int):
-    """A compiled product of `rows` rows of flat bytes w with one token, `nr` rows a kernel call."""
+def runner(kernel, nr: int):
+    """A compiled token of whole experts per thread: gate, up (ffn rows) and down (hidden rows) of each."""
     @njit(nogil=True)
-    def matvec(w, rows, x16, dx, out):
+    def matvec(w, rows, x16, dx, out):  # one matrix's product with the token, `nr` rows a kernel call
         rb = np.int64(w.shape[0] // rows)
         nb = np.int64(x16.shape[1] // 32)
         for r in range(0, rows, nr):
             kernel(w, np.int64(r * rb), rb, x16, dx, 0, nb, out, np.int64(r))
-    return matvec
-
-
-def runner(kernel, nr: int):
-    """A compiled token of whole experts per thread: gate, up (ffn rows) and down (hidden rows) of each."""
-    matvec = matvec_of(kernel, nr)
 
     @njit(parallel=True)
     def run(gate, up, down, experts, ffn, hidden, x16, dx, h16, dh, og, od):
@@ -62,7 +56,7 @@ def runner(kernel, nr: int):
 def in_l2(kernel, nr: int):
     """A compiled loop of `reps` passes over `rows` rows of w on the calling thread (w small: in L2).
 
-    The row loop is written out here, not called through matvec_of: called a product at a time (session 16's
+    The row loop is written out here, not called through runner's `matvec`: called a product at a time (session 16's
     last commit to 17), Q4_0 4 rows a pass timed 0.97-0.98x 8 rows, where this loop times 0.76-0.86x, real
     `small-q4` rows in the same loop 0.78-0.86x, and the executor itself runs 8 rows at 1.08-1.13x 4 rows
     (`bench_executor.py`, alternating checkouts, session 17)."""
