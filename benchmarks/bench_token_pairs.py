@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from calibration.local import ensure_model  # noqa: E402
 from executor import kernels as K  # noqa: E402
-from executor.gemm import deq_matmul, deq_rows  # noqa: E402
+from executor.gemm import deq_matmul, deq_rows, pack_tokens  # noqa: E402
 from executor.gguf_model import GGUFModel  # noqa: E402
 
 
@@ -68,8 +68,8 @@ def _f16_tokens(w, R, rb, X, DX, res, reps):
 
 @njit(fastmath=True)
 def _deq(code, w, R, rb, X, res, reps):
-    for _ in range(reps):
-        deq_matmul(code, w, 0, R, rb, X, res, 0)
+    for _ in range(reps):  # the tokens packed each time (the executor packs once for gate and up)
+        deq_matmul(code, w, 0, R, rb, pack_tokens(X), X.shape[0], res, 0)
 
 
 def _time(fns, rounds: int = 7) -> list[float]:

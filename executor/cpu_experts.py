@@ -5,6 +5,9 @@ A decode job whose experts split evenly over the threads runs each expert start 
 thread (gate, up, activation, down into the thread's own partial output: one parallel region, no
 barrier); other jobs split each matrix's rows across the threads; small jobs run on the calling
 thread (a parallel region costs more than it saves). Each token is quantised to int16 once per job.
+Experts with prefill-sized token counts (above kernels._FUSED) take the GEMM path: their tokens are packed
+once a job (_fill_panels, gemm.pack_tokens' layout), and the rows split into few large items (two an
+expert for gate / up, 2 x threads for down), each of which streams the panels once.
 """
 from __future__ import annotations
 
@@ -12,8 +15,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .kernels import (_ROWS, _SERIAL_BYTES, _parts, _parts_serial, _quant_rows, _rows_matmul,
-                      flat, prange_only)
+from .kernels import (_FUSED, _SERIAL_BYTES, NT, _parts, _parts_serial, _quant_rows, _rows_matmul, flat,
+                      item_rows, panels, prange_only)
 from .nbcache import drop_stale_cache
 from .simd import silu_mul
 
@@ -46,21 +49,56 @@ def _moe_prep(x, experts, offs, tok):
     return xg, x16, dx, maxm
 
 
+@njit(cache=True)
+def _panel_blocks(offs, gemm_tokens):
+    """Each expert's first block in the stacked token panels of a CSR job [n + 1]: expert i's are
+    P[pb[i]:pb[i + 1]], none where it has at most gemm_tokens tokens (its products take the fused path)."""
+    n = offs.shape[0] - 1
+    pb = np.zeros(n + 1, np.int64)
+    for i in range(n):
+        m = offs[i + 1] - offs[i]
+        pb[i + 1] = pb[i] + ((m + NT - 1) // NT if m > gemm_tokens else 0)
+    return pb
+
+
 @njit(fastmath=True, cache=True)
-def _moe_up(it, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, act):
-    """Work item `it` of phase 1: act[a, f] = silu(gate x) * (up x) for one expert and _ROWS rows of F."""
-    nch = (F + _ROWS - 1) // _ROWS
+def _fill_panels(P, pb, xs, offs, i):
+    """Expert i's rows of xs [M, C] into its panels P[pb[i]:pb[i + 1]] (gemm.pack_tokens' layout, zero-padded)."""
+    a0, m = offs[i], offs[i + 1] - offs[i]
+    for kb in range(pb[i], pb[i + 1]):
+        t0 = (kb - pb[i]) * NT
+        for c in range(xs.shape[1]):
+            for tt in range(NT):
+                P[kb, c, tt] = xs[a0 + t0 + tt, c] if t0 + tt < m else np.float32(0.0)
+
+
+@njit(fastmath=True, cache=True)
+def _expert_panels(xs, offs, gemm_tokens):
+    """The stacked token panels of every expert's rows of xs [M, C] (_panel_blocks), on this thread -> (P, pb)."""
+    pb = _panel_blocks(offs, gemm_tokens)
+    P = np.empty((pb[-1], xs.shape[1], NT), np.float32)
+    for i in range(offs.shape[0] - 1):
+        _fill_panels(P, pb, xs, offs, i)
+    return P, pb
+
+
+@njit(fastmath=True, cache=True)
+def _moe_up(it, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, P, pb, n, act):
+    """Work item `it` of phase 1: act[a, f] = silu(gate x) * (up x) for one expert and n rows of F (P, pb:
+    the experts' token panels, _expert_panels)."""
+    nch = (F + n - 1) // n
     i = it // nch
-    r0 = (it % nch) * _ROWS
-    r1 = min(F, r0 + _ROWS)
+    r0 = (it % nch) * n
+    r1 = min(F, r0 + n)
     e = experts[i]
     a0 = offs[i]
     m = offs[i + 1] - a0
-    g = np.empty((m, _ROWS), np.float32)
-    u = np.empty((m, _ROWS), np.float32)
+    g = np.empty((m, n), np.float32)
+    u = np.empty((m, n), np.float32)
     s = slice(a0, a0 + m)
-    _rows_matmul(gc, gd[e], r0, r1, gd.shape[1] // F, xg[s], x16[s], dx[s], g, 0)
-    _rows_matmul(uc, ud[e], r0, r1, ud.shape[1] // F, xg[s], x16[s], dx[s], u, 0)
+    Pi = P[pb[i]:pb[i + 1]]
+    _rows_matmul(gc, gd[e], r0, r1, gd.shape[1] // F, xg[s], x16[s], dx[s], Pi, g, 0)
+    _rows_matmul(uc, ud[e], r0, r1, ud.shape[1] // F, xg[s], x16[s], dx[s], Pi, u, 0)
     for k in range(m):
         silu_mul(g[k, :r1 - r0], u[k, :r1 - r0])
         for r in range(r1 - r0):
@@ -68,16 +106,17 @@ def _moe_up(it, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, act):
 
 
 @njit(fastmath=True, cache=True)
-def _moe_down(it, dd, dc, H, experts, offs, tok, wts, act, a16, da, maxm, out):
-    """Work item `it` of phase 2: _ROWS rows of out [T, H] (owned by this item), summed over experts."""
-    r0 = it * _ROWS
-    r1 = min(H, r0 + _ROWS)
-    y = np.empty((maxm, _ROWS), np.float32)
+def _moe_down(it, dd, dc, H, experts, offs, tok, wts, act, a16, da, P, pb, n, maxm, out):
+    """Work item `it` of phase 2: n rows of out [T, H] (owned by this item), summed over experts."""
+    r0 = it * n
+    r1 = min(H, r0 + n)
+    y = np.empty((maxm, n), np.float32)
     for i in range(experts.shape[0]):
         e = experts[i]
         a0 = offs[i]
         m = offs[i + 1] - a0
-        _rows_matmul(dc, dd[e], r0, r1, dd.shape[1] // H, act[a0:a0 + m], a16[a0:a0 + m], da[a0:a0 + m], y, 0)
+        _rows_matmul(dc, dd[e], r0, r1, dd.shape[1] // H, act[a0:a0 + m], a16[a0:a0 + m], da[a0:a0 + m],
+                     P[pb[i]:pb[i + 1]], y, 0)
         for k in range(m):
             t = tok[a0 + k]
             for r in range(r1 - r0):
@@ -94,13 +133,14 @@ def _expert_whole(i, gd, gc, ud, uc, dd, dc, F, H, experts, offs, tok, wts, xg, 
     s = slice(a0, a0 + m)
     g = np.empty((m, F), np.float32)  # [m, F]: gate x, then the activation
     u = np.empty((m, F), np.float32)
-    _rows_matmul(gc, gd[e], 0, F, gd.shape[1] // F, xg[s], x16[s], dx[s], g, 0)
-    _rows_matmul(uc, ud[e], 0, F, ud.shape[1] // F, xg[s], x16[s], dx[s], u, 0)
+    P = panels(xg[s], m > min(_FUSED[gc], _FUSED[uc]))
+    _rows_matmul(gc, gd[e], 0, F, gd.shape[1] // F, xg[s], x16[s], dx[s], P, g, 0)
+    _rows_matmul(uc, ud[e], 0, F, ud.shape[1] // F, xg[s], x16[s], dx[s], P, u, 0)
     for k in range(m):
         silu_mul(g[k], u[k])
     a16, da = _quant_rows(g)
     y = np.empty((m, H), np.float32)  # [m, H]
-    _rows_matmul(dc, dd[e], 0, H, dd.shape[1] // H, g, a16, da, y, 0)
+    _rows_matmul(dc, dd[e], 0, H, dd.shape[1] // H, g, a16, da, panels(g, m > _FUSED[dc]), y, 0)
     for k in range(m):
         t = tok[a0 + k]
         for h in range(H):
@@ -142,11 +182,24 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nth
         for t in range(nthr):
             out += part[t]
         return
-    for it in prange(experts.shape[0] * ((F + _ROWS - 1) // _ROWS)):
-        _moe_up(it, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, act)
+    gt = min(_FUSED[gc], _FUSED[uc])
+    pb = _panel_blocks(offs, gt)
+    P = np.empty((pb[-1], H, NT), np.float32)
+    if pb[-1]:
+        for i in prange(experts.shape[0]):
+            _fill_panels(P, pb, xg, offs, i)
+    n = item_rows(maxm > gt, F, 2)  # GEMM: two items an expert
+    for it in prange(experts.shape[0] * ((F + n - 1) // n)):
+        _moe_up(it, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, P, pb, n, act)
     a16, da = _quant_rows(act[:tok.shape[0]])  # the rows phase 1 wrote (act may be longer)
-    for it in prange((H + _ROWS - 1) // _ROWS):
-        _moe_down(it, dd, dc, H, experts, offs, tok, wts, act, a16, da, maxm, out)
+    pb = _panel_blocks(offs, _FUSED[dc])
+    P = np.empty((pb[-1], F, NT), np.float32)
+    if pb[-1]:
+        for i in prange(experts.shape[0]):
+            _fill_panels(P, pb, act, offs, i)
+    n = item_rows(maxm > _FUSED[dc], H, 2 * nthr)
+    for it in prange((H + n - 1) // n):
+        _moe_down(it, dd, dc, H, experts, offs, tok, wts, act, a16, da, P, pb, n, maxm, out)
 
 
 @njit(nogil=True, fastmath=True, cache=True)
@@ -154,11 +207,12 @@ def _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, o
     """_moe on the calling thread (little work: a parallel region costs more than it saves); nthr and
     whole unused."""
     xg, x16, dx, maxm = _moe_prep(x, experts, offs, tok)
-    for it in range(experts.shape[0] * ((F + _ROWS - 1) // _ROWS)):
-        _moe_up(it, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, act)
+    P, pb = _expert_panels(xg, offs, min(_FUSED[gc], _FUSED[uc]))
+    for i in range(experts.shape[0]):  # each expert's matrices in one call (F rows an item)
+        _moe_up(i, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, P, pb, F, act)
     a16, da = _quant_rows(act[:tok.shape[0]])  # the rows phase 1 wrote (act may be longer)
-    for it in range((H + _ROWS - 1) // _ROWS):
-        _moe_down(it, dd, dc, H, experts, offs, tok, wts, act, a16, da, maxm, out)
+    P, pb = _expert_panels(act, offs, _FUSED[dc])
+    _moe_down(0, dd, dc, H, experts, offs, tok, wts, act, a16, da, P, pb, H, maxm, out)
 
 
 _WHOLE_BALANCE = 1.1  # most loaded thread / mean (tokens as the load) up to which experts run whole

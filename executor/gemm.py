@@ -1,14 +1,18 @@
-"""Prefill-sized products (more than a few tokens per weight row): rows are dequantised from the
-mmap four at a time into a small float32 buffer (L1-resident), then multiplied with the tokens in
-4-row x 3-token register blocks. Twelve independent accumulators keep both FMA pipes busy and load
-each weight and activation once per twelve products; one row x one token at a time (a single
-dot) ran at 34 GFLOP/s on one Zen 3 core, the 4 x 3 block at 79 (tiny bench, in cache).
+"""Prefill-sized products (more than a few tokens per weight row), as a BLIS-style GEMM: the tokens are
+packed once per matrix of tokens (pack_tokens: 16 a block, a column's tokens side by side); the weights
+are dequantised from the mmap 6 rows x 256 columns at a time into an L1 panel, each weight once, and
+every token block runs through a 6-row x 16-token register tile (12 accumulators, 2 vector loads and 6
+broadcasts per 12 FMAs). On one Zen 3 core, in cache: 73-83 GFLOP/s of a 97 GFLOP/s FMA peak, where the
+4-row x 3-token dot-product blocks before it ran 59-64 (benchmarks/bench_gemm.py, session 18).
 Type codes as in kernels.py: 1 = F16, 2 = Q8_0, 3 = Q4_0, 4 = Q4_K, 5 = Q6_K (the K-quants' 256-weight
 super-blocks as ggml lays them out: ggml-quants.c dequantize_row_q4_K / _q6_K)."""
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import njit
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from .kquants import deq_q4_k_row, deq_q6_k_row
 from .nbcache import drop_stale_cache
@@ -18,6 +22,9 @@ drop_stale_cache("gemm", ("simd.py", "kquants.py"))
 
 F16, Q8_0, Q4_0, Q4_K, Q6_K = 1, 2, 3, 4, 5
 _U = np.uint64
+MR, NT, KC = 6, 16, 256  # rows a panel, tokens a block, columns a slice (a K-quant super-block multiple)
+_I32, _I64 = ir.IntType(32), ir.IntType(64)
+_V8 = ir.VectorType(ir.FloatType(), 8)
 
 
 @njit(fastmath=True, inline="always")
@@ -47,70 +54,116 @@ def deq_row(code, w, o0, buf, qk):
                 buf[_U(b) * _U(32) + _U(16) + j] = np.float32((np.int32(w[o + _U(2) + j]) >> 4) - 8) * d
 
 
-@njit(fastmath=True)
-def _block4x3(w0, w1, w2, w3, x0, x1, x2, res, k, r):
-    """res[k..k+2, r..r+3] = rows w0..w3 . tokens x0..x2 (twelve accumulators)."""
-    s00 = s01 = s02 = s10 = s11 = s12 = np.float32(0.0)
-    s20 = s21 = s22 = s30 = s31 = s32 = np.float32(0.0)
-    for j in range(w0.shape[0]):
-        a, b, c = x0[j], x1[j], x2[j]
-        s00 += w0[j] * a
-        s01 += w0[j] * b
-        s02 += w0[j] * c
-        s10 += w1[j] * a
-        s11 += w1[j] * b
-        s12 += w1[j] * c
-        s20 += w2[j] * a
-        s21 += w2[j] * b
-        s22 += w2[j] * c
-        s30 += w3[j] * a
-        s31 += w3[j] * b
-        s32 += w3[j] * c
-    res[k, r], res[k + 1, r], res[k + 2, r] = s00, s01, s02
-    res[k, r + 1], res[k + 1, r + 1], res[k + 2, r + 1] = s10, s11, s12
-    res[k, r + 2], res[k + 1, r + 2], res[k + 2, r + 2] = s20, s21, s22
-    res[k, r + 3], res[k + 1, r + 3], res[k + 2, r + 3] = s30, s31, s32
+def _tile_gen(NV: int):
+    """Codegen: C[MR, 8 NV] += A[:MR, :n] B[c0:c0 + n, :8 NV]: MR rows of a dequantised panel (A, row-major)
+    times 8 NV tokens of a packed block (B [cols, NT]: a column's tokens side by side). Each column loads the
+    tokens' NV vectors once and broadcasts each row's weight: MR NV FMAs (12 at NV = 2) from NV vector loads
+    and MR broadcasts, the accumulators in 12 of the 16 ymm registers; no horizontal sums."""
+    def gen(context, builder, sig, args):
+        a, b, c = (cgutils.create_struct_proxy(sig.args[i])(context, builder, value=args[i]) for i in (0, 1, 4))
+        c0, n = args[2], args[3]
+        lda = cgutils.unpack_tuple(builder, a.shape, 2)[1]
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V8, [_V8] * 3), "llvm.fma.v8f32")
+        splat = ir.Constant(ir.VectorType(_I32, 8), [0] * 8)
+
+        def cp(i, j):  # C[i, 8 j: 8 j + 8]
+            return builder.bitcast(builder.gep(c.data, [ir.Constant(_I64, i * NT + 8 * j)]), _V8.as_pointer())
+        acc = [[cgutils.alloca_once_value(builder, builder.load(cp(i, j), align=4)) for j in range(NV)] for i in range(MR)]
+        arow = [builder.gep(a.data, [builder.mul(lda, ir.Constant(_I64, i))]) for i in range(MR)]
+        with cgutils.for_range(builder, n) as loop:
+            k = loop.index
+            bp = builder.gep(b.data, [builder.mul(builder.add(c0, k), ir.Constant(_I64, NT))])
+            bv = [builder.load(builder.bitcast(builder.gep(bp, [ir.Constant(_I64, 8 * j)]), _V8.as_pointer()), align=4)
+                  for j in range(NV)]
+            for i in range(MR):
+                v = builder.insert_element(ir.Constant(_V8, ir.Undefined), builder.load(builder.gep(arow[i], [k])),
+                                           ir.Constant(_I32, 0))
+                v = builder.shuffle_vector(v, v, splat)
+                for j in range(NV):
+                    builder.store(builder.call(fma, [v, bv[j], builder.load(acc[i][j])]), acc[i][j])
+        for i in range(MR):
+            for j in range(NV):
+                builder.store(builder.load(acc[i][j]), cp(i, j), align=4)
+        return context.get_dummy_value()
+    return gen
 
 
-@njit(fastmath=True)
-def _block4x1(w0, w1, w2, w3, x0, res, k, r):
-    """res[k, r..r+3] = rows w0..w3 . token x0."""
-    s0 = s1 = s2 = s3 = np.float32(0.0)
-    for j in range(w0.shape[0]):
-        a = x0[j]
-        s0 += w0[j] * a
-        s1 += w1[j] * a
-        s2 += w2[j] * a
-        s3 += w3[j] * a
-    res[k, r], res[k, r + 1], res[k, r + 2], res[k, r + 3] = s0, s1, s2, s3
+@intrinsic
+def _tile16(typingctx, A, B, c0, n, C):
+    """C[MR, 16] += A[:, :n] B[c0:c0 + n] (16 tokens)."""
+    return types.none(A, B, c0, n, C), _tile_gen(2)
 
 
-@njit(fastmath=True)
-def deq_matmul(code, w, r0, r1, rb, X, res, off):
-    """res[k, off + r - r0] = row_r . X[k] for rows [r0, r1) of flat bytes w (row stride rb) and the m
-    tokens of X [m, cols]; each row is dequantised once."""
+@intrinsic
+def _tile8(typingctx, A, B, c0, n, C):
+    """C[MR, :8] += A[:, :n] B[c0:c0 + n, :8] (a block's last 8 tokens or fewer)."""
+    return types.none(A, B, c0, n, C), _tile_gen(1)
+
+
+@njit(fastmath=True, cache=True)
+def pack_tokens(X):
+    """X [m, cols] -> the GEMM's token panels [ceil(m / NT), cols, NT] float32: NT tokens a block, a column's
+    tokens side by side, zero-padded (packed once per matrix of tokens, read by every row panel)."""
     m, cols = X.shape
+    P = np.zeros(((m + NT - 1) // NT, cols, NT), np.float32)
+    for t in range(m):
+        kb, tt = t // NT, t % NT
+        for c in range(cols):
+            P[kb, c, tt] = X[t, c]
+    return P
+
+
+@njit(fastmath=True, inline="always")
+def _col_bytes(code, c0):
+    """Byte offset of column c0 (a block boundary) within a row of type `code`."""
+    if code == F16:
+        return 2 * c0
+    if code == Q8_0:
+        return c0 // 32 * 34
+    if code == Q4_0:
+        return c0 // 32 * 18
+    if code == Q4_K:
+        return c0 // 256 * 144
+    return c0 // 256 * 210  # Q6_K
+
+
+@njit(fastmath=True)
+def deq_matmul(code, w, r0, r1, rb, P, m, res, off):
+    """res[k, off + r - r0] = row_r . token k for rows [r0, r1) of flat bytes w (row stride rb) and the m tokens
+    packed in P (pack_tokens); each weight is dequantised once.
+
+    The loop order of a BLIS GEMM (Van Zee & van de Geijn, "BLIS: A Framework for Rapidly Instantiating BLAS
+    Functionality", 2015): KC columns at a time (the tokens' slice, KC x m floats, stays in L2), MR rows
+    dequantised into a panel (L1), every token block through a register tile; the tiles' sums carry over from
+    one KC slice to the next in C. One core, an expert's matrix in cache, 48-256 tokens (benchmarks/
+    bench_gemm.py): 73-83 GFLOP/s where a 4-row x 3-token block of dot products (each row against each
+    token, summed across lanes at the end) ran 59-64, of a 97 GFLOP/s FMA peak."""
+    cols = P.shape[1]
     qk = _U(cols // (cols // 32))  # 32, but opaque to LLVM (a constant trip count unrolls into gathers)
-    buf = np.empty((4, cols), np.float32)
-    out = np.empty((m, 4), np.float32)
-    r = r0
-    while r < r1:
-        nr = min(4, r1 - r)
-        for i in range(nr):
-            deq_row(code, w, _U(r + i) * _U(rb), buf[i], qk)
-        for i in range(nr, 4):  # a short last group: zero rows, results dropped below
-            buf[i, :] = 0.0
-        k = 0
-        while k + 3 <= m:
-            _block4x3(buf[0], buf[1], buf[2], buf[3], X[k], X[k + 1], X[k + 2], out, k, 0)
-            k += 3
-        while k < m:
-            _block4x1(buf[0], buf[1], buf[2], buf[3], X[k], out, k, 0)
-            k += 1
-        for kk in range(m):
+    nkb = P.shape[0]
+    npn = (r1 - r0 + MR - 1) // MR
+    A = np.empty((MR, KC), np.float32)
+    C = np.zeros((npn, nkb, MR, NT), np.float32)
+    for c0 in range(0, cols, KC):
+        kc = min(KC, cols - c0)
+        cb = _U(_col_bytes(code, c0))
+        for p in range(npn):
+            r = r0 + p * MR
+            nr = min(MR, r1 - r)
             for i in range(nr):
-                res[kk, off + r - r0 + i] = out[kk, i]
-        r += nr
+                deq_row(code, w, _U(r + i) * _U(rb) + cb, A[i, :kc], qk)
+            for i in range(nr, MR):  # a short last panel: zero rows, results dropped below
+                A[i, :] = 0.0
+            for kb in range(nkb):
+                if m - kb * NT > 8:
+                    _tile16(A, P[kb], c0, kc, C[p, kb])
+                else:
+                    _tile8(A, P[kb], c0, kc, C[p, kb])
+    for p in range(npn):  # a token's MR results side by side (a token per row of res: one line, not MR)
+        nr = min(MR, r1 - r0 - p * MR)
+        for k in range(m):
+            for i in range(nr):
+                res[k, off + p * MR + i] = C[p, k // NT, i, k % NT]
 
 
 @njit(fastmath=True, cache=True)

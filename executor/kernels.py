@@ -16,7 +16,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .gemm import F16, Q4_0, Q4_K, Q6_K, Q8_0, deq_matmul  # noqa: F401  (the type codes, re-exported)
+from .gemm import F16, MR, NT, Q4_0, Q4_K, Q6_K, Q8_0, deq_matmul, pack_tokens  # noqa: F401  (the type codes, re-exported)
 from .kquants import (rows1_q4_k, rows1_q6_k, rows2_q4_k, rows2_q6_k, rows2x4_q4_k, rows2x4_q6_k, rows4x2_q4_k,
                       rows4x2_q6_k)
 from .nbcache import drop_stale_cache
@@ -47,6 +47,9 @@ _ROWS = 32  # rows per parallel work item (16 -> 32: ~5% on Q4_0 expert GB/s, fe
 # - the K-quants, whose rows dequantise faster than their dots run (kquants.deq_q*_k_row), four tokens a 2-row
 #   group: Q4_K 1.07 / 0.93 at 12 tokens (two runs), 0.81-0.90 at 16; Q6_K 1.04 at 6, 0.99-1.00 at 8 (pairs only: 10 and
 #   4 tokens).
+# Session 18's GEMM (6 x 16 register tiles, packing included) moved no crossover, two runs: Q8_0 1.30-1.32 at 12,
+# 0.88-0.97 at 16; Q4_0 1.14-1.17 at 16, 0.99-1.15 at 24, 0.93-1.01 at 32; Q4_K 0.88-1.14 at 12; Q6_K 1.47-1.50 at
+# 6, 0.59-0.93 at 8. It is faster where an expert has many tokens and the tokens' panels are reused (prefill).
 _FUSED = (0, 16, 16, 32, 12, 6)
 
 
@@ -155,14 +158,14 @@ def _rows_fused(code, w, r0, r1, rb, X16, DX, res, off):
 
 
 @njit(fastmath=True)
-def _rows_matmul(code, w, r0, r1, rb, X, X16, DX, res, off):
+def _rows_matmul(code, w, r0, r1, rb, X, X16, DX, P, res, off):
     """res[k, off + r - r0] = row_r . X[k] for the m rows of X [m, cols]: fused in-place dots up to _FUSED[code]
     tokens (Q8_0 / Q4_0 / Q4_K / Q6_K: int16 activations X16 * DX, tokens in fours and pairs: _rows_fused;
     F16: float32 X), the weight rows staying in L1/L2; else the rows are dequantised once and multiplied with
-    every token in register blocks (prefill; gemm.py)."""
+    the tokens' packed panels P (panels(X, code); prefill: gemm.deq_matmul)."""
     m = X.shape[0]
     if m > _FUSED[code]:
-        deq_matmul(code, w, r0, r1, rb, X, res, off)
+        deq_matmul(code, w, r0, r1, rb, P, m, res, off)
     elif code == F16:
         nc = np.int64(X.shape[1] // 16)
         for k in range(m):
@@ -189,26 +192,51 @@ def _quant_rows(x):
 
 
 @njit(fastmath=True, cache=True)
-def _chunk_off(wd, code, R, x, x16, dx, it, out, off):
-    """Rows [it * _ROWS, (it + 1) * _ROWS) of W (R rows) into columns off + r of out [T, *] = x W^T, in
+def panels(x, gemm):
+    """The GEMM's packed token panels of x [T, C] (gemm.pack_tokens) where a product takes the GEMM path
+    (gemm: T > _FUSED of its type), else none ([0, C, NT])."""
+    if gemm:
+        return pack_tokens(x)
+    return np.zeros((0, x.shape[1], NT), np.float32)
+
+
+_GEMM_ITEMS = 16  # a dense matrix's items on the GEMM path: two a thread up to 8 threads (a constant: numba cannot
+# cache a kernel that asks for its thread count)
+
+
+@njit(fastmath=True, inline="always")
+def item_rows(gemm, R, items):
+    """Rows per parallel work item of an R-row matrix: _ROWS; on the GEMM path R / items in whole 6-row panels.
+    Every GEMM item streams all the tokens' panels once (a KC slice of them stays in L2 while the item's
+    panels pass), so few large items: at pp512 on `small`, 24-row items re-read an expert's 1 MB of panels
+    64 times a matrix (2 GB a layer, more than L3 holds) and ran no faster than the dot products."""
+    return MR * (-(-R // (items * MR))) if gemm else _ROWS
+
+
+@njit(fastmath=True, cache=True)
+def _chunk_off(wd, code, R, x, x16, dx, P, n, it, out, off):
+    """Rows [it * n, (it + 1) * n) of W (R rows) into columns off + r of out [T, *] = x W^T, in
     place (a scratch block per item and its copy cost ~30% of a short-row product: `tiny`'s head)."""
-    r0 = it * _ROWS
-    _rows_matmul(code, wd, r0, min(R, r0 + _ROWS), wd.shape[0] // R, x, x16, dx, out, off + r0)
+    r0 = it * n
+    _rows_matmul(code, wd, r0, min(R, r0 + n), wd.shape[0] // R, x, x16, dx, P, out, off + r0)
 
 
 @njit(parallel=prange_only(), nogil=True, fastmath=True, cache=True)
 def _matmul(wd, code, R, x, out):
     """out[t, r] = W[r] . x[t] for one matrix (flat bytes wd, in place), rows across threads."""
     x16, dx = _quant_rows(x)
-    for it in prange((R + _ROWS - 1) // _ROWS):
-        _chunk_off(wd, code, R, x, x16, dx, it, out, 0)
+    gemm = x.shape[0] > _FUSED[code]
+    P = panels(x, gemm)
+    n = item_rows(gemm, R, _GEMM_ITEMS)
+    for it in prange((R + n - 1) // n):
+        _chunk_off(wd, code, R, x, x16, dx, P, n, it, out, 0)
 
 
 @njit(nogil=True, fastmath=True, cache=True)
 def _matmul_serial(wd, code, R, x, out):
     """_matmul on the calling thread (small matrices: a parallel region costs more than it saves)."""
     x16, dx = _quant_rows(x)
-    _rows_matmul(code, wd, 0, R, wd.shape[0] // R, x, x16, dx, out, 0)
+    _rows_matmul(code, wd, 0, R, wd.shape[0] // R, x, x16, dx, panels(x, x.shape[0] > _FUSED[code]), out, 0)
 
 
 _SERIAL_BYTES = 1 << 20  # weight bytes x tokens below which _matmul_serial is used
@@ -246,25 +274,34 @@ def linear(flat_w: np.ndarray, code: int, rows: int, x: np.ndarray) -> np.ndarra
 
 
 @njit(fastmath=True, cache=True)
-def _parts_item(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, x16, dx, it, out):
-    """Work item `it` over the row chunks of up to three stacked matrices (R = 0: absent)."""
-    n0 = (R0 + _ROWS - 1) // _ROWS
-    n1 = (R1 + _ROWS - 1) // _ROWS
+def _parts_item(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, x16, dx, P, n, it, out):
+    """Work item `it` over the n-row chunks of up to three stacked matrices (R = 0: absent)."""
+    n0 = (R0 + n - 1) // n
+    n1 = (R1 + n - 1) // n
     if it < n0:
-        _chunk_off(w0, c0, R0, x, x16, dx, it, out, 0)
+        _chunk_off(w0, c0, R0, x, x16, dx, P, n, it, out, 0)
     elif it < n0 + n1:
-        _chunk_off(w1, c1, R1, x, x16, dx, it - n0, out, R0)
+        _chunk_off(w1, c1, R1, x, x16, dx, P, n, it - n0, out, R0)
     else:
-        _chunk_off(w2, c2, R2, x, x16, dx, it - n0 - n1, out, R0 + R1)
+        _chunk_off(w2, c2, R2, x, x16, dx, P, n, it - n0 - n1, out, R0 + R1)
+
+
+@njit(fastmath=True, cache=True)
+def _parts_gemm(T, c0, c1, R1, c2, R2):
+    """Whether any of the stacked matrices takes the GEMM path for T tokens."""
+    return T > _FUSED[c0] or (R1 > 0 and T > _FUSED[c1]) or (R2 > 0 and T > _FUSED[c2])
 
 
 @njit(parallel=prange_only(), nogil=True, fastmath=True, cache=True)
 def _parts(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, out):
     """out [T, R0 + R1 + R2] = x [W0; W1; W2]^T: one activation quantisation, rows across threads."""
     x16, dx = _quant_rows(x)
-    n = (R0 + _ROWS - 1) // _ROWS + (R1 + _ROWS - 1) // _ROWS + (R2 + _ROWS - 1) // _ROWS
-    for it in prange(n):
-        _parts_item(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, x16, dx, it, out)
+    gemm = _parts_gemm(x.shape[0], c0, c1, R1, c2, R2)
+    P = panels(x, gemm)
+    n = item_rows(gemm, R0 + R1 + R2, _GEMM_ITEMS)
+    items = (R0 + n - 1) // n + (R1 + n - 1) // n + (R2 + n - 1) // n
+    for it in prange(items):
+        _parts_item(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, x16, dx, P, n, it, out)
 
 
 @njit(nogil=True, fastmath=True, cache=True)
@@ -272,12 +309,13 @@ def _parts_serial(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, out):
     """_parts on the calling thread, each matrix in one call (no row chunks: their calls cost ~30% of a
     short-row product, `tiny`'s)."""
     x16, dx = _quant_rows(x)
+    P = panels(x, _parts_gemm(x.shape[0], c0, c1, R1, c2, R2))
     if R0:
-        _rows_matmul(c0, w0, 0, R0, w0.shape[0] // R0, x, x16, dx, out, 0)
+        _rows_matmul(c0, w0, 0, R0, w0.shape[0] // R0, x, x16, dx, P, out, 0)
     if R1:
-        _rows_matmul(c1, w1, 0, R1, w1.shape[0] // R1, x, x16, dx, out, R0)
+        _rows_matmul(c1, w1, 0, R1, w1.shape[0] // R1, x, x16, dx, P, out, R0)
     if R2:
-        _rows_matmul(c2, w2, 0, R2, w2.shape[0] // R2, x, x16, dx, out, R0 + R1)
+        _rows_matmul(c2, w2, 0, R2, w2.shape[0] // R2, x, x16, dx, P, out, R0 + R1)
 
 
 def linear_parts(parts, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
