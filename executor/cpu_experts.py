@@ -5,7 +5,7 @@ A decode job whose experts split evenly over the threads runs each expert start 
 thread (gate, up, activation, down into the thread's own partial output: one parallel region, no
 barrier); other jobs split each matrix's rows across the threads; small jobs run on the calling
 thread (a parallel region costs more than it saves). Each token is quantised to int16 once per job.
-Experts with prefill-sized token counts (above kernels._FUSED) take the GEMM path: their tokens are packed
+Experts with prefill-sized token counts (gemm.GEMM_TOKENS or more) take the GEMM path: their tokens are packed
 once a job (_fill_panels, gemm.pack_tokens' layout), and the rows split into few large items (two an
 expert for gate / up, 2 x threads for down), each of which streams the panels once.
 """
@@ -15,8 +15,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .kernels import (_FUSED, _SERIAL_BYTES, NT, _parts, _parts_serial, _quant_rows, _rows_matmul, flat,
-                      item_rows, panels, prange_only)
+from .kernels import (_FUSED, _SERIAL_BYTES, GEMM_TOKENS, NT, _parts, _parts_serial, _quant_rows, _rows_matmul,
+                      flat, gemm_path, item_rows, panels, prange_only)
 from .nbcache import drop_stale_cache
 from .simd import silu_mul
 
@@ -133,14 +133,14 @@ def _expert_whole(i, gd, gc, ud, uc, dd, dc, F, H, experts, offs, tok, wts, xg, 
     s = slice(a0, a0 + m)
     g = np.empty((m, F), np.float32)  # [m, F]: gate x, then the activation
     u = np.empty((m, F), np.float32)
-    P = panels(xg[s], m > min(_FUSED[gc], _FUSED[uc]))
+    P = panels(xg[s], gemm_path(m, gc) or gemm_path(m, uc))
     _rows_matmul(gc, gd[e], 0, F, gd.shape[1] // F, xg[s], x16[s], dx[s], P, g, 0)
     _rows_matmul(uc, ud[e], 0, F, ud.shape[1] // F, xg[s], x16[s], dx[s], P, u, 0)
     for k in range(m):
         silu_mul(g[k], u[k])
     a16, da = _quant_rows(g)
     y = np.empty((m, H), np.float32)  # [m, H]
-    _rows_matmul(dc, dd[e], 0, H, dd.shape[1] // H, g, a16, da, panels(g, m > _FUSED[dc]), y, 0)
+    _rows_matmul(dc, dd[e], 0, H, dd.shape[1] // H, g, a16, da, panels(g, gemm_path(m, dc)), y, 0)
     for k in range(m):
         t = tok[a0 + k]
         for h in range(H):
@@ -182,7 +182,7 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nth
         for t in range(nthr):
             out += part[t]
         return
-    gt = min(_FUSED[gc], _FUSED[uc])
+    gt = max(GEMM_TOKENS - 1, min(_FUSED[gc], _FUSED[uc]))  # more tokens an expert: the GEMM path
     pb = _panel_blocks(offs, gt)
     P = np.empty((pb[-1], H, NT), np.float32)
     if pb[-1]:
@@ -192,12 +192,13 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nth
     for it in prange(experts.shape[0] * ((F + n - 1) // n)):
         _moe_up(it, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, P, pb, n, act)
     a16, da = _quant_rows(act[:tok.shape[0]])  # the rows phase 1 wrote (act may be longer)
-    pb = _panel_blocks(offs, _FUSED[dc])
+    gt = max(GEMM_TOKENS - 1, _FUSED[dc])
+    pb = _panel_blocks(offs, gt)
     P = np.empty((pb[-1], F, NT), np.float32)
     if pb[-1]:
         for i in prange(experts.shape[0]):
             _fill_panels(P, pb, act, offs, i)
-    n = item_rows(maxm > _FUSED[dc], H, 2 * nthr)
+    n = item_rows(maxm > gt, H, 2 * nthr)
     for it in prange((H + n - 1) // n):
         _moe_down(it, dd, dc, H, experts, offs, tok, wts, act, a16, da, P, pb, n, maxm, out)
 
@@ -207,11 +208,11 @@ def _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, o
     """_moe on the calling thread (little work: a parallel region costs more than it saves); nthr and
     whole unused."""
     xg, x16, dx, maxm = _moe_prep(x, experts, offs, tok)
-    P, pb = _expert_panels(xg, offs, min(_FUSED[gc], _FUSED[uc]))
+    P, pb = _expert_panels(xg, offs, max(GEMM_TOKENS - 1, min(_FUSED[gc], _FUSED[uc])))
     for i in range(experts.shape[0]):  # each expert's matrices in one call (F rows an item)
         _moe_up(i, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, P, pb, F, act)
     a16, da = _quant_rows(act[:tok.shape[0]])  # the rows phase 1 wrote (act may be longer)
-    P, pb = _expert_panels(act, offs, _FUSED[dc])
+    P, pb = _expert_panels(act, offs, max(GEMM_TOKENS - 1, _FUSED[dc]))
     _moe_down(0, dd, dc, H, experts, offs, tok, wts, act, a16, da, P, pb, H, maxm, out)
 
 

@@ -3,7 +3,8 @@ packed once per matrix of tokens (pack_tokens: 16 a block, a column's tokens sid
 are dequantised from the mmap 6 rows x 256 columns at a time into an L1 panel, each weight once, and
 every token block runs through a 6-row x 16-token register tile (12 accumulators, 2 vector loads and 6
 broadcasts per 12 FMAs). On one Zen 3 core, in cache: 73-83 GFLOP/s of a 97 GFLOP/s FMA peak, where the
-4-row x 3-token dot-product blocks before it ran 59-64 (benchmarks/bench_gemm.py, session 18).
+4-row x 3-token dot-product blocks before it ran 59-64 (benchmarks/bench_gemm.py, session 18). Below
+GEMM_TOKENS tokens those blocks stay (deq_dots): there the tile's 16-token blocks would idle lanes.
 Type codes as in kernels.py: 1 = F16, 2 = Q8_0, 3 = Q4_0, 4 = Q4_K, 5 = Q6_K (the K-quants' 256-weight
 super-blocks as ggml lays them out: ggml-quants.c dequantize_row_q4_K / _q6_K)."""
 from __future__ import annotations
@@ -23,6 +24,10 @@ drop_stale_cache("gemm", ("simd.py", "kquants.py"))
 F16, Q8_0, Q4_0, Q4_K, Q6_K = 1, 2, 3, 4, 5
 _U = np.uint64
 MR, NT, KC = 6, 16, 256  # rows a panel, tokens a block, columns a slice (a K-quant super-block multiple)
+# Tokens from which deq_matmul runs (below, deq_dots): one core, `small-q4k`'s gate / down in cache, against the
+# 4 x 3 dot blocks: 0.76-0.85x at 17 tokens (a 16-token tile and a mostly idle 8-token one), 0.91-1.02x at 20,
+# 0.98-1.06x at 40, 1.15-1.23x at 48; and `execute` pp64 (16 tokens an expert on average) ran 0.85-0.93x on it.
+GEMM_TOKENS = 48
 _I32, _I64 = ir.IntType(32), ir.IntType(64)
 _V8 = ir.VectorType(ir.FloatType(), 8)
 
@@ -164,6 +169,73 @@ def deq_matmul(code, w, r0, r1, rb, P, m, res, off):
         for k in range(m):
             for i in range(nr):
                 res[k, off + p * MR + i] = C[p, k // NT, i, k % NT]
+
+
+@njit(fastmath=True)
+def _block4x3(w0, w1, w2, w3, x0, x1, x2, res, k, r):
+    """res[k..k+2, r..r+3] = rows w0..w3 . tokens x0..x2 (twelve accumulators)."""
+    s00 = s01 = s02 = s10 = s11 = s12 = np.float32(0.0)
+    s20 = s21 = s22 = s30 = s31 = s32 = np.float32(0.0)
+    for j in range(w0.shape[0]):
+        a, b, c = x0[j], x1[j], x2[j]
+        s00 += w0[j] * a
+        s01 += w0[j] * b
+        s02 += w0[j] * c
+        s10 += w1[j] * a
+        s11 += w1[j] * b
+        s12 += w1[j] * c
+        s20 += w2[j] * a
+        s21 += w2[j] * b
+        s22 += w2[j] * c
+        s30 += w3[j] * a
+        s31 += w3[j] * b
+        s32 += w3[j] * c
+    res[k, r], res[k + 1, r], res[k + 2, r] = s00, s01, s02
+    res[k, r + 1], res[k + 1, r + 1], res[k + 2, r + 1] = s10, s11, s12
+    res[k, r + 2], res[k + 1, r + 2], res[k + 2, r + 2] = s20, s21, s22
+    res[k, r + 3], res[k + 1, r + 3], res[k + 2, r + 3] = s30, s31, s32
+
+
+@njit(fastmath=True)
+def _block4x1(w0, w1, w2, w3, x0, res, k, r):
+    """res[k, r..r+3] = rows w0..w3 . token x0."""
+    s0 = s1 = s2 = s3 = np.float32(0.0)
+    for j in range(w0.shape[0]):
+        a = x0[j]
+        s0 += w0[j] * a
+        s1 += w1[j] * a
+        s2 += w2[j] * a
+        s3 += w3[j] * a
+    res[k, r], res[k, r + 1], res[k, r + 2], res[k, r + 3] = s0, s1, s2, s3
+
+
+@njit(fastmath=True)
+def deq_dots(code, w, r0, r1, rb, X, res, off):
+    """res[k, off + r - r0] = row_r . X[k] for rows [r0, r1) of flat bytes w (row stride rb) and the m
+    tokens of X [m, cols] (fewer than GEMM_TOKENS): rows dequantised four at a time, each against the tokens
+    in 4-row x 3-token blocks of dot products (no packing; deq_matmul's 16-token tiles would idle lanes)."""
+    m, cols = X.shape
+    qk = _U(cols // (cols // 32))  # 32, but opaque to LLVM (a constant trip count unrolls into gathers)
+    buf = np.empty((4, cols), np.float32)
+    out = np.empty((m, 4), np.float32)
+    r = r0
+    while r < r1:
+        nr = min(4, r1 - r)
+        for i in range(nr):
+            deq_row(code, w, _U(r + i) * _U(rb), buf[i], qk)
+        for i in range(nr, 4):  # a short last group: zero rows, results dropped below
+            buf[i, :] = 0.0
+        k = 0
+        while k + 3 <= m:
+            _block4x3(buf[0], buf[1], buf[2], buf[3], X[k], X[k + 1], X[k + 2], out, k, 0)
+            k += 3
+        while k < m:
+            _block4x1(buf[0], buf[1], buf[2], buf[3], X[k], out, k, 0)
+            k += 1
+        for kk in range(m):
+            for i in range(nr):
+                res[kk, off + r - r0 + i] = out[kk, i]
+        r += nr
 
 
 @njit(fastmath=True, cache=True)

@@ -16,7 +16,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .gemm import F16, MR, NT, Q4_0, Q4_K, Q6_K, Q8_0, deq_matmul, pack_tokens  # noqa: F401  (the type codes, re-exported)
+from .gemm import (F16, GEMM_TOKENS, MR, NT, Q4_0, Q4_K, Q6_K, Q8_0, deq_dots, deq_matmul,  # noqa: F401  (type codes re-exported)
+                   pack_tokens)
 from .kquants import (rows1_q4_k, rows1_q6_k, rows2_q4_k, rows2_q6_k, rows2x4_q4_k, rows2x4_q6_k, rows4x2_q4_k,
                       rows4x2_q6_k)
 from .nbcache import drop_stale_cache
@@ -162,10 +163,12 @@ def _rows_matmul(code, w, r0, r1, rb, X, X16, DX, P, res, off):
     """res[k, off + r - r0] = row_r . X[k] for the m rows of X [m, cols]: fused in-place dots up to _FUSED[code]
     tokens (Q8_0 / Q4_0 / Q4_K / Q6_K: int16 activations X16 * DX, tokens in fours and pairs: _rows_fused;
     F16: float32 X), the weight rows staying in L1/L2; else the rows are dequantised once and multiplied with
-    the tokens' packed panels P (panels(X, code); prefill: gemm.deq_matmul)."""
+    the tokens' packed panels P (`panels`; prefill: gemm.deq_matmul; under GEMM_TOKENS gemm.deq_dots on X)."""
     m = X.shape[0]
-    if m > _FUSED[code]:
+    if m >= GEMM_TOKENS and m > _FUSED[code]:
         deq_matmul(code, w, r0, r1, rb, P, m, res, off)
+    elif m > _FUSED[code]:
+        deq_dots(code, w, r0, r1, rb, X, res, off)
     elif code == F16:
         nc = np.int64(X.shape[1] // 16)
         for k in range(m):
@@ -194,10 +197,16 @@ def _quant_rows(x):
 @njit(fastmath=True, cache=True)
 def panels(x, gemm):
     """The GEMM's packed token panels of x [T, C] (gemm.pack_tokens) where a product takes the GEMM path
-    (gemm: T > _FUSED of its type), else none ([0, C, NT])."""
+    (gemm: gemm_path), else none ([0, C, NT])."""
     if gemm:
         return pack_tokens(x)
     return np.zeros((0, x.shape[1], NT), np.float32)
+
+
+@njit(fastmath=True, inline="always")
+def gemm_path(T, code):
+    """Whether T tokens through a matrix of type `code` take gemm.deq_matmul (packed panels, few large items)."""
+    return T >= GEMM_TOKENS and T > _FUSED[code]
 
 
 _GEMM_ITEMS = 16  # a dense matrix's items on the GEMM path: two a thread up to 8 threads (a constant: numba cannot
@@ -209,7 +218,7 @@ def item_rows(gemm, R, items):
     """Rows per parallel work item of an R-row matrix: _ROWS; on the GEMM path R / items in whole 6-row panels.
     Every GEMM item streams all the tokens' panels once (a KC slice of them stays in L2 while the item's
     panels pass), so few large items: at pp512 on `small`, 24-row items re-read an expert's 1 MB of panels
-    64 times a matrix (2 GB a layer, more than L3 holds) and ran no faster than the dot products."""
+    32 times a matrix (2 GB a layer, more than L3 holds) and ran no faster than the dot products."""
     return MR * (-(-R // (items * MR))) if gemm else _ROWS
 
 
@@ -225,7 +234,7 @@ def _chunk_off(wd, code, R, x, x16, dx, P, n, it, out, off):
 def _matmul(wd, code, R, x, out):
     """out[t, r] = W[r] . x[t] for one matrix (flat bytes wd, in place), rows across threads."""
     x16, dx = _quant_rows(x)
-    gemm = x.shape[0] > _FUSED[code]
+    gemm = gemm_path(x.shape[0], code)
     P = panels(x, gemm)
     n = item_rows(gemm, R, _GEMM_ITEMS)
     for it in prange((R + n - 1) // n):
@@ -236,7 +245,7 @@ def _matmul(wd, code, R, x, out):
 def _matmul_serial(wd, code, R, x, out):
     """_matmul on the calling thread (small matrices: a parallel region costs more than it saves)."""
     x16, dx = _quant_rows(x)
-    _rows_matmul(code, wd, 0, R, wd.shape[0] // R, x, x16, dx, panels(x, x.shape[0] > _FUSED[code]), out, 0)
+    _rows_matmul(code, wd, 0, R, wd.shape[0] // R, x, x16, dx, panels(x, gemm_path(x.shape[0], code)), out, 0)
 
 
 _SERIAL_BYTES = 1 << 20  # weight bytes x tokens below which _matmul_serial is used
@@ -289,7 +298,7 @@ def _parts_item(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, x16, dx, P, n, it, out):
 @njit(fastmath=True, cache=True)
 def _parts_gemm(T, c0, c1, R1, c2, R2):
     """Whether any of the stacked matrices takes the GEMM path for T tokens."""
-    return T > _FUSED[c0] or (R1 > 0 and T > _FUSED[c1]) or (R2 > 0 and T > _FUSED[c2])
+    return gemm_path(T, c0) or (R1 > 0 and gemm_path(T, c1)) or (R2 > 0 and gemm_path(T, c2))
 
 
 @njit(parallel=prange_only(), nogil=True, fastmath=True, cache=True)

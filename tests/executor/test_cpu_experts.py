@@ -5,6 +5,7 @@ from __future__ import annotations
 import gguf
 import numba
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from executor import cpu_experts as CE
@@ -35,6 +36,31 @@ def test_moe_matches_dequantised(qk, types, H32, F32, T, k, seed):
             want[t] += we * (qk.deq(d, e) @ act)
             mag[t] += we * (np.abs(qk.deq(d, e)) @ np.abs(act))
     qk.close(got, want, mag + np.abs(want).max(axis=1, keepdims=True), tol=2e-4)
+
+
+@pytest.mark.parametrize("types", [(QT.Q4_0, QT.Q4_0, QT.Q8_0), (QT.Q4_K, QT.Q4_K, QT.Q6_K)], ids=["Q4_0", "Q4_K_M"])
+def test_prefill_sized_job_takes_the_gemm_and_matches_dequantised(qk, types):
+    """60 tokens, each routed to all 3 experts: 60 tokens an expert, over gemm.GEMM_TOKENS, so gate, up and down
+    run the packed-panel GEMM in few large items; the parallel and the serial kernel match dequantise-then-matmul."""
+    assert 60 >= K.GEMM_TOKENS
+    rng = np.random.default_rng(7)
+    E, H, F, T = 3, 512, 256, 60
+    g, u = qk.tensor(rng, types[0], E, F, H), qk.tensor(rng, types[1], E, F, H)
+    d = qk.tensor(rng, types[2], E, H, F)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    ids = np.tile(np.arange(E), (T, 1))
+    wts = rng.random((T, E)).astype(np.float32)
+    want = np.zeros((T, H), np.float32)
+    mag = np.zeros((T, H), np.float32)
+    for e in range(E):
+        a = x @ qk.deq(g, e).T
+        act = a / (1 + np.exp(-a)) * (x @ qk.deq(u, e).T)
+        want += wts[:, e:e + 1] * (act @ qk.deq(d, e).T)
+        mag += wts[:, e:e + 1] * (np.abs(act) @ np.abs(qk.deq(d, e)).T)
+    routing = CE.csr(ids, wts)
+    for fn, nthr in ((CE._moe, 2), (CE._moe_serial, 1)):
+        got = _moe_direct(fn, g, u, d, x, routing, nthr, False)
+        qk.close(got, want, mag + np.abs(want).max(axis=1, keepdims=True), tol=2e-4)
 
 
 def test_moe_subset_of_experts(qk):

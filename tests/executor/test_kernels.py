@@ -31,13 +31,14 @@ def test_matmul_matches_dequantised(qk, qt, rows, nb, T, seed):
 
 @pytest.mark.parametrize("qt", TYPES + [QT.Q4_K, QT.Q6_K], ids=lambda q: q.name)
 def test_each_type_on_both_sides_of_its_fused_threshold_matches_dequantised(qk, qt):
-    """At kernels._FUSED[code] tokens an expert (the fused in-place path: fours, pairs, one) and one more
-    (dequantise-then-GEMM, gemm.deq_matmul), every type matches gguf.dequantize then a float matmul."""
+    """At kernels._FUSED[code] tokens an expert (the fused in-place path: fours, pairs, one), one more (rows
+    dequantised against each token, gemm.deq_dots) and from gemm.GEMM_TOKENS (the packed register-tile GEMM,
+    gemm.deq_matmul, 16 row-range items), every type matches gguf.dequantize then a float matmul."""
     rng = np.random.default_rng(int(qt))
     cols = 512 if qt in (QT.Q4_K, QT.Q6_K) else 96
     w = qk.tensor(rng, qt, 2, 13, cols)
     W = qk.deq(w, 1)
-    for T in (K._FUSED[w.code], K._FUSED[w.code] + 1):
+    for T in (K._FUSED[w.code], K._FUSED[w.code] + 1, K.GEMM_TOKENS - 1, K.GEMM_TOKENS):
         x = rng.standard_normal((T, cols)).astype(np.float32)
         qk.close(K.expert_matmul(w, 1, x), x @ W.T, np.abs(x) @ np.abs(W).T)
 
