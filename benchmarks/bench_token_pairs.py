@@ -1,7 +1,8 @@
 """Two tokens per row decode (kernels._rows_pair: a 4-row group's weights decoded once for both tokens)
 against the same two tokens one at a time (_rows_token); the fused int16 path (kernels._rows_fused: four
-tokens a row group, then pairs) against pairs alone at 4 and 8 tokens, and against dequantise-then-GEMM
-(gemm.deq_matmul) at m tokens an expert: where kernels._FUSED sits (F16 rows, one token at a time, too).
+tokens a row group, then pairs) against pairs alone at 4 and 8 tokens, and against dequantise-then-multiply
+(gemm.deq_dots; gemm.deq_matmul from GEMM_TOKENS) at m tokens an expert: where kernels._FUSED sits (F16 rows,
+one token at a time, too).
 Expert 0's gate (or --parts) of each model, in cache, the ways interleaved in one process, one thread; with
 each line the single-token rate and the rate rows dequantise at (G weights/s):
 
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from calibration.local import ensure_model  # noqa: E402
 from executor import kernels as K  # noqa: E402
-from executor.gemm import deq_matmul, deq_rows, pack_tokens  # noqa: E402
+from executor.gemm import GEMM_TOKENS, deq_dots, deq_matmul, deq_rows, pack_tokens  # noqa: E402
 from executor.gguf_model import GGUFModel  # noqa: E402
 
 
@@ -68,8 +69,12 @@ def _f16_tokens(w, R, rb, X, DX, res, reps):
 
 @njit(fastmath=True)
 def _deq(code, w, R, rb, X, res, reps):
-    for _ in range(reps):  # the tokens packed each time (the executor packs once for gate and up)
-        deq_matmul(code, w, 0, R, rb, pack_tokens(X), X.shape[0], res, 0)
+    """The executor's path above _FUSED: gemm.deq_dots, or from GEMM_TOKENS the packed GEMM (packing timed too)."""
+    for _ in range(reps):
+        if X.shape[0] >= GEMM_TOKENS:
+            deq_matmul(code, w, 0, R, rb, pack_tokens(X), X.shape[0], res, 0)
+        else:
+            deq_dots(code, w, 0, R, rb, X, res, 0)
 
 
 def _time(fns, rounds: int = 7) -> list[float]:

@@ -73,7 +73,8 @@ def _tile_gen(NV: int):
 
         def cp(i, j):  # C[i, 8 j: 8 j + 8]
             return builder.bitcast(builder.gep(c.data, [ir.Constant(_I64, i * NT + 8 * j)]), _V8.as_pointer())
-        acc = [[cgutils.alloca_once_value(builder, builder.load(cp(i, j), align=4)) for j in range(NV)] for i in range(MR)]
+        acc = [[cgutils.alloca_once_value(builder, builder.load(cp(i, j), align=4)) for j in range(NV)]
+               for i in range(MR)]
         arow = [builder.gep(a.data, [builder.mul(lda, ir.Constant(_I64, i))]) for i in range(MR)]
         with cgutils.for_range(builder, n) as loop:
             k = loop.index

@@ -3,7 +3,8 @@ SwiGLU experts built on them are in cpu_experts.py).
 
 Weights are uint8 views of the file mapping (no copies). One-token products use the AVX2 row
 intrinsics of simd.py (Q8_0 / Q4_0 with int16 activations, F16 with float32 ones); more than
-_FUSED tokens per expert dequantise each row once. The K-quants of llama.cpp's Q4_K_M files have
+_FUSED tokens per expert dequantise each row once (gemm.py: dot blocks, from GEMM_TOKENS a packed
+register-tile GEMM in few large items). The K-quants of llama.cpp's Q4_K_M files have
 kernels of their own (kquants.py, int16 activations too). Kernels release the GIL (nogil)
 and split rows across threads (prange); little work runs serially. Type codes: 1 = F16, 2 = Q8_0,
 3 = Q4_0, 4 = Q4_K, 5 = Q6_K.
@@ -16,8 +17,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .gemm import (F16, GEMM_TOKENS, MR, NT, Q4_0, Q4_K, Q6_K, Q8_0, deq_dots, deq_matmul,  # noqa: F401  (type codes re-exported)
-                   pack_tokens)
+from .gemm import (F16, GEMM_TOKENS, MR, NT, Q4_0, Q4_K, Q6_K, Q8_0,  # noqa: F401  (the type codes, re-exported)
+                   deq_dots, deq_matmul, pack_tokens)
 from .kquants import (rows1_q4_k, rows1_q6_k, rows2_q4_k, rows2_q6_k, rows2x4_q4_k, rows2x4_q6_k, rows4x2_q4_k,
                       rows4x2_q6_k)
 from .nbcache import drop_stale_cache
@@ -48,9 +49,10 @@ _ROWS = 32  # rows per parallel work item (16 -> 32: ~5% on Q4_0 expert GB/s, fe
 # - the K-quants, whose rows dequantise faster than their dots run (kquants.deq_q*_k_row), four tokens a 2-row
 #   group: Q4_K 1.07 / 0.93 at 12 tokens (two runs), 0.81-0.90 at 16; Q6_K 1.04 at 6, 0.99-1.00 at 8 (pairs only: 10 and
 #   4 tokens).
-# Session 18's GEMM (6 x 16 register tiles, packing included) moved no crossover, two runs: Q8_0 1.30-1.32 at 12,
-# 0.88-0.97 at 16; Q4_0 1.14-1.17 at 16, 0.99-1.15 at 24, 0.93-1.01 at 32; Q4_K 0.88-1.14 at 12; Q6_K 1.47-1.50 at
-# 6, 0.59-0.93 at 8. It is faster where an expert has many tokens and the tokens' panels are reused (prefill).
+# These ratios are against the 4 x 3 dot blocks (gemm.deq_dots), which still run above _FUSED up to gemm.GEMM_TOKENS.
+# Session 18's packed GEMM in their place would have moved no crossover, two runs: Q8_0 1.30-1.32 at 12, 0.88-0.97
+# at 16; Q4_0 1.14-1.17 at 16, 0.99-1.15 at 24, 0.93-1.01 at 32; Q4_K 0.88-1.14 at 12; Q6_K 1.47-1.50 at 6, 0.59-0.93
+# at 8; it wins where an expert has many tokens and its packed tokens are reused (prefill, from GEMM_TOKENS).
 _FUSED = (0, 16, 16, 32, 12, 6)
 
 
