@@ -6,7 +6,7 @@ thread (gate, up, activation, down into the thread's own partial output: one par
 barrier); other jobs split each matrix's rows across the threads; small jobs run on the calling
 thread (a parallel region costs more than it saves). Each token is quantised to int16 once per job.
 Experts with prefill-sized token counts (gemm.GEMM_TOKENS or more) take the GEMM path: their tokens are packed
-once a job (_fill_panels, gemm.pack_tokens' layout), and the rows split into few large items (two an
+once a job (gemm.pack_into), and the rows split into few large items (two an
 expert for gate / up, 2 x threads for down), each of which streams the panels once.
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .kernels import (_FUSED, _SERIAL_BYTES, GEMM_TOKENS, NT, _parts, _parts_serial, _quant_rows, _rows_matmul,
-                      flat, gemm_path, item_rows, panels, prange_only)
+from .kernels import (_SERIAL_BYTES, NT, _parts, _parts_serial, _quant_rows, _rows_matmul, flat, gemm_path,
+                      item_rows, pack_into, panels, prange_only)
 from .nbcache import drop_stale_cache
 from .simd import silu_mul
 
@@ -50,35 +50,25 @@ def _moe_prep(x, experts, offs, tok):
 
 
 @njit(cache=True)
-def _panel_blocks(offs, gemm_tokens):
+def _panel_blocks(offs, c0, c1):
     """Each expert's first block in the stacked token panels of a CSR job [n + 1]: expert i's are
-    P[pb[i]:pb[i + 1]], none where it has at most gemm_tokens tokens (its products take the fused path)."""
+    P[pb[i]:pb[i + 1]], none unless its products with type c0 or c1 take the GEMM path (kernels.gemm_path)."""
     n = offs.shape[0] - 1
     pb = np.zeros(n + 1, np.int64)
     for i in range(n):
         m = offs[i + 1] - offs[i]
-        pb[i + 1] = pb[i] + ((m + NT - 1) // NT if m > gemm_tokens else 0)
+        pb[i + 1] = pb[i] + ((m + NT - 1) // NT if gemm_path(m, c0) or gemm_path(m, c1) else 0)
     return pb
 
 
 @njit(fastmath=True, cache=True)
-def _fill_panels(P, pb, xs, offs, i):
-    """Expert i's rows of xs [M, C] into its panels P[pb[i]:pb[i + 1]] (gemm.pack_tokens' layout, zero-padded)."""
-    a0, m = offs[i], offs[i + 1] - offs[i]
-    for kb in range(pb[i], pb[i + 1]):
-        t0 = (kb - pb[i]) * NT
-        for c in range(xs.shape[1]):
-            for tt in range(NT):
-                P[kb, c, tt] = xs[a0 + t0 + tt, c] if t0 + tt < m else np.float32(0.0)
-
-
-@njit(fastmath=True, cache=True)
-def _expert_panels(xs, offs, gemm_tokens):
+def _expert_panels(xs, offs, c0, c1):
     """The stacked token panels of every expert's rows of xs [M, C] (_panel_blocks), on this thread -> (P, pb)."""
-    pb = _panel_blocks(offs, gemm_tokens)
+    pb = _panel_blocks(offs, c0, c1)
     P = np.empty((pb[-1], xs.shape[1], NT), np.float32)
     for i in range(offs.shape[0] - 1):
-        _fill_panels(P, pb, xs, offs, i)
+        if pb[i + 1] > pb[i]:
+            pack_into(P, pb[i], xs[offs[i]:offs[i + 1]])
     return P, pb
 
 
@@ -182,23 +172,23 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nth
         for t in range(nthr):
             out += part[t]
         return
-    gt = max(GEMM_TOKENS - 1, min(_FUSED[gc], _FUSED[uc]))  # more tokens an expert: the GEMM path
-    pb = _panel_blocks(offs, gt)
+    pb = _panel_blocks(offs, gc, uc)
     P = np.empty((pb[-1], H, NT), np.float32)
-    if pb[-1]:
+    if pb[-1]:  # some expert takes the GEMM: its tokens packed here, in parallel
         for i in prange(experts.shape[0]):
-            _fill_panels(P, pb, xg, offs, i)
-    n = item_rows(maxm > gt, F, 2)  # GEMM: two items an expert
+            if pb[i + 1] > pb[i]:
+                pack_into(P, pb[i], xg[offs[i]:offs[i + 1]])
+    n = item_rows(pb[-1] > 0, F, 2)  # GEMM: two items an expert
     for it in prange(experts.shape[0] * ((F + n - 1) // n)):
         _moe_up(it, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, P, pb, n, act)
     a16, da = _quant_rows(act[:tok.shape[0]])  # the rows phase 1 wrote (act may be longer)
-    gt = max(GEMM_TOKENS - 1, _FUSED[dc])
-    pb = _panel_blocks(offs, gt)
+    pb = _panel_blocks(offs, dc, dc)
     P = np.empty((pb[-1], F, NT), np.float32)
     if pb[-1]:
         for i in prange(experts.shape[0]):
-            _fill_panels(P, pb, act, offs, i)
-    n = item_rows(maxm > gt, H, 2 * nthr)
+            if pb[i + 1] > pb[i]:
+                pack_into(P, pb[i], act[offs[i]:offs[i + 1]])
+    n = item_rows(pb[-1] > 0, H, 2 * nthr)
     for it in prange((H + n - 1) // n):
         _moe_down(it, dd, dc, H, experts, offs, tok, wts, act, a16, da, P, pb, n, maxm, out)
 
@@ -208,11 +198,11 @@ def _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, o
     """_moe on the calling thread (little work: a parallel region costs more than it saves); nthr and
     whole unused."""
     xg, x16, dx, maxm = _moe_prep(x, experts, offs, tok)
-    P, pb = _expert_panels(xg, offs, max(GEMM_TOKENS - 1, min(_FUSED[gc], _FUSED[uc])))
+    P, pb = _expert_panels(xg, offs, gc, uc)
     for i in range(experts.shape[0]):  # each expert's matrices in one call (F rows an item)
         _moe_up(i, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, P, pb, F, act)
     a16, da = _quant_rows(act[:tok.shape[0]])  # the rows phase 1 wrote (act may be longer)
-    P, pb = _expert_panels(act, offs, max(GEMM_TOKENS - 1, _FUSED[dc]))
+    P, pb = _expert_panels(act, offs, dc, dc)
     _moe_down(0, dd, dc, H, experts, offs, tok, wts, act, a16, da, P, pb, H, maxm, out)
 
 

@@ -107,15 +107,22 @@ def _tile8(typingctx, A, B, c0, n, C):
 
 
 @njit(fastmath=True, cache=True)
+def pack_into(P, b0, X):
+    """X [m, cols] into the token panels P[b0:b0 + ceil(m / NT)] (pack_tokens' layout, zero-padded)."""
+    m = X.shape[0]
+    for kb in range((m + NT - 1) // NT):
+        for c in range(X.shape[1]):
+            for tt in range(NT):
+                t = kb * NT + tt
+                P[b0 + kb, c, tt] = X[t, c] if t < m else np.float32(0.0)
+
+
+@njit(fastmath=True, cache=True)
 def pack_tokens(X):
     """X [m, cols] -> the GEMM's token panels [ceil(m / NT), cols, NT] float32: NT tokens a block, a column's
     tokens side by side, zero-padded (packed once per matrix of tokens, read by every row panel)."""
-    m, cols = X.shape
-    P = np.zeros(((m + NT - 1) // NT, cols, NT), np.float32)
-    for t in range(m):
-        kb, tt = t // NT, t % NT
-        for c in range(cols):
-            P[kb, c, tt] = X[t, c]
+    P = np.empty(((X.shape[0] + NT - 1) // NT, X.shape[1], NT), np.float32)
+    pack_into(P, 0, X)
     return P
 
 
