@@ -153,8 +153,8 @@ def int8_expert_job(fmt: str, hidden: int, ffn: int, pool_bytes: int, max_k: int
     down = _synth_tensor(fmt, pool, hidden, ffn, rng)
     x = rng.standard_normal(hidden).astype(np.float32)
 
-    def run_job(k: int, i: int):
-        moe_i8(gate, up, down, x, ((np.arange(k) + i * k) % pool).astype(np.int32), np.full(k, 1.0 / k, np.float32))
+    def run_job(k: int, first: int):
+        moe_i8(gate, up, down, x, ((np.arange(k) + first) % pool).astype(np.int32), np.full(k, 1.0 / k, np.float32))
     return run_job, ebytes, (gate, up, down, x)
 
 

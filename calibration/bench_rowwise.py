@@ -108,8 +108,8 @@ def repacked_expert_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, p
     flat, code, ebytes, pool, x, h = _synthetic_experts(fmt, hidden, ffn, pool_bytes, max_k, seed)
     g, y = np.zeros((max_k, ffn), np.float32), np.zeros((max_k, hidden), np.float32)
 
-    def run_job(k: int, i: int):
-        es = [(i * k + j) % pool for j in range(k)]
+    def run_job(k: int, first: int):
+        es = [(first + j) % pool for j in range(k)]
         for m, rows, v, out in ((0, ffn, x, g), (1, ffn, x, g), (2, hidden, h, y)):
             _repacked_matvec(List([flat[m][e] for e in es]), code, rows, v, out)
     return run_job, ebytes
@@ -119,16 +119,16 @@ def rowwise_expert_job(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, po
                        max_k: int = 8, seed: int = 0):
     """(run_job, expert_bytes): one token's job of k SwiGLU experts, each matrix one `_rowwise_matvec`
     (gate, up, then down: three ggml ops per expert), on synthetic `fmt` experts in a pool larger
-    than the last-level cache; job i uses experts i*k .. i*k+k-1 (mod pool). Activations are not
+    than the last-level cache; a job uses experts first .. first+k-1 (mod pool). Activations are not
     applied (values don't matter to the timing)."""
     if fmt not in FORMATS:
         raise ValueError(f"no single-row kernel for {fmt} (have {', '.join(FORMATS)})")
     flat, code, ebytes, pool, x, h = _synthetic_experts(fmt, hidden, ffn, pool_bytes, max_k, seed)
     g, u, y = np.zeros((1, ffn), np.float32), np.zeros((1, ffn), np.float32), np.zeros((1, hidden), np.float32)
 
-    def run_job(k: int, i: int):
+    def run_job(k: int, first: int):
         for j in range(k):
-            e = (i * k + j) % pool
+            e = (first + j) % pool
             _rowwise_matvec(flat[0][e], code, ffn, x, g)
             _rowwise_matvec(flat[1][e], code, ffn, x, u)
             _rowwise_matvec(flat[2][e], code, hidden, h, y)

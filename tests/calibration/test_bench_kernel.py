@@ -4,7 +4,7 @@ import time
 import numpy as np
 import pytest
 
-from calibration.bench_kernel import (_ROW_BYTES, KernelFit, _synth_tensor, bench_expert_kernel,
+from calibration.bench_kernel import (_ROW_BYTES, KernelBench, KernelFit, _synth_tensor, bench_expert_kernel,
                                       executor_expert_job, executor_kernel_available, fit_job_costs,
                                       toy_expert_job)
 
@@ -92,3 +92,17 @@ def test_synthetic_block_scales_spread_like_real_ones():
         assert d.size == 2 * 16 * 256 // 32
         assert len(np.unique(d)) > d.size // 4
         assert 0.45 * d.mean() < d.min() and d.max() < 1.55 * d.mean()
+
+
+def test_jobs_walk_the_pool_so_no_expert_is_read_again_from_cache():
+    """Each job's first expert is where the job before it ended, warm-up included: the experts read, in
+    order, are 0, 1, 2, ... (mod the pool). Jobs that began at i * k re-read what the previous k's job had
+    just left in the cache: the rowwise Q8_0 rate fitted 42.3 GB/s against 37.2 walking, side by side."""
+    firsts = []
+
+    def job(k, first):
+        firsts.append(list(range(first, first + k)))
+    kb = KernelBench(job, [1, 2, 4, 6, 8], expert_bytes=1000, threads=1)
+    kb.sample(3, budget_s=1.0)
+    read = [e for j in firsts for e in j]
+    assert len(firsts) >= 5 * 4 and read == list(range(len(read)))
