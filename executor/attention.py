@@ -15,7 +15,7 @@ from numba import njit, prange
 
 from .kernels import prange_only
 from .nbcache import drop_stale_cache
-from .simd import exp32
+from .simd import dot_f32, exp32, sum_f32
 
 drop_stale_cache("attention", ("simd.py", "kernels.py", "kquants.py"))
 
@@ -29,7 +29,11 @@ def _attend(qkv, kc, vc, it, p0, n, nh, nkv, sc, out):
     """Work item it = (s, j, h) of S * n * nh: out[s * n + j, h * hd:(h + 1) * hd] = softmax(q_h .
     K[:p0 + j + 1] / sqrt(hd)) V of query head h's KV head (K / V already cached); sc: scratch of at
     least p0 + n floats. Rows are 1-D contiguous views, so the loops over hd vectorise (indexing a
-    [g, hd] slice of qkv instead ran 2x slower)."""
+    [g, hd] slice of qkv instead ran 2x slower).
+
+    The two sums (q . k over hd, and the softmax's over T) go through simd.dot_f32 / sum_f32, whose order is
+    fixed: as plain fastmath loops LLVM grouped them per compilation context, and numba's cached copy of
+    the parallel `_attend_all` came out 1 ulp off the serial items from a checkout's second run on (Zen 4)."""
     hd = qkv.shape[2]
     h = it % nh
     r = it // nh  # the token row s * n + j
@@ -39,20 +43,21 @@ def _attend(qkv, kc, vc, it, p0, n, nh, nkv, sc, out):
     scale = np.float32(1.0) / np.sqrt(np.float32(hd))
     q = qkv[r, h]
     ks, vs = kc[s, kvh], vc[s, kvh]  # [ctx, hd]
+    h8 = hd // 8
     m = np.float32(-np.inf)
     for t in range(T):
         kt = ks[t]
-        v = np.float32(0.0)
-        for d in range(hd):
-            v += q[d] * kt[d]
+        v = dot_f32(q, kt, h8)
+        for d in range(8 * h8, hd):
+            v = v + q[d] * kt[d]
         v *= scale
         sc[t] = v
         m = max(m, v)
-    z = np.float32(0.0)
     for t in range(T):
-        e = exp32(sc[t] - m)
-        sc[t] = e
-        z += e
+        sc[t] = exp32(sc[t] - m)
+    z = sum_f32(sc, T // 8)
+    for t in range(8 * (T // 8), T):
+        z = z + sc[t]
     o = out[r, h * hd:(h + 1) * hd]
     for d in range(hd):
         o[d] = 0.0

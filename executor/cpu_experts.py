@@ -15,8 +15,9 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from .gemm import pack_into
 from .kernels import (_SERIAL_BYTES, NT, _parts, _parts_serial, _quant_rows, _rows_matmul, flat, gemm_path,
-                      item_rows, pack_into, panels, prange_only)
+                      item_rows, panels, prange_only)
 from .nbcache import drop_stale_cache
 from .simd import silu_mul
 

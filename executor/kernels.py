@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit, prange
 
 from .gemm import (F16, GEMM_TOKENS, MR, NT, Q4_0, Q4_K, Q6_K, Q8_0,  # noqa: F401  (the type codes, re-exported)
-                   deq_dots, deq_matmul, pack_into, pack_tokens)
+                   deq_dots, deq_matmul, pack_tokens)
 from .kquants import (rows1_q4_k, rows1_q6_k, rows2_q4_k, rows2_q6_k, rows2x4_q4_k, rows2x4_q6_k, rows4x2_q4_k,
                       rows4x2_q6_k)
 from .nbcache import drop_stale_cache

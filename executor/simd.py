@@ -443,3 +443,65 @@ def quant16(x, x16, dx):
             s += np.int32(q)
         dx[b] = d
         dx[nb + b] = np.float32(8 * s)  # exact (|8 s| < 2**24): the Q4_0 offset term
+
+
+def _sum_f32_ir(with_b: bool):
+    """Codegen: sum over i < 8 nc of a[i] (* b[i]) for 1-D float32 a (b), in two <8 x float> accumulators (even
+    and odd chunks), added, then halved (hsum8): a fixed order, whatever the compilation context, and
+    vectorised (fastmath's reassoc lets LLVM pick the grouping of a plain loop's sum per context)."""
+    def gen(context, builder, sig, args):
+        data = lambda i: cgutils.create_struct_proxy(sig.args[i])(context, builder, value=args[i]).data  # noqa: E731
+        pa = builder.bitcast(data(0), V(F32, 8).as_pointer())
+        pb = builder.bitcast(data(1), V(F32, 8).as_pointer()) if with_b else None
+        nc = args[2 if with_b else 1]
+        zero = ir.Constant(V(F32, 8), [0.0] * 8)
+        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(2)]
+        fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
+        with cgutils.for_range(builder, nc) as loop:
+            i = loop.index
+            acc = builder.select(builder.icmp_unsigned("==", builder.and_(i, ir.Constant(I64, 1)), ir.Constant(I64, 0)),
+                                 accs[0], accs[1])
+            va = builder.load(builder.gep(pa, [i]), align=4)
+            if with_b:
+                v = builder.call(fma, [va, builder.load(builder.gep(pb, [i]), align=4), builder.load(acc)])
+            else:
+                v = _fadd(builder, va, builder.load(acc))
+            builder.store(v, acc)
+        return hsum8(builder, _fadd(builder, builder.load(accs[0]), builder.load(accs[1])))
+    return gen
+
+
+if HAVE_AVX2:
+    @intrinsic
+    def dot_f32(typingctx, a, b, nc):
+        """a[:8 nc] . b[:8 nc] for 1-D float32 a, b: fma into two 8-lane accumulators (even / odd chunks of 8),
+        then a fixed halving sum: the same bits in any compilation context."""
+        return types.float32(a, b, nc), _sum_f32_ir(True)
+
+    @intrinsic
+    def sum_f32(typingctx, a, nc):
+        """a[0] + .. + a[8 nc - 1] for 1-D float32 a, in dot_f32's order."""
+        return types.float32(a, nc), _sum_f32_ir(False)
+else:
+    @njit(inline="always")
+    def dot_f32(a, b, nc):
+        acc = np.zeros(16, np.float32)
+        for i in range(nc):
+            for c in range(8):
+                acc[(i % 2) * 8 + c] = np.float32(acc[(i % 2) * 8 + c] + a[8 * i + c] * b[8 * i + c])
+        return _hsum16(acc)
+
+    @njit(inline="always")
+    def sum_f32(a, nc):
+        acc = np.zeros(16, np.float32)
+        for i in range(nc):
+            for c in range(8):
+                acc[(i % 2) * 8 + c] = np.float32(acc[(i % 2) * 8 + c] + a[8 * i + c])
+        return _hsum16(acc)
+
+    @njit(inline="always")
+    def _hsum16(acc):
+        s = acc[:8] + acc[8:]
+        h = s[:4] + s[4:]
+        p = h[:2] + h[2:]
+        return np.float32(p[0] + p[1])
