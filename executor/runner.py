@@ -66,6 +66,8 @@ class Runner:
                  static_decode: bool | None = None):
         """static_decode: decode steps through device_step's static calls (default: on CUDA, as graphs)."""
         self.plan, self.m = plan, GGUFModel(model_path)
+        if plan.placement.experts_home == "ram" and plan.placement.expert_ram_bytes is None:
+            self.m.populate()  # every expert's home is RAM: map the file now, not page by page in the first steps
         c = self.c = self.m.cfg
         self.device = pick_device(plan.placement.dense == "gpu")
         K.set_threads(plan.cpu_threads)
