@@ -62,9 +62,8 @@ def test_new_keys_and_values_are_appended_at_p0():
             np.testing.assert_array_equal(vc[s, :, 5 + j], qkv[s * 3 + j, 6:8])
 
 
-def test_parallel_and_serial_items_same_bits():
-    """Above SERIAL_MACS the work items run across threads; each item is computed the same way, so the
-    result is bitwise the one of the serial loop (a 64-token prompt on a 300-token context)."""
+def parallel_and_serial():
+    """(the work items across threads, the serial loop's) for a 64-token prompt on a 300-token context."""
     rng = np.random.default_rng(1)
     S, n, p0, nh, nkv, hd = 1, 64, 300, 8, 4, 64
     assert 2 * S * nh * hd * (n * p0 + n * (n + 1) // 2) >= A.SERIAL_MACS
@@ -77,23 +76,19 @@ def test_parallel_and_serial_items_same_bits():
     sc = np.empty(p0 + n, np.float32)
     for it in range(S * n * nh):
         A._attend(qkv, kc, vc, it, p0, n, nh, nkv, sc, ser)
-    np.testing.assert_array_equal(par, ser)
+    return par, ser
 
 
-_PAR_VS_SERIAL = """
+def test_parallel_and_serial_items_same_bits():
+    """Above SERIAL_MACS the work items run across threads; each item is computed the same way, so the
+    result is bitwise the one of the serial loop (a 64-token prompt on a 300-token context)."""
+    np.testing.assert_array_equal(*parallel_and_serial())
+
+
+_IN_A_PROCESS = """
+import runpy, sys
 import numpy as np
-from executor import attention as A
-rng = np.random.default_rng(1)
-S, n, p0, nh, nkv, hd = 1, 64, 300, 8, 4, 64
-qkv = rng.standard_normal((S * n, nh + 2 * nkv, hd), dtype=np.float32)
-kc = rng.standard_normal((S, nkv, p0 + n, hd), dtype=np.float32)
-vc = rng.standard_normal((S, nkv, p0 + n, hd), dtype=np.float32)
-par = np.empty((S * n, nh * hd), np.float32)
-A.attn_cached(qkv, kc, vc, p0, n, nh, nkv, par)
-ser = np.empty_like(par)
-sc = np.empty(p0 + n, np.float32)
-for it in range(S * n * nh):
-    A._attend(qkv, kc, vc, it, p0, n, nh, nkv, sc, ser)
+par, ser = runpy.run_path(sys.argv[1])["parallel_and_serial"]()
 print("SAME" if np.array_equal(par, ser) else "DIFFERENT")
 """
 
@@ -105,7 +100,7 @@ def test_parallel_items_keep_their_bits_when_loaded_from_numbas_cache(tmp_path):
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), PYTHONPATH=str(root))
     for _ in range(2):
-        out = subprocess.run([sys.executable, "-c", _PAR_VS_SERIAL], env=env, capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-c", _IN_A_PROCESS, __file__], env=env, capture_output=True, text=True,
                              cwd=root, timeout=600)
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.strip().splitlines()[-1] == "SAME"
