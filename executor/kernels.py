@@ -167,7 +167,7 @@ def _rows_matmul(code, w, r0, r1, rb, X, X16, DX, P, res, off):
     F16: float32 X), the weight rows staying in L1/L2; else the rows are dequantised once and multiplied with
     the tokens' packed panels P (`panels`; prefill: gemm.deq_matmul; under GEMM_TOKENS gemm.deq_dots on X)."""
     m = X.shape[0]
-    if m >= GEMM_TOKENS and m > _FUSED[code]:
+    if gemm_path(m, code):
         deq_matmul(code, w, r0, r1, rb, P, m, res, off)
     elif m > _FUSED[code]:
         deq_dots(code, w, r0, r1, rb, X, res, off)
