@@ -12,6 +12,7 @@ ratios between variants alike); printed: each variant's median GB/s of expert by
 ratio to the most rows, and the read. Why kernels._rows_token computes Q8_0 2 rows a pass, Q4_0 8 and the
 K-quants 2 (session 16, 2 rows against 4: Q4_K 1.00-1.05x, Q6_K 1.02-1.20x, the most while slow).
 --l2: the kernels' arithmetic alone, one core, 128 rows of one expert's gate in L2 (1 row a pass too).
+Q4_0 on an AVX-512 VNNI CPU: the executor's VNNI rows (vnni.py), and simd.py's int16 8 rows beside them.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import executor  # noqa: E402,F401  (first: sets OMP_WAIT_POLICY before torch loads OpenMP)
 from calibration.bench_kernel import _ROW_BYTES, _synth_tensor  # noqa: E402
 from executor import kernels as K  # noqa: E402
-from executor import kquants, simd  # noqa: E402
+from executor import kquants, simd, vnni  # noqa: E402
 
 THREADS = 2
 
@@ -75,20 +76,20 @@ def per_round_ratio(v: list[float], ref: list[float]) -> float:
     return float(np.median(np.array(v) / np.array(ref)))
 
 
-def l2_rates(kernels: dict, w: np.ndarray, rows: int, x16, dx, rounds: int) -> dict[int, list[float]]:
-    """G weights/s of each row count's kernel on one core, `rows` rows of w in L2, rotating order."""
-    loops = {nr: in_l2(k, nr) for nr, k in kernels.items()}
+def l2_rates(kernels: dict, w: np.ndarray, rows: int, x16, dx, rounds: int) -> dict[str, list[float]]:
+    """G weights/s of each kernel {label: (kernel, rows a pass)} on one core, `rows` rows of w in L2, rotating order."""
+    loops = {name: in_l2(k, nr) for name, (k, nr) in kernels.items()}
     out = np.zeros((1, rows), np.float32)
     reps = max(1, int(2e8 // w.nbytes))
     for loop in loops.values():  # compile
         loop(w, rows, x16, dx, out, 1)
-    rates: dict[int, list[float]] = {nr: [] for nr in loops}
+    rates: dict[str, list[float]] = {name: [] for name in loops}
     order = list(loops)
     for r in range(rounds):
-        for nr in order[r % len(order):] + order[:r % len(order)]:
+        for name in order[r % len(order):] + order[:r % len(order)]:
             t = time.perf_counter()
-            loops[nr](w, rows, x16, dx, out, reps)
-            rates[nr].append(reps * rows * x16.shape[1] / (time.perf_counter() - t) / 1e9)
+            loops[name](w, rows, x16, dx, out, reps)
+            rates[name].append(reps * rows * x16.shape[1] / (time.perf_counter() - t) / 1e9)
     return rates
 
 
@@ -115,36 +116,39 @@ def main() -> int:
     if a.fmt in ("Q4_K", "Q6_K"):
         gen, slow = ((kquants._rows_q4_k_ir, kquants._slow_q4_k) if a.fmt == "Q4_K"
                      else (kquants._rows_q6_k_ir, kquants._slow_q6_k))
-        kernels = {nr: kquants._k_kernel(gen, slow, nr, 1) for nr in (4, 2, 1)}
+        kernels = {f"{nr} rows": (kquants._k_kernel(gen, slow, nr, 1), nr) for nr in (4, 2, 1)}
+    elif a.fmt == "Q4_0" and vnni.HAVE_VNNI512:  # the executor's VNNI rows, beside simd.py's int16 ones
+        kernels = {f"{nr} rows (VNNI)": (vnni.vnni_kernel(nr, 1), nr) for nr in (8, 4, 2, 1)}
+        kernels["8 rows (int16)"] = (simd._qkernel(True, 8, 1), 8)
     else:
-        kernels = {nr: simd._qkernel(a.fmt == "Q4_0", nr, 1) for nr in (8, 4, 2, 1)}
-    most = max(kernels)
+        kernels = {f"{nr} rows": (simd._qkernel(a.fmt == "Q4_0", nr, 1), nr) for nr in (8, 4, 2, 1)}
+    most = next(iter(kernels))  # the ratios' reference: the most rows a pass
     if a.l2:
         rows = 128
         rates = l2_rates(kernels, np.ascontiguousarray(w[0][0][:rows * _ROW_BYTES[a.fmt](h)]), rows, x16, dx, a.rounds)
         print(f"{a.fmt} {rows} rows of {h} in L2, one core, {a.rounds} rounds")
-        for nr, v in rates.items():
-            print(f"  {nr} rows a pass: {np.median(v):.2f} G weights/s; {per_round_ratio(v, rates[most]):.2f}x {most} rows "
+        for name, v in rates.items():
+            print(f"  {name} a pass: {np.median(v):.2f} G weights/s; {per_round_ratio(v, rates[most]):.2f}x {most} "
                   "(median of per-round ratios)")
         return 0
-    variants = {nr: runner(k, nr) for nr, k in kernels.items() if nr > 1}
+    variants = {name: runner(k, nr) for name, (k, nr) in kernels.items() if nr > 1}
     for run in variants.values():  # compile; every page mapped
         run(*w, np.arange(pool), f, h, x16, dx, h16, dh, og, od)
-    rates: dict[int, list[float]] = {nr: [] for nr in variants}
+    rates: dict[str, list[float]] = {name: [] for name in variants}
     reads, order = [], list(variants)
     big = np.ones((1 << 30) // 8, np.uint64)
     for r in range(a.rounds):
         reads.append(K.read_bandwidth(pool=big, repeat=1))
-        for nr in order[r % len(order):] + order[:r % len(order)]:
+        for name in order[r % len(order):] + order[:r % len(order)]:
             experts = np.concatenate([rng.choice(pool, k, replace=False) for _ in range(a.layers)])
             t = time.perf_counter()
-            variants[nr](*w, experts, f, h, x16, dx, h16, dh, og, od)
-            rates[nr].append(experts.size * eb / (time.perf_counter() - t) / 1e9)
+            variants[name](*w, experts, f, h, x16, dx, h16, dh, og, od)
+            rates[name].append(experts.size * eb / (time.perf_counter() - t) / 1e9)
     print(f"{a.fmt} experts {h}x{f} (rows of {_ROW_BYTES[a.fmt](h)} B), top-{k}, {THREADS} threads, {a.rounds} rounds; "
           f"read {np.median(reads):.1f} GB/s")
-    for nr, v in rates.items():
-        print(f"  {nr} rows a pass: {np.median(v):.1f} GB/s = {np.median(v) / np.median(reads):.0%} of the read; "
-              f"{per_round_ratio(v, rates[most]):.2f}x {most} rows (median of per-round ratios)")
+    for name, v in rates.items():
+        print(f"  {name} a pass: {np.median(v):.1f} GB/s = {np.median(v) / np.median(reads):.0%} of the read; "
+              f"{per_round_ratio(v, rates[most]):.2f}x {most} (median of per-round ratios)")
     return 0
 
 

@@ -22,11 +22,21 @@ from .gemm import (F16, GEMM_TOKENS, MR, NT, Q4_0, Q4_K, Q6_K, Q8_0,  # noqa: F4
 from .kquants import (rows1_q4_k, rows1_q6_k, rows2_q4_k, rows2_q6_k, rows2x4_q4_k, rows2x4_q6_k, rows4x2_q4_k,
                       rows4x2_q6_k)
 from .nbcache import drop_stale_cache
-from .simd import (quant16, rows1_f16, rows1_q4, rows1_q8, rows2_q8, rows4_f16, rows4_q4, rows4x2_q4, rows4x2_q8,
-                   rows8_q4, rows8x4_q4)
+from . import simd
+from .simd import quant16, rows1_f16, rows1_q8, rows2_q8, rows4_f16, rows4x2_q8
+from .vnni import HAVE_VNNI512, SPLIT_FLOATS, split8, vnni_kernel
 
+drop_stale_cache("kernels", ("simd.py", "gemm.py", "kquants.py", "vnni.py"))
 
-drop_stale_cache("kernels", ("simd.py", "gemm.py", "kquants.py"))
+# Q4_0 rows: with AVX-512 VNNI two rows a 512-bit register (vnni.py: one core in L2 1.15-1.19x simd.py's 256-bit
+# loop, from DRAM on 2 threads 1.05-1.10x; the same integer sums, so the same results to the last bits of the
+# float adds), else simd.py's
+if HAVE_VNNI512:
+    rows8_q4, rows4_q4, rows1_q4, rows4x2_q4, rows8x4_q4 = (vnni_kernel(n, t) for n, t in
+                                                            ((8, 1), (4, 1), (1, 1), (4, 2), (8, 4)))
+else:
+    rows8_q4, rows4_q4, rows1_q4, rows4x2_q4, rows8x4_q4 = (simd.rows8_q4, simd.rows4_q4, simd.rows1_q4,
+                                                            simd.rows4x2_q4, simd.rows8x4_q4)
 
 
 
@@ -187,12 +197,16 @@ def _rows_matmul(code, w, r0, r1, rb, X, X16, DX, P, res, off):
 
 @njit(fastmath=True, cache=True)
 def _quant_rows(x):
-    """int16 activations of x [T, C]: (x16 [T, C], dx [T, 2 C/32]) (layout: simd.quant16)."""
+    """int16 activations of x [T, C]: (x16 [T, C], dx [T, 2 C/32], with AVX-512 VNNI [T, (2 + 32) C/32]: the
+    split bytes of the VNNI Q4_0 rows behind the scales and sums) (layouts: simd.quant16, vnni.split8)."""
     T, C = x.shape
+    nb = C // 32
     x16 = np.empty((T, C), np.int16)
-    dx = np.empty((T, 2 * (C // 32)), np.float32)
+    dx = np.empty((T, (2 + SPLIT_FLOATS * HAVE_VNNI512) * nb), np.float32)
     for t in range(T):
         quant16(x[t], x16[t], dx[t])
+        if HAVE_VNNI512:
+            split8(x16[t], dx[t], nb)
     return x16, dx
 
 

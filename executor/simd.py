@@ -1,6 +1,6 @@
 """AVX2 dot products of Q8_0 / Q4_0 rows with int16-quantised activations, as numba intrinsics.
 
-Activations are quantised per 32-block to int16 (x ~= x16 * dx, relative error <= 1.5e-5 of the
+Activations are quantised per 32-block to int16 (x ~= x16 * dx, relative error <= 1.54e-5 of the
 block's largest value; llama.cpp uses int8 here), stored even elements first (see _rows). Weights
 stay in place: each block is loaded from the mmap, turned into int16 words with in-lane ops and
 multiplied with `vpmaddwd`; block sums are scaled in float vectors (8 lanes), so there is no
@@ -424,15 +424,17 @@ def silu_mul(g, u):
 
 @njit(fastmath=True)
 def quant16(x, x16, dx):
-    """x [n] f32 -> x16 [n] int16 and dx [2 n/32] f32: per 32-block x ~= x16 * dx[:n/32]; within a block
-    x16 holds x0, x2, .., x30 then x1, x3, .., x31; dx[n/32:] = 8 * (sum of the block's x16)."""
+    """x [n] f32 -> x16 [n] int16 and dx [2 n/32 ..] f32: per 32-block x ~= x16 * dx[:n/32]; within a block
+    x16 holds x0, x2, .., x30 then x1, x3, .., x31; dx[n/32:2 n/32] = 8 * (sum of the block's x16). A block's
+    largest |x16| is 32639, not 32767, so that x16 = 256 h + l splits into two signed bytes (vnni.split8, which
+    writes them behind the sums where dx is longer)."""
     nb = x.shape[0] // 32
-    assert dx.shape[0] == 2 * nb  # the Q4_0 kernels read the block sums behind the scales
+    assert dx.shape[0] >= 2 * nb  # the Q4_0 kernels read the block sums behind the scales
     for b in range(nb):
         m = np.float32(0.0)
         for j in range(32):
             m = max(m, abs(x[b * 32 + j]))
-        d = m / np.float32(32767.0)
+        d = m / np.float32(32639.0)  # vnni.X16_MAX
         if not d > 0:  # an all-zero block, or one so small (< 2**-134) that the scale underflows
             d = np.float32(1.0)
         inv = np.float32(1.0) / d

@@ -1,0 +1,168 @@
+"""Q4_0 rows with AVX-512 VNNI (`vpdpbusd`): two rows a 512-bit register, int16 activations split in two bytes.
+
+On a core with two 512-bit multiply pipes (Intel server parts) simd.py's 256-bit Q4_0 loop is bound by its
+five multiply-pipe instructions per row and block (2 `vpmaddwd`, the shift, the convert, the fma: 31.6 G
+weights/s a core in L2 here, 2.6 cycles per row and block). `vpdpbusd` multiplies 64 unsigned bytes by 64
+signed ones and adds each four into an int32 lane, so one instruction takes a block of two rows if the
+activations are bytes. They stay int16 (the executor's precision, not llama.cpp's int8): each x16 is split as
+x16 = 256 h + l with h, l signed bytes (|x16| <= 32639, simd.quant16), and a block of a row pair costs
+
+    vpermt2d (the two rows' 16 bytes, dwords interleaved)  vpandq (nibbles: low ones x 1, high ones x 16)
+    vpdpbusd (. h)  vpslld 8  vpdpbusd (. l)  vcvtdq2ps  vfmadd (the pair's two scales, vbroadcastsd)
+
+seven instructions for two rows where simd.py spends sixteen. Row k of a pair takes the even dword lanes, row
+k + 1 the odd ones; lanes 0-7 hold the low nibbles (weights 0-15 of the block), lanes 8-15 the high nibbles
+times 16 (weights 16-31; undone in the final sum, as simd.py's lane 1). The activations come pre-arranged to
+that order, each dword twice (once a row): split8 writes them behind the scales in DX, 128 bytes a block. The
+integer sum of a lane is the int16 kernel's, exactly; a row's float adds are its own, whichever row it is
+paired with (a lone row is paired with itself), and each token's are as alone, so a token gets the same bits
+in any row group or token group. The -8 offset is simd.py's: scale x 8 sum(x16) per row in float.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import binding as llb
+from llvmlite import ir
+from numba import njit
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .simd import F32, I8, I16, I32, I64, V, _fadd, _fmul, _fn, _fsub, _qsig, _slice, _splat, h16_lane0, prefetch_lines, \
+    token_rows
+
+_FEATURES = llb.get_host_cpu_features().flatten().split(",")
+HAVE_VNNI512 = all(f"+{f}" in _FEATURES for f in ("avx512f", "avx512bw", "avx512vnni"))
+X16_MAX = 32639  # the largest |x16| whose split h = (x16 + 128) >> 8 fits a signed byte
+SPLIT_FLOATS = 32  # float32 slots of DX a block's split takes (128 bytes: h then l, 64 each)
+
+
+@njit(inline="always")
+def _split_pos(j):
+    """Byte offsets (within a block's 64) of activation j (0..31) of a block: row k's copy, row k + 1's."""
+    half, m, b = j // 16, (j % 16) // 4, j % 4  # high nibble?, the row's dword of 16 bytes, byte in it
+    lane = half * 2 + m // 2  # 128-bit lane: [A_2L B_2L A_2L+1 B_2L+1] for dwords m = 2L, 2L + 1
+    d = lane * 4 + (m % 2) * 2  # row k's dword in the register; row k + 1's is the next
+    return 4 * d + b, 4 * d + 4 + b
+
+
+@njit(fastmath=True)
+def split8(x16, dx, nb):
+    """Write x16's split (x16 = 256 h + l, h and l int8) behind the 2 nb scales and sums of dx, block by
+    block in the lane order of the VNNI rows: 64 bytes of h, then 64 of l, each value at its two rows' places."""
+    out = dx[2 * nb:2 * nb + SPLIT_FLOATS * nb].view(np.int8)
+    for b in range(nb):
+        base = b * 128
+        for j in range(32):
+            v = np.int32(x16[b * 32 + (j % 2) * 16 + j // 2])  # quant16: even values first
+            h = (v + 128) >> 8
+            lo = v - (h << 8)
+            p0, p1 = _split_pos(j)
+            out[base + p0] = np.int8(h)
+            out[base + p1] = np.int8(h)
+            out[base + 64 + p0] = np.int8(lo)
+            out[base + 64 + p1] = np.int8(lo)
+
+
+def _dpbusd(builder, acc, a, b):
+    """acc + (each four unsigned bytes of a times the signed bytes of b, summed): <16 x i32>."""
+    f = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", V(I32, 16), [V(I32, 16)] * 3)
+    return builder.call(f, [acc, a, b])
+
+
+def _rows_vnni(NR: int, MT: int = 1, prefetch: bool = True):
+    """Codegen: res[k0 + t, ro + k] = row_k . x_t for NR Q4_0 rows at byte woff + k * rb (nb blocks each), NR
+    even or 1 (paired with itself), and the MT tokens t of DX's split (split8) and scales from k0."""
+    NP = max(1, NR // 2)
+    bs = 18
+
+    def gen(context, builder, sig, args):
+        wa, woff, rb, xa, da, k0, nb, ra, roff = args
+        i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+        wd = cgutils.create_struct_proxy(sig.args[0])(context, builder, value=wa).data
+        _, dds, rds = token_rows(context, builder, sig, args, MT)
+        zero16 = ir.Constant(V(F32, 16), [0.0] * 16)
+        izero = ir.Constant(V(I32, 16), [0] * 16)
+        accs = [[cgutils.alloca_once_value(builder, zero16) for _ in range(MT)] for _ in range(NP)]
+        R = max(NR, 2)  # scales of a lone row: its own, twice
+        W = R * MT
+        sbuf = builder.bitcast(cgutils.alloca_once(builder, V(F32, 2 * W)), F32.as_pointer())
+        one = i64(1)
+        slot = lambda b, t: builder.gep(sbuf, [builder.add(builder.mul(builder.and_(b, one), i64(W)), i64(R * t))])  # noqa: E731
+        fma = _fn(builder, "llvm.fma.v16f32", V(F32, 16), [V(F32, 16)] * 3)
+        rbk = [builder.mul(rb, i64(k if NR > 1 else 0)) for k in range(R)]
+        pfo = builder.add(woff, builder.mul(rb, i64(NR)))  # the next row group, prefetched as simd.py's
+        nib = ir.Constant(V(I32, 16), [0x0F0F0F0F] * 8 + [0xF0F0F0F0 - (1 << 32)] * 8)
+        pick = ir.Constant(V(I32, 16), [0, 4, 1, 5, 2, 6, 3, 7] * 2)  # A0 B0 A1 B1 | A2 B2 A3 B3, twice
+        xoff = builder.mul(nb, i64(2))  # the split starts after the 2 nb floats of scales and sums
+
+        def rowptrs(b):
+            p0 = builder.gep(wd, [builder.add(woff, builder.mul(b, i64(bs)))])
+            return [builder.gep(p0, [rbk[k]]) for k in range(R)]
+
+        def scales(b):  # <R x f32> per token: fp16 scales of block b of the rows, times its dx[b]
+            ps = rowptrs(b)
+            hv = h16_lane0(builder, ps[0])
+            for k, p in enumerate(ps[1:], 1):
+                hv = builder.insert_element(hv, builder.load(builder.bitcast(p, I16.as_pointer()), align=1),
+                                            ir.Constant(I32, k))
+            sv = _slice(builder, builder.fpext(builder.bitcast(hv, V(ir.HalfType(), 8)), V(F32, 8)), 0, R)
+            return [_fmul(builder, sv, _splat(builder, builder.load(builder.gep(dds[t], [b])), R)) for t in range(MT)]
+
+        def put_scales(b, src):
+            for t, v in enumerate(scales(src)):
+                builder.store(v, builder.bitcast(slot(b, t), V(F32, R).as_pointer()), align=4)
+
+        corr = [cgutils.alloca_once_value(builder, ir.Constant(V(F32, R), [0.0] * R)) for _ in range(MT)]
+        with builder.if_then(builder.icmp_signed(">", nb, i64(0))):
+            put_scales(i64(0), i64(0))
+        with cgutils.for_range(builder, nb) as loop:
+            b = loop.index
+            bn = builder.add(b, i64(1))  # block b + 1's scales now: off this block's critical path
+            put_scales(bn, builder.select(builder.icmp_signed("<", bn, nb), bn, b))
+            for t in range(MT):  # sum (q - 8) x = sum q x - 8 sum x: per row in float, 8 sum x16 from quant16
+                sb = builder.load(builder.bitcast(slot(b, t), V(F32, R).as_pointer()), align=4)
+                cb = _splat(builder, builder.load(builder.gep(dds[t], [builder.add(nb, b)])), R)
+                builder.store(_fadd(builder, builder.load(corr[t]), _fmul(builder, sb, cb)), corr[t])
+            xs = []
+            for t in range(MT):
+                px = builder.bitcast(builder.gep(dds[t], [builder.add(xoff, builder.mul(b, i64(32)))]),
+                                     V(I32, 16).as_pointer())
+                xs.append((builder.load(px, align=4), builder.load(builder.gep(px, [i64(1)]), align=4)))
+            ps = rowptrs(b)
+            prefetch_lines(builder, builder.gep(wd, [builder.add(pfo, builder.mul(b, i64(NR * bs)))]), NR * bs,
+                           prefetch)
+            for p in range(NP):
+                qa, qb = (builder.load(builder.bitcast(builder.gep(ps[2 * p + i], [i64(2)]), V(I32, 4).as_pointer()),
+                                       align=1) for i in (0, 1))
+                wq = builder.and_(builder.shuffle_vector(qa, qb, pick), nib)
+                for t, (xh, xl) in enumerate(xs):
+                    m = _dpbusd(builder, builder.shl(_dpbusd(builder, izero, wq, xh), ir.Constant(V(I32, 16), [8] * 16)),
+                                wq, xl)
+                    s2 = builder.load(builder.bitcast(builder.gep(slot(b, t), [i64(2 * p)]), I64.as_pointer()), align=4)
+                    sv = builder.bitcast(_splat(builder, s2, 8), V(F32, 16))
+                    acc = builder.call(fma, [builder.sitofp(m, V(F32, 16)), sv, builder.load(accs[p][t])])
+                    builder.store(acc, accs[p][t])
+        for t in range(MT):
+            for p in range(NP):
+                a = builder.load(accs[p][t])
+                s = _fadd(builder, _slice(builder, a, 0, 8),
+                          _fmul(builder, _slice(builder, a, 8, 8), ir.Constant(V(F32, 8), [1 / 16] * 8)))
+                s = _fadd(builder, _slice(builder, s, 0, 4), _slice(builder, s, 4, 4))  # lanes 0, 1, 2, 3
+                for i in range(min(2, NR)):  # row 2p + i: lanes i and i + 2
+                    k = 2 * p + i
+                    v = _fadd(builder, builder.extract_element(s, ir.Constant(I32, i)),
+                              builder.extract_element(s, ir.Constant(I32, i + 2)))
+                    v = _fsub(builder, v, builder.extract_element(builder.load(corr[t]), ir.Constant(I32, k)))
+                    builder.store(v, builder.gep(rds[t], [builder.add(roff, ir.Constant(I64, k))]))
+        return context.get_dummy_value()
+
+    return gen
+
+
+def vnni_kernel(NR: int, MT: int = 1, prefetch: bool = True):
+    """rows{NR}[x{MT}] for Q4_0 on VNNI: simd._qkernel's signature and results (to the last bits of the float
+    sums), DX carrying split8's bytes."""
+    @intrinsic
+    def kernel(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
+        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows_vnni(NR, MT, prefetch)
+    return kernel

@@ -1,0 +1,88 @@
+"""The AVX-512 VNNI Q4_0 rows (executor/vnni.py): int16 activations split into two bytes, two rows a 512-bit
+register; they give simd.py's 256-bit int16 kernel's results bit for bit, so a token's logits do not depend
+on which of the two a machine runs."""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from numba import njit
+
+from executor import kernels as K
+from executor import simd, vnni
+
+QT = gguf.GGMLQuantizationType
+needs_vnni = pytest.mark.skipif(not vnni.HAVE_VNNI512, reason="no AVX-512 VNNI on this CPU")
+
+
+@settings(max_examples=30, deadline=None)
+@given(nb=st.integers(1, 8), scale=st.floats(1e-30, 1e30), seed=st.integers(0, 2**31))
+def test_split_bytes_rebuild_every_x16(nb, scale, seed):
+    """split8: for every activation j of every block, 256 h + l == x16 at both of its places (row k's dword,
+    row k + 1's), h and l signed bytes; quant16 keeps |x16| <= 32639 so that h fits (vnni.X16_MAX)."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(nb * 32) * scale).astype(np.float32)
+    x16, dx = np.empty(nb * 32, np.int16), np.zeros((2 + vnni.SPLIT_FLOATS) * nb, np.float32)
+    simd.quant16(x, x16, dx)
+    assert np.abs(x16.astype(np.int32)).max() <= vnni.X16_MAX
+    vnni.split8(x16, dx, nb)
+    sp = dx[2 * nb:].view(np.int8).reshape(nb, 2, 64).astype(np.int32)  # [block, h | l, byte]
+    for b in range(nb):
+        for j in range(32):
+            want = int(x16[b * 32 + (j % 2) * 16 + j // 2])  # quant16's even-first order
+            for p in vnni._split_pos(j):
+                assert 256 * sp[b, 0, p] + sp[b, 1, p] == want
+
+
+def test_split_places_cover_each_byte_once():
+    """The 32 activations of a block take its 64 places, each exactly once (a row pair's two copies)."""
+    places = sorted(p for j in range(32) for p in vnni._split_pos(j))
+    assert places == list(range(64))
+
+
+def _kernel_loop(kernel, NR):
+    @njit
+    def run(w, rows, x16, dx, k0, out):
+        rb = np.int64(w.shape[0] // rows)
+        nb = np.int64(x16.shape[1] // 32)
+        r = 0
+        while r + NR <= rows:
+            kernel(w, np.int64(r * rb), rb, x16, dx, k0, nb, out, np.int64(r))
+            r += NR
+    return run
+
+
+_PAIRS = {(NR, MT): (_kernel_loop(vnni.vnni_kernel(NR, MT), NR), _kernel_loop(simd._qkernel(True, NR, MT), NR))
+          for NR, MT in ((8, 1), (4, 1), (1, 1), (4, 2), (8, 4))} if vnni.HAVE_VNNI512 else {}
+
+
+@needs_vnni
+@settings(max_examples=25, deadline=None)
+@given(shape=st.sampled_from(sorted(_PAIRS) or [(1, 1)]), groups=st.integers(1, 5), nb=st.integers(1, 12),
+       seed=st.integers(0, 2**31))
+def test_vnni_rows_give_the_int16_kernels_bits(qk, shape, groups, nb, seed):
+    """Each VNNI row kernel (8, 4 or 1 rows a pass; 2 or 4 tokens) gives simd.py's kernel of the same shape its
+    bits exactly: the same int32 sum per lane of four weights, the same float products, adds and final halving
+    sum (vnni.py's docstring), and both match gguf.dequantize then a float product."""
+    NR, MT = shape
+    rng = np.random.default_rng(seed)
+    rows = NR * groups
+    w = qk.tensor(rng, QT.Q4_0, 1, rows, nb * 32)
+    x = rng.standard_normal((MT + 1, nb * 32)).astype(np.float32)
+    x16, dx = K._quant_rows(x)
+    vn, i16 = _PAIRS[shape]
+    got, want = np.full((MT + 1, rows), np.nan, np.float32), np.full((MT + 1, rows), np.nan, np.float32)
+    vn(w.data[0].reshape(-1), rows, x16, dx, 1, got)  # tokens from k0 = 1
+    i16(w.data[0].reshape(-1), rows, x16, dx, 1, want)
+    assert np.array_equal(got[1:], want[1:]) and np.isnan(got[0]).all()
+    ref = x[1:] @ qk.deq(w, 0).T
+    qk.close(got[1:], ref, np.abs(x[1:]) @ np.abs(qk.deq(w, 0)).T)
+
+
+@needs_vnni
+def test_executor_runs_the_vnni_rows_where_the_cpu_has_them():
+    """kernels' Q4_0 rows are vnni.py's on an AVX-512 VNNI CPU, and _quant_rows writes their split bytes."""
+    assert K.rows8_q4 is not simd.rows8_q4 and K.rows8x4_q4 is not simd.rows8x4_q4
+    x16, dx = K._quant_rows(np.ones((2, 64), np.float32))
+    assert dx.shape == (2, (2 + vnni.SPLIT_FLOATS) * 2)
