@@ -76,10 +76,10 @@ def _rows_vnni(NR: int, MT: int = 1, prefetch: bool = True):
     bs = 18
 
     def gen(context, builder, sig, args):
-        wa, woff, rb, xa, da, k0, nb, ra, roff = args
+        woff, rb, nb, roff = args[1], args[2], args[6], args[8]  # _qsig's; X16 is not read: DX holds the split
         i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
-        wd = cgutils.create_struct_proxy(sig.args[0])(context, builder, value=wa).data
         _, dds, rds = token_rows(context, builder, sig, args, MT)
+        wd = cgutils.create_struct_proxy(sig.args[0])(context, builder, value=args[0]).data
         zero16 = ir.Constant(V(F32, 16), [0.0] * 16)
         izero = ir.Constant(V(I32, 16), [0] * 16)
         accs = [[cgutils.alloca_once_value(builder, zero16) for _ in range(MT)] for _ in range(NP)]
@@ -160,8 +160,8 @@ def _rows_vnni(NR: int, MT: int = 1, prefetch: bool = True):
 
 
 def vnni_kernel(NR: int, MT: int = 1, prefetch: bool = True):
-    """rows{NR}[x{MT}] for Q4_0 on VNNI: simd._qkernel's signature and results (to the last bits of the float
-    sums), DX carrying split8's bytes."""
+    """rows{NR}[x{MT}] for Q4_0 on VNNI: simd._qkernel's signature and its results bit for bit, DX carrying
+    split8's bytes (kernels._quant_rows writes them)."""
     @intrinsic
     def kernel(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
         return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows_vnni(NR, MT, prefetch)
