@@ -20,11 +20,9 @@ in any row group or token group. The -8 offset is simd.py's: scale x 8 sum(x16) 
 """
 from __future__ import annotations
 
-import numpy as np
 from llvmlite import binding as llb
 from llvmlite import ir
-from numba import njit
-from numba.core import cgutils
+from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from .simd import F32, I8, I16, I32, I64, V, _fadd, _fmul, _fn, _fsub, _qsig, _slice, _splat, h16_lane0, prefetch_lines, \
@@ -36,8 +34,7 @@ X16_MAX = 32639  # the largest |x16| whose split h = (x16 + 128) >> 8 fits a sig
 SPLIT_FLOATS = 32  # float32 slots of DX a block's split takes (128 bytes: h then l, 64 each)
 
 
-@njit(inline="always")
-def _split_pos(j):
+def _split_pos(j: int) -> tuple[int, int]:
     """Byte offsets (within a block's 64) of activation j (0..31) of a block: row k's copy, row k + 1's."""
     half, m, b = j // 16, (j % 16) // 4, j % 4  # high nibble?, the row's dword of 16 bytes, byte in it
     lane = half * 2 + m // 2  # 128-bit lane: [A_2L B_2L A_2L+1 B_2L+1] for dwords m = 2L, 2L + 1
@@ -45,22 +42,42 @@ def _split_pos(j):
     return 4 * d + b, 4 * d + 4 + b
 
 
-@njit(fastmath=True)
-def split8(x16, dx, nb):
-    """Write x16's split (x16 = 256 h + l, h and l int8) behind the 2 nb scales and sums of dx, block by
-    block in the lane order of the VNNI rows: 64 bytes of h, then 64 of l, each value at its two rows' places."""
-    out = dx[2 * nb:2 * nb + SPLIT_FLOATS * nb].view(np.int8)
-    for b in range(nb):
-        base = b * 128
-        for j in range(32):
-            v = np.int32(x16[b * 32 + (j % 2) * 16 + j // 2])  # quant16: even values first
-            h = (v + 128) >> 8
-            lo = v - (h << 8)
-            p0, p1 = _split_pos(j)
-            out[base + p0] = np.int8(h)
-            out[base + p1] = np.int8(h)
-            out[base + 64 + p0] = np.int8(lo)
-            out[base + 64 + p1] = np.int8(lo)
+def _split_order() -> list[int]:
+    """For each of a block's 64 places (split8's order), the position in quant16's block of the x16 it holds."""
+    src = [0] * 64
+    for j in range(32):
+        for p in _split_pos(j):
+            src[p] = (j % 2) * 16 + j // 2
+    return src
+
+
+@intrinsic
+def split8(typingctx, x16, dx, nb):
+    """Write x16's split (x16 = 256 h + l, h and l int8) behind the 2 nb scales and sums of dx (1-D, contiguous, as x16), block by
+    block in the lane order of the VNNI rows: 64 bytes of h, then 64 of l, each value at its two rows' places.
+    A block is one load, a word permute to the 64 places (vpermw), the split in words, two truncations to
+    bytes (vpmovwb) and two stores."""
+    def gen(context, builder, sig, args):
+        xa, da, n = args
+        data = lambda i, v: cgutils.create_struct_proxy(sig.args[i])(context, builder, value=v).data  # noqa: E731
+        px, pd = data(0, xa), builder.bitcast(data(1, da), I8.as_pointer())
+        i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+        order = ir.Constant(V(I32, 64), _split_order())
+        c = lambda v: ir.Constant(V(I16, 64), [v] * 64)  # noqa: E731
+        base = builder.gep(pd, [builder.mul(n, i64(8))])  # behind 2 nb floats
+        with cgutils.for_range(builder, n) as loop:
+            b = loop.index
+            w = builder.load(builder.bitcast(builder.gep(px, [builder.mul(b, i64(32))]), V(I16, 32).as_pointer()),
+                             align=2)
+            w = builder.shuffle_vector(w, w, order)  # <64 x i16>: each x16 at its two places
+            h = builder.ashr(builder.add(w, c(128)), c(8))
+            lo = builder.sub(w, builder.shl(h, c(8)))
+            ob = builder.gep(base, [builder.mul(b, i64(128))])
+            builder.store(builder.trunc(h, V(I8, 64)), builder.bitcast(ob, V(I8, 64).as_pointer()), align=1)
+            builder.store(builder.trunc(lo, V(I8, 64)),
+                          builder.bitcast(builder.gep(ob, [i64(64)]), V(I8, 64).as_pointer()), align=1)
+        return context.get_dummy_value()
+    return types.none(x16, dx, nb), gen
 
 
 def _dpbusd(builder, acc, a, b):
