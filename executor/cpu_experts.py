@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit, prange
 
 from .gemm import pack_into
-from .kernels import (_SERIAL_BYTES, NT, _parts, _parts_serial, _quant_rows, _rows_matmul, flat, gemm_path,
+from .kernels import (_FUSED, _SERIAL_BYTES, NT, _parts, _parts_serial, _quant_rows, _rows_matmul, flat, gemm_path,
                       item_rows, panels, prange_only)
 from .nbcache import drop_stale_cache
 from .simd import silu_mul
@@ -28,25 +28,31 @@ numba.get_num_threads()
 
 
 @njit(fastmath=True, cache=True)
-def _moe_prep(x, experts, offs, tok):
+def _moe_prep(x, experts, offs, tok, fused):
     """Gather each expert's tokens (CSR order) and their int16 activations -> (xg [M, H], x16, dx, max
     tokens per expert). Each token is quantised once, however many of its experts run here (decode: 1
-    token and top-k experts, 27 -> 6 us a layer on `small`)."""
+    token and top-k experts, 27 -> 6 us a layer on `small`). The int16 rows are copied only for experts of
+    at most `fused` tokens (the largest _FUSED of the gate's and up's types): above it the products read the
+    float rows (dequantised dots, the GEMM's panels), and dx's rows are long with AVX-512 VNNI (vnni.split8:
+    prefill's 4,096 copies a `small-q4` layer cost ~100 ms a 512-token prompt)."""
     M, H = tok.shape[0], x.shape[1]
-    q16, qd = _quant_rows(x)  # [T, H], [T, 2 H/32]
+    q16, qd = _quant_rows(x)  # [T, H], [T, 2 H/32 ..]
     xg = np.empty((M, H), np.float32)
     x16 = np.empty((M, H), np.int16)
     dx = np.empty((M, qd.shape[1]), np.float32)
-    for a in range(M):  # element loops: numba's row assignment xg[a] = x[t] is 3x slower here
-        t = tok[a]
-        for h in range(H):
-            xg[a, h] = x[t, h]
-            x16[a, h] = q16[t, h]
-        for j in range(qd.shape[1]):
-            dx[a, j] = qd[t, j]
     maxm = 1
     for i in range(experts.shape[0]):
-        maxm = max(maxm, offs[i + 1] - offs[i])
+        m = offs[i + 1] - offs[i]
+        maxm = max(maxm, m)
+        for a in range(offs[i], offs[i + 1]):  # element loops: numba's row assignment xg[a] = x[t] is 3x slower
+            t = tok[a]
+            for h in range(H):
+                xg[a, h] = x[t, h]
+            if m <= fused:
+                for h in range(H):
+                    x16[a, h] = q16[t, h]
+                for j in range(qd.shape[1]):
+                    dx[a, j] = qd[t, j]
     return xg, x16, dx, maxm
 
 
@@ -162,7 +168,7 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nth
     barrier between the up and the down products (expert GB/s at 2 threads, side by side: 1.07x on
     `small-q4`, 1.05-1.11x on `small`). Otherwise each matrix's rows split across the threads.
     """
-    xg, x16, dx, maxm = _moe_prep(x, experts, offs, tok)
+    xg, x16, dx, maxm = _moe_prep(x, experts, offs, tok, max(_FUSED[gc], _FUSED[uc]))
     if whole:
         owner = _owners(offs, nthr)
         part = np.zeros((nthr, out.shape[0], H), np.float32)
@@ -198,7 +204,7 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nth
 def _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nthr=1, whole=False):
     """_moe on the calling thread (little work: a parallel region costs more than it saves); nthr and
     whole unused."""
-    xg, x16, dx, maxm = _moe_prep(x, experts, offs, tok)
+    xg, x16, dx, maxm = _moe_prep(x, experts, offs, tok, max(_FUSED[gc], _FUSED[uc]))
     P, pb = _expert_panels(xg, offs, gc, uc)
     for i in range(experts.shape[0]):  # each expert's matrices in one call (F rows an item)
         _moe_up(i, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, P, pb, F, act)
