@@ -2,7 +2,8 @@
 SwiGLU experts built on them are in cpu_experts.py).
 
 Weights are uint8 views of the file mapping (no copies). One-token products use the AVX2 row
-intrinsics of simd.py (Q8_0 / Q4_0 with int16 activations, F16 with float32 ones); more than
+intrinsics of simd.py (Q8_0 / Q4_0 with int16 activations, F16 with float32 ones; Q4_0 with AVX-512
+VNNI those of vnni.py, the same results); more than
 _FUSED tokens per expert dequantise each row once (gemm.py: dot blocks, from GEMM_TOKENS a packed
 register-tile GEMM in few large items). The K-quants of llama.cpp's Q4_K_M files have
 kernels of their own (kquants.py, int16 activations too). Kernels release the GIL (nogil)
@@ -29,8 +30,8 @@ from .vnni import HAVE_VNNI512, SPLIT_FLOATS, split8, vnni_kernel
 drop_stale_cache("kernels", ("simd.py", "gemm.py", "kquants.py", "vnni.py"))
 
 # Q4_0 rows: with AVX-512 VNNI two rows a 512-bit register (vnni.py: one core in L2 1.15-1.19x simd.py's 256-bit
-# loop, from DRAM on 2 threads 1.05-1.10x; the same integer sums, so the same results to the last bits of the
-# float adds), else simd.py's
+# loop, from DRAM on 2 threads 1.05-1.10x; the same integer sums and float ops, so the same results bit for bit),
+# else simd.py's
 if HAVE_VNNI512:
     rows8_q4, rows4_q4, rows1_q4, rows4x2_q4, rows8x4_q4 = (vnni_kernel(n, t) for n, t in
                                                             ((8, 1), (4, 1), (1, 1), (4, 2), (8, 4)))

@@ -2,7 +2,11 @@
 module whose kernels compile in code from others drops its cached kernels when one of them changes."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# settings read at import whose value is compiled into the kernels as a constant: a change drops the caches too
+_SWITCHES = ("MOE_OFFLOAD_NO_VNNI",)
 
 
 def drop_stale_cache(stem: str, deps: tuple[str, ...]) -> None:
@@ -11,7 +15,8 @@ def drop_stale_cache(stem: str, deps: tuple[str, ...]) -> None:
     here = Path(__file__).resolve().parent
     srcs = [here / d for d in deps]
     stamp = here / "__pycache__" / f"{stem}.deps-stamp"
-    now = " ".join(f"{f.stat().st_mtime_ns} {f.stat().st_size}" for f in srcs)
+    now = " ".join([f"{f.stat().st_mtime_ns} {f.stat().st_size}" for f in srcs]
+                   + [f"{k}={os.environ.get(k, '')}" for k in _SWITCHES])
     try:
         if stamp.exists() and stamp.read_text() == now:
             return

@@ -20,6 +20,8 @@ in any row group or token group. The -8 offset is simd.py's: scale x 8 sum(x16) 
 """
 from __future__ import annotations
 
+import os
+
 from llvmlite import binding as llb
 from llvmlite import ir
 from numba.core import cgutils, types
@@ -29,7 +31,9 @@ from .simd import F32, I8, I16, I32, I64, V, _fadd, _fmul, _fn, _fsub, _qsig, _s
     token_rows
 
 _FEATURES = llb.get_host_cpu_features().flatten().split(",")
-HAVE_VNNI512 = all(f"+{f}" in _FEATURES for f in ("avx512f", "avx512bw", "avx512vnni"))
+# MOE_OFFLOAD_NO_VNNI=1 keeps simd.py's int16 rows on a VNNI CPU (the same results; to test or time that path)
+HAVE_VNNI512 = (all(f"+{f}" in _FEATURES for f in ("avx512f", "avx512bw", "avx512vnni"))
+                and os.environ.get("MOE_OFFLOAD_NO_VNNI") != "1")
 X16_MAX = 32639  # the largest |x16| whose split h = (x16 + 128) >> 8 fits a signed byte
 SPLIT_FLOATS = 32  # float32 slots of DX a block's split takes (128 bytes: h then l, 64 each)
 

@@ -119,7 +119,7 @@ class QuantKit:
     @staticmethod
     def close(got, want, mag, tol=1e-4):
         """|got - want| <= tol * mag elementwise, mag = the sum of |terms| (the one-token Q8_0/Q4_0 path
-        quantises activations to int16 per 32-block, <= 1.5e-5 of the block's largest value, so the
+        quantises activations to int16 per 32-block, <= 1.53e-5 of the block's largest value, so the
         error scales with the terms, not with a result that cancels)."""
         err = np.abs(got - want) / (mag + 1e-30)
         assert err.max() < tol, err.max()

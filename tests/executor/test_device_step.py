@@ -31,7 +31,7 @@ def test_static_decode_matches_eager_step(tiny, name):
     """Every device_check plan (dense on the device with CPU experts, 25% cache + auction, 100% cache,
     copied misses, static split): the static calls give the eager step's tokens, logits within 1e-4
     (attention over the whole cache under a mask, resident experts summed in routing order; a CPU
-    expert kernel's int16 activations turn a last-bit difference into up to 1.5e-5 of a block), and the
+    expert kernel's int16 activations turn a last-bit difference into up to 1.53e-5 of a block), and the
     same hits and misses in the trace."""
     prompts = default_prompts(1, P, 512)
     t0, l0, tr0 = _decode(tiny, PLANS[name], False, prompts)
