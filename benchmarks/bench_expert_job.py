@@ -166,7 +166,8 @@ def main() -> int:
             tok(*lists, codes, F, H, x, r, out, T[name])
             dts[name].append(time.perf_counter() - t0)
     L = a.tokens * c.n_layers
-    print(f"{path.name}: {c.n_layers} layers, top-{c.top_k} of {c.n_experts}, {THREADS} threads, {a.tokens} tokens each")
+    print(f"{path.name}: {c.n_layers} layers, top-{c.top_k} of {c.n_experts}, {THREADS} threads, "
+          f"{a.tokens} tokens each")
     for name, t in T.items():
         k = lambda v: f"{v / L / 1e3:.0f}"  # noqa: E731
         parts = ", ".join(f"{p} {k(t[0, i])} / {k(t[1, i])}" for i, p in enumerate(PARTS))

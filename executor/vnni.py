@@ -27,8 +27,8 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from .simd import F32, I8, I16, I32, I64, V, _fadd, _fmul, _fn, _fsub, _qsig, _slice, _splat, h16_lane0, prefetch_lines, \
-    token_rows
+from .simd import (F32, I8, I16, I32, I64, V, _fadd, _fmul, _fn, _fsub, _qsig, _slice, _splat, h16_lane0,
+                   prefetch_lines, token_rows)
 
 _FEATURES = llb.get_host_cpu_features().flatten().split(",")
 # MOE_OFFLOAD_NO_VNNI=1 keeps simd.py's int16 rows on a VNNI CPU (the same results; to test or time that path)
@@ -57,10 +57,10 @@ def _split_order() -> list[int]:
 
 @intrinsic
 def split8(typingctx, x16, dx, nb):
-    """Write x16's split (x16 = 256 h + l, h and l int8) behind the 2 nb scales and sums of dx (1-D, contiguous, as x16), block by
-    block in the lane order of the VNNI rows: 64 bytes of h, then 64 of l, each value at its two rows' places.
-    A block is one load, a word permute to the 64 places (vpermw), the split in words, two truncations to
-    bytes (vpmovwb) and two stores."""
+    """Write x16's split (x16 = 256 h + l, h and l int8) behind the 2 nb scales and sums of dx (both 1-D and
+    contiguous; nb an int64), block by block in the lane order of the VNNI rows: 64 bytes of h, then 64 of l,
+    each value at its two rows' places. A block is one load, a word permute to the 64 places (vpermw), the
+    split in words, two truncations to bytes (vpmovwb) and two stores."""
     def gen(context, builder, sig, args):
         xa, da, n = args
         data = lambda i, v: cgutils.create_struct_proxy(sig.args[i])(context, builder, value=v).data  # noqa: E731
@@ -157,8 +157,8 @@ def _rows_vnni(NR: int, MT: int = 1, prefetch: bool = True):
                                        align=1) for i in (0, 1))
                 wq = builder.and_(builder.shuffle_vector(qa, qb, pick), nib)
                 for t, (xh, xl) in enumerate(xs):
-                    m = _dpbusd(builder, builder.shl(_dpbusd(builder, izero, wq, xh), ir.Constant(V(I32, 16), [8] * 16)),
-                                wq, xl)
+                    mh = _dpbusd(builder, izero, wq, xh)  # sum q h, then times 256 plus sum q l
+                    m = _dpbusd(builder, builder.shl(mh, ir.Constant(V(I32, 16), [8] * 16)), wq, xl)
                     s2 = builder.load(builder.bitcast(builder.gep(slot(b, t), [i64(2 * p)]), I64.as_pointer()), align=4)
                     sv = builder.bitcast(_splat(builder, s2, 8), V(F32, 16))
                     acc = builder.call(fma, [builder.sitofp(m, V(F32, 16)), sv, builder.load(accs[p][t])])

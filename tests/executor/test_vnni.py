@@ -24,8 +24,9 @@ def _split8(x16, dx, nb):
 @settings(max_examples=30, deadline=None)
 @given(nb=st.integers(1, 8), scale=st.floats(1e-30, 1e30), seed=st.integers(0, 2**31))
 def test_split_bytes_rebuild_every_x16(nb, scale, seed):
-    """split8 (a word permute, the split, two truncations a block): for every activation j of every block, 256 h + l == x16 at both of its places (row k's dword,
-    row k + 1's), h and l signed bytes; quant16 keeps |x16| <= 32639 so that h fits (vnni.X16_MAX)."""
+    """split8 (a word permute, the split, two truncations a block): for every activation j of every block,
+    256 h + l == x16 at both of its places (row k's dword, row k + 1's), h and l signed bytes; quant16 keeps
+    |x16| <= 32639 so that h fits (vnni.X16_MAX)."""
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal(nb * 32) * scale).astype(np.float32)
     x16, dx = np.empty(nb * 32, np.int16), np.zeros((2 + vnni.SPLIT_FLOATS) * nb, np.float32)
