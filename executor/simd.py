@@ -96,6 +96,30 @@ def h16_lane0(builder, p):
     return builder.bitcast(builder.insert_element(ir.Constant(V(I32, 4), [0] * 4), h, ir.Constant(I32, 0)), V(I16, 8))
 
 
+def block_scales(builder, ps, dds, b) -> list:
+    """Codegen: for each token's dx row in dds, <len(ps) x f32> (at most 8): the fp16 scales at the row pointers
+    ps (block b's first bytes, one a row) times the token's dx[b]."""
+    n = len(ps)
+    hv = h16_lane0(builder, ps[0])
+    for k, p in enumerate(ps[1:], 1):
+        hv = builder.insert_element(hv, builder.load(builder.bitcast(p, I16.as_pointer()), align=1),
+                                    ir.Constant(I32, k))
+    sv = builder.fpext(builder.bitcast(hv, V(ir.HalfType(), 8)), V(F32, 8))
+    if n < 8:
+        sv = _slice(builder, sv, 0, n)
+    return [_fmul(builder, sv, _splat(builder, builder.load(builder.gep(d, [b])), n)) for d in dds]
+
+
+def q4_offset_term(builder, corr, slots, dds, nb, b) -> None:
+    """Codegen: Q4_0's -8, sum (q - 8) x = sum q x - 8 sum x, per row in float: each token's corr (<n x f32>) +=
+    block b's n row scales (stored at slots[t] by block_scales' caller) x 8 sum(x16) (quant16's dx[nb + b])."""
+    n = corr[0].type.pointee.count
+    for c, sp, d in zip(corr, slots, dds):
+        sb = builder.load(builder.bitcast(sp, V(F32, n).as_pointer()), align=4)
+        cb = _splat(builder, builder.load(builder.gep(d, [builder.add(nb, b)])), n)
+        builder.store(_fadd(builder, builder.load(c), _fmul(builder, sb, cb)), c)
+
+
 def token_rows(context, builder, sig, args, MT: int) -> tuple[list, list, list]:
     """Codegen for the row kernels' signature (_qsig): pointers to rows k0 .. k0 + MT - 1 of the 2-D X16
     (int16), DX and res (float32) arguments, one list each."""
@@ -158,19 +182,8 @@ def _rows(q4: bool, NR: int, MT: int = 1, prefetch: bool = True, interleaved: bo
             p0 = builder.gep(wd, [builder.add(woff, builder.mul(b, i64(bstep)))])
             return [builder.gep(p0, [rbk[k]]) if k else p0 for k in range(NR)]
 
-        def scales(b):  # <NR x f32> per token: fp16 scales of block b of the NR rows, times its dx[b]
-            ps = rowptrs(b)
-            hv = h16_lane0(builder, ps[0])
-            for k, p in enumerate(ps[1:], 1):
-                hv = builder.insert_element(hv, builder.load(builder.bitcast(p, I16.as_pointer()), align=1),
-                                            ir.Constant(I32, k))
-            sv = builder.fpext(builder.bitcast(hv, V(ir.HalfType(), 8)), V(F32, 8))
-            if NR < 8:
-                sv = _slice(builder, sv, 0, NR)
-            return [_fmul(builder, sv, _splat(builder, builder.load(builder.gep(dds[t], [b])), NR)) for t in range(MT)]
-
         def put_scales(b, src):
-            for t, v in enumerate(scales(src)):
+            for t, v in enumerate(block_scales(builder, rowptrs(src), dds, src)):
                 sput(b, t, v)
 
         corr = [cgutils.alloca_once_value(builder, ir.Constant(V(F32, NR), [0.0] * NR)) for _ in range(MT)]
@@ -182,11 +195,8 @@ def _rows(q4: bool, NR: int, MT: int = 1, prefetch: bool = True, interleaved: bo
             # insert / convert chain is off the critical path of this block's products
             bn = builder.add(b, i64(1))
             put_scales(bn, builder.select(builder.icmp_signed("<", bn, nb), bn, b))
-            if q4:  # sum (q - 8) x = sum q x - 8 sum x: the second term per row in float, 8 sum x16 from quant16
-                for t in range(MT):
-                    sb = builder.load(builder.bitcast(slot(b, t), V(F32, NR).as_pointer()), align=4)
-                    cb = _splat(builder, builder.load(builder.gep(dds[t], [builder.add(nb, b)])), NR)
-                    builder.store(_fadd(builder, builder.load(corr[t]), _fmul(builder, sb, cb)), corr[t])
+            if q4:
+                q4_offset_term(builder, corr, [slot(b, t) for t in range(MT)], dds, nb, b)
             xs = [x_halves(builder, xd, b) for xd in xds]
             ps = rowptrs(b)
             # the next row group (contiguous): NR * bs bytes per block, one prefetch per cache line

@@ -27,8 +27,8 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from .simd import (F32, I8, I16, I32, I64, V, _fadd, _fmul, _fn, _fsub, _qsig, _slice, _splat, h16_lane0,
-                   prefetch_lines, token_rows)
+from .simd import (F32, I8, I16, I32, I64, V, _fadd, _fmul, _fn, _fsub, _qsig, _slice, _splat, block_scales,
+                   prefetch_lines, q4_offset_term, token_rows)
 
 _FEATURES = llb.get_host_cpu_features().flatten().split(",")
 # MOE_OFFLOAD_NO_VNNI=1 keeps simd.py's int16 rows on a VNNI CPU (the same results; to test or time that path)
@@ -90,7 +90,7 @@ def _dpbusd(builder, acc, a, b):
     return builder.call(f, [acc, a, b])
 
 
-def _rows_vnni(NR: int, MT: int = 1, prefetch: bool = True):
+def _rows_vnni(NR: int, MT: int = 1):
     """Codegen: res[k0 + t, ro + k] = row_k . x_t for NR Q4_0 rows at byte woff + k * rb (nb blocks each), NR
     even or 1 (paired with itself), and the MT tokens t of DX's split (split8) and scales from k0."""
     NP = max(1, NR // 2)
@@ -120,17 +120,8 @@ def _rows_vnni(NR: int, MT: int = 1, prefetch: bool = True):
             p0 = builder.gep(wd, [builder.add(woff, builder.mul(b, i64(bs)))])
             return [builder.gep(p0, [rbk[k]]) for k in range(R)]
 
-        def scales(b):  # <R x f32> per token: fp16 scales of block b of the rows, times its dx[b]
-            ps = rowptrs(b)
-            hv = h16_lane0(builder, ps[0])
-            for k, p in enumerate(ps[1:], 1):
-                hv = builder.insert_element(hv, builder.load(builder.bitcast(p, I16.as_pointer()), align=1),
-                                            ir.Constant(I32, k))
-            sv = _slice(builder, builder.fpext(builder.bitcast(hv, V(ir.HalfType(), 8)), V(F32, 8)), 0, R)
-            return [_fmul(builder, sv, _splat(builder, builder.load(builder.gep(dds[t], [b])), R)) for t in range(MT)]
-
-        def put_scales(b, src):
-            for t, v in enumerate(scales(src)):
+        def put_scales(b, src):  # a lone row's scale twice
+            for t, v in enumerate(block_scales(builder, rowptrs(src), dds, src)):
                 builder.store(v, builder.bitcast(slot(b, t), V(F32, R).as_pointer()), align=4)
 
         corr = [cgutils.alloca_once_value(builder, ir.Constant(V(F32, R), [0.0] * R)) for _ in range(MT)]
@@ -140,18 +131,14 @@ def _rows_vnni(NR: int, MT: int = 1, prefetch: bool = True):
             b = loop.index
             bn = builder.add(b, i64(1))  # block b + 1's scales now: off this block's critical path
             put_scales(bn, builder.select(builder.icmp_signed("<", bn, nb), bn, b))
-            for t in range(MT):  # sum (q - 8) x = sum q x - 8 sum x: per row in float, 8 sum x16 from quant16
-                sb = builder.load(builder.bitcast(slot(b, t), V(F32, R).as_pointer()), align=4)
-                cb = _splat(builder, builder.load(builder.gep(dds[t], [builder.add(nb, b)])), R)
-                builder.store(_fadd(builder, builder.load(corr[t]), _fmul(builder, sb, cb)), corr[t])
+            q4_offset_term(builder, corr, [slot(b, t) for t in range(MT)], dds, nb, b)
             xs = []
             for t in range(MT):
                 px = builder.bitcast(builder.gep(dds[t], [builder.add(xoff, builder.mul(b, i64(32)))]),
                                      V(I32, 16).as_pointer())
                 xs.append((builder.load(px, align=4), builder.load(builder.gep(px, [i64(1)]), align=4)))
             ps = rowptrs(b)
-            prefetch_lines(builder, builder.gep(wd, [builder.add(pfo, builder.mul(b, i64(NR * bs)))]), NR * bs,
-                           prefetch)
+            prefetch_lines(builder, builder.gep(wd, [builder.add(pfo, builder.mul(b, i64(NR * bs)))]), NR * bs)
             for p in range(NP):
                 qa, qb = (builder.load(builder.bitcast(builder.gep(ps[2 * p + i], [i64(2)]), V(I32, 4).as_pointer()),
                                        align=1) for i in (0, 1))
@@ -180,10 +167,10 @@ def _rows_vnni(NR: int, MT: int = 1, prefetch: bool = True):
     return gen
 
 
-def vnni_kernel(NR: int, MT: int = 1, prefetch: bool = True):
+def vnni_kernel(NR: int, MT: int = 1):
     """rows{NR}[x{MT}] for Q4_0 on VNNI: simd._qkernel's signature and its results bit for bit, DX carrying
     split8's bytes (kernels._quant_rows writes them)."""
     @intrinsic
     def kernel(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
-        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows_vnni(NR, MT, prefetch)
+        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows_vnni(NR, MT)
     return kernel
