@@ -21,93 +21,28 @@ from pathlib import Path
 
 import numba
 import numpy as np
-from llvmlite import ir
 from numba import njit, prange
-from numba.core import cgutils, types
+from numba.core import types
 from numba.extending import intrinsic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from calibration.bench_kernel import _ROW_BYTES, KernelBench, _synth_tensor, executor_expert_job  # noqa: E402
-from executor.simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fn, _splat, hsum8  # noqa: E402
+from calibration.ggml_vec_dot import quantize_row_q8_0, rows_i8_codegen  # noqa: E402
+from executor.simd import HAVE_AVX2  # noqa: E402
 
 Q4_0 = 3  # executor.kernels type code (Q8_0 = 2)
 NR = 4  # rows per group
 
 
-def _rows_i8(q4: bool):
-    """Codegen: res[ro + k] = row_k . (x8 * dx) for NR Q8_0 / Q4_0 rows at byte woff + k * rb (ggml-cpu's
-    AVX2 vec_dot_q{8,4}_0_q8_0: weights to int8, Q4_0's nibbles minus 8; |w| times sign(w) x with
-    vpmaddubsw; pairs to int32 by a vpmaddwd with ones; convert; fma with the two block scales)."""
-    bs = 18 if q4 else 34
-
-    def gen(context, builder, sig, args):
-        wa, woff, rb, xa, da, nb, ra, roff = args
-        data = lambda i, v: cgutils.create_struct_proxy(sig.args[i])(context, builder, value=v).data  # noqa: E731
-        wd, xd, dd, rd = data(0, wa), data(3, xa), data(4, da), data(6, ra)
-        accs = [cgutils.alloca_once_value(builder, ir.Constant(V(F32, 8), [0.0] * 8)) for _ in range(NR)]
-        fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
-        psign = _fn(builder, "llvm.x86.avx2.psign.b", V(I8, 32), [V(I8, 32)] * 2)
-        maddubs = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", V(I16, 16), [V(I8, 32)] * 2)
-        pmadd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V(I32, 8), [V(I16, 16)] * 2)
-        pref = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
-        ones = ir.Constant(V(I16, 16), [1] * 16)
-        i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
-        pfo = builder.add(woff, builder.mul(rb, i64(NR)))  # the next row group
-        with cgutils.for_range(builder, nb) as loop:
-            b = loop.index
-            pf = builder.gep(wd, [builder.add(pfo, builder.mul(b, i64(bs)))])
-            for k in range(NR):
-                builder.call(pref, [builder.gep(pf, [builder.mul(rb, i64(k))]), ir.Constant(I32, 0),
-                                    ir.Constant(I32, 3), ir.Constant(I32, 1)])
-            xv = builder.load(builder.bitcast(builder.gep(xd, [builder.mul(b, i64(32))]), V(I8, 32).as_pointer()),
-                              align=1)
-            dxb = builder.load(builder.gep(dd, [b]))
-            for k in range(NR):
-                p = builder.gep(wd, [builder.add(builder.add(woff, builder.mul(rb, i64(k))), builder.mul(b, i64(bs)))])
-                pq = builder.gep(p, [i64(2)])
-                if q4:  # bytes_from_nibbles_32, minus 8
-                    qv = builder.load(builder.bitcast(pq, V(I8, 16).as_pointer()), align=1)
-                    lo = builder.and_(qv, ir.Constant(V(I8, 16), [0x0F] * 16))
-                    hi = builder.lshr(qv, ir.Constant(V(I8, 16), [4] * 16))
-                    w = builder.shuffle_vector(lo, hi, ir.Constant(V(I32, 32), list(range(32))))
-                    w = builder.sub(w, ir.Constant(V(I8, 32), [8] * 32))
-                else:
-                    w = builder.load(builder.bitcast(pq, V(I8, 32).as_pointer()), align=1)
-                dots = builder.call(maddubs, [builder.call(psign, [w, w]), builder.call(psign, [xv, w])])
-                m = builder.call(pmadd, [dots, ones])  # [8] int32
-                h = builder.load(builder.bitcast(p, ir.HalfType().as_pointer()), align=1)
-                d = builder.fmul(builder.fpext(h, F32), dxb)
-                builder.store(builder.call(fma, [builder.sitofp(m, V(F32, 8)), _splat(builder, d, 8),
-                                                 builder.load(accs[k])]), accs[k])
-        for k in range(NR):
-            builder.store(hsum8(builder, builder.load(accs[k])), builder.gep(rd, [builder.add(roff, ir.Constant(I64, k))]))
-        return context.get_dummy_value()
-
-    return gen
-
-
 if HAVE_AVX2:
     @intrinsic
     def rows_q8_i8(typingctx, w, wo, rb, x8, dx, nb, res, ro):
-        return types.none(w, wo, rb, x8, dx, nb, res, ro), _rows_i8(False)
+        return types.none(w, wo, rb, x8, dx, nb, res, ro), rows_i8_codegen(False, NR, True)
 
     @intrinsic
     def rows_q4_i8(typingctx, w, wo, rb, x8, dx, nb, res, ro):
-        return types.none(w, wo, rb, x8, dx, nb, res, ro), _rows_i8(True)
-
-    @njit(fastmath=True)
-    def quant8(x, x8, dx):
-        """x [n] -> x8 int8, dx [n/32] with x ~= x8 * dx per 32-block (ggml's quantize_row_q8_0)."""
-        for b in range(x.shape[0] // 32):
-            m = np.float32(0.0)
-            for j in range(32):
-                m = max(m, abs(x[b * 32 + j]))
-            d = m / np.float32(127.0)
-            inv = np.float32(1.0) / d if m > 0 else np.float32(0.0)
-            for j in range(32):
-                x8[b * 32 + j] = np.int8(np.round(x[b * 32 + j] * inv))
-            dx[b] = d
+        return types.none(w, wo, rb, x8, dx, nb, res, ro), rows_i8_codegen(True, NR, True)
 
     @njit(parallel=True, nogil=True, fastmath=True)
     def mul_mat_id(code, w, experts, rows, x, out):
@@ -117,7 +52,7 @@ if HAVE_AVX2:
         x8 = np.empty((n, cols), np.int8)
         dx = np.empty((n, cols // 32), np.float32)
         for i in range(n):
-            quant8(x[i], x8[i], dx[i])
+            quantize_row_q8_0(x[i], x8[i], dx[i])
         rb = w.shape[1] // rows
         nch = (rows + 31) // 32
         nb = np.int64(cols // 32)

@@ -93,6 +93,11 @@ class Settings:
     prefill_experts: int = 32
     prefill_top_k: int = 8
     prefill_repeats: int = 7
+    # ggml's prefill structures: a batch of `ggml_prefill_tokens` tokens each routed to every one of
+    # `ggml_prefill_experts` experts (as many tokens an expert: pp512 of a top-8-of-32 model has 128)
+    ggml_prefill_tokens: int = 64
+    ggml_prefill_experts: int = 4
+    ggml_prefill_repeats: int = 3
     toy_kernel: bool = False  # benchmark bench_kernel.toy_expert_job instead of the executor's kernel
     # time budgets (s) for waiting out other processes' load, per benchmark
     total_budget_s: float = 32.0  # all the waiting together (quick stays within 60 s)
@@ -111,7 +116,7 @@ FULL = Settings(label="full", mem_bytes=1 << 30, mem_repeats=10, hit_pool_bytes=
                 disk_bytes=2 << 30, disk_qd1_reads=10000, disk_qd_reads=50000, disk_cached_reads=100000,
                 disk_seq_passes=7, disk_qd_passes=7,
                 handover_iters=10000, kernel_pool_bytes=512 << 20, kernel_ks=(1, 2, 3, 4, 6, 8, 12, 16),
-                kernel_repeats=41, prefill_repeats=15, prefill_budget_s=20, total_budget_s=400, mem_budget_s=90, kernel_budget_s=45, hit_budget_s=30,
+                kernel_repeats=41, prefill_repeats=15, ggml_prefill_repeats=7, prefill_budget_s=20, total_budget_s=400, mem_budget_s=90, kernel_budget_s=45, hit_budget_s=30,
                 dense_budget_s=20, handover_budget_s=20, disk_budget_s=30)
 TINY = Settings(label="tiny", mem_bytes=1 << 20, mem_repeats=2, hit_hidden=64, hit_ffn=32,
                 hit_pool_bytes=1 << 20, hit_calls=5, hit_repeats=2, dense_bytes=1 << 20, dense_repeats=2,
@@ -120,6 +125,7 @@ TINY = Settings(label="tiny", mem_bytes=1 << 20, mem_repeats=2, hit_hidden=64, h
                 kernel_formats=("Q4_0",),
                 kernel_hidden=64, kernel_ffn=32, kernel_pool_bytes=1 << 20, kernel_ks=(1, 2, 4),
                 kernel_repeats=3, prefill_tokens=8, prefill_experts=4, prefill_top_k=2, prefill_repeats=2,
+                ggml_prefill_tokens=8, ggml_prefill_experts=2, ggml_prefill_repeats=1,
                 prefill_budget_s=0.2, total_budget_s=3, mem_budget_s=0.2, kernel_budget_s=0.2, hit_budget_s=0.2,
                 dense_budget_s=0.2, handover_budget_s=0.2, disk_budget_s=0.2)
 
@@ -137,6 +143,8 @@ class Results:
     repacked: dict[str, KernelFit] = field(default_factory=dict)  # llama.cpp's repacked layout (bench_rowwise)
     repacked_1t: dict[str, KernelFit] = field(default_factory=dict)
     prefill: PrefillResult | None = None
+    # ggml's prefill structures (bench_ggml_prefill), keyed 'Q4_K:tiled', 'Q8_0@1t' (specs.formats.llamacpp_prefill_key)
+    ggml_prefill: dict[str, PrefillResult] = field(default_factory=dict)
     layer_loop: LayerLoop | None = None
     layer_loop_small: LayerLoop | None = None  # the same loop on a layer a quarter as wide: the fixed part
     llc_bytes: int | None = None  # last-level cache of this machine (sysfs), when readable
@@ -208,6 +216,30 @@ class _Budget:
         remaining = self.total - (time.perf_counter() - self.t0)
         pending = share + sum(self.left.values())
         return max(0.2, min(own, remaining * share / pending if pending > 0 else own))
+
+
+def _ggml_prefill(s: Settings, r: Results, formats, maxt: int, pg, bud: _Budget) -> None:
+    """Time the prefill structures ggml gives these formats here (bench_ggml_prefill) into r.ggml_prefill, on all
+    the threads and on one; the threads are reset to all after."""
+    from specs.formats import llamacpp_prefill_key
+    from . import bench_ggml_prefill as BG
+    from .detect import cpu_info
+    t0 = time.perf_counter()
+    jobs = BG.profile_jobs(formats, cpu_info()["isa"])
+    for fmt, path in jobs:
+        run, flops = BG.ggml_prefill_job(fmt, path, s.kernel_hidden, s.kernel_ffn, s.ggml_prefill_experts,
+                                         s.ggml_prefill_experts, s.ggml_prefill_tokens)
+        for one in ((False, True) if maxt > 1 else (False,)):
+            numba.set_num_threads(1 if one else min(maxt, numba.config.NUMBA_NUM_THREADS))
+            key = llamacpp_prefill_key(fmt, path) + ("@1t" if one else "")
+            tick = pg.stage(f"CPU prefill, ggml's {path} structure {fmt}" + (", 1 thread" if one else ""), s.ggml_prefill_repeats)
+            r.ggml_prefill[key] = bench_prefill(run, flops, s.ggml_prefill_repeats, label=BG.label(fmt, path, s.kernel_hidden, s.kernel_ffn),
+                                                tokens=s.ggml_prefill_tokens, experts=s.ggml_prefill_experts,
+                                                top_k=s.ggml_prefill_experts, threads=numba.get_num_threads(), tick=tick,
+                                                budget_s=bud.take(key, s.prefill_budget_s / len(jobs)))
+        del run
+    numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
+    r.wall_s["ggml prefill"] = time.perf_counter() - t0
 
 
 def _kernel_job(s: Settings, fmt: str, use_exec: bool):
@@ -309,6 +341,7 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                                           budget_s=bud.take("prefill", s.prefill_budget_s))
                 del run
                 r.wall_s["prefill"] = time.perf_counter() - t0
+                _ggml_prefill(s, r, formats, maxt, pg, bud)
                 t0 = time.perf_counter()
                 lf = "Q8_0" if "Q8_0" in formats else fmt
                 ticks["layers"] = pg.stage(f"CPU decode layer loop {lf}", s.prefill_repeats)

@@ -154,8 +154,9 @@ def read_server_timings(text: str, source: str, flags: tuple[str, ...], model_fi
 
 
 def run_case_name(model: ModelSpec, run: BenchRun) -> str:
-    """A stable case name: model, test and placement flags ('llamacpp:<model>:tg32:-t 2 ...')."""
-    return f"llamacpp:{model.name}:{run.test}:{' '.join(run.flags)}"
+    """A stable case name: model and its expert type, test and placement flags ('llamacpp:<model> Q4_0:tg32:-t 2 ...').
+    The type is in the name because llama-quantize keeps general.name: two quantisations of one model are two cases."""
+    return f"llamacpp:{model.name} {model.expert_format}:{run.test}:{' '.join(run.flags)}"
 
 
 def ingest_runs(files: list[str], model_ref: str, flags: str, store: str | Path,

@@ -26,6 +26,7 @@ def noise_of(r: Results) -> list[tuple[str, Noise]]:
     out += [(f"repacked rows {k}{t}", f.noise) for t, fits in (("", r.repacked), (" 1 thread", r.repacked_1t))
             for k, f in fits.items()]
     out += [("prefill", r.prefill.noise)] if r.prefill else []
+    out += [(f"ggml prefill {k}", f.noise) for k, f in r.ggml_prefill.items()]
     out += [("layer loop", r.layer_loop.noise)] if r.layer_loop else []
     out += [("small layer loop", r.layer_loop_small.noise)] if r.layer_loop_small else []
     out += [(n, x.noise) for n, x in (("hit", r.hit), ("dense", r.dense), ("handover", r.handover)) if x]
@@ -157,6 +158,8 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
         data["cpu"]["repacked_gbs"] = {fmt + suffix: _m(f.expert_gbs, f.method(), date)
                                        for suffix, fits_rp in (("", r.repacked), ("@1t", r.repacked_1t))
                                        for fmt, f in fits_rp.items()}
+    if r.ggml_prefill:  # ggml's prefill structures: the prefill rates of llama.cpp plans (CPU.ggml_prefill_gflops)
+        data["cpu"]["ggml_prefill_gflops"] = {k: _m(f.gflops_per_core, f.method(), date) for k, f in r.ggml_prefill.items()}
     if r.prefill:
         consts["cpu_prefill_gflops_per_core"] = _m(r.prefill.gflops_per_core, r.prefill.method(), date)
     if r.layer_loop and r.layer_loop.fmt in r.kernels and "F16" in r.kernels:
@@ -256,6 +259,9 @@ def store_rows(r: Results) -> list[dict]:
         add("cpu_prefill", "gflops_per_core", pf.gflops_per_core, threads=pf.threads, kernel=kv,
             tokens=pf.tokens, method=pf.method())
         _noise(add, "cpu_prefill", pf.noise)
+    for key, pf in r.ggml_prefill.items():
+        case = "cpu_ggml_prefill_" + key.replace(":", "_").replace("@", "_")
+        add(case, "gflops_per_core", pf.gflops_per_core, threads=pf.threads, kernel=kv, tokens=pf.tokens, method=pf.method())
     for name, x in (("t_hit", r.hit), ("dense", r.dense), ("handover", r.handover)):
         if x:
             _noise(add, name, x.noise)

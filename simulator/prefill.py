@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .engram import gathers_inline, layer_gather_s
 from .policies import chunks, expected_touched, op_offload, ubatches
+from .resources import cpu_prefill_gflops
 
 # Sparse attention: each query attends at most this many earlier tokens (DeepSeek V3.2+/V4 DSA
 # top-k). ModelSpec has no field for it yet (reported to the lead); keyed by architecture here.
@@ -202,10 +203,11 @@ class PrefillRun:
             exp_s = m.gpu_flops_s(n * self.k * md.expert_flops)
             m.gpu.submit(dense_s, lambda: m.dma(nbytes, lambda: m.gpu.submit(exp_s, nxt)))
             return
-        # experts on the CPU: GEMM FLOPs at the per-core rate, weights read from DDR
+        # experts on the CPU: GEMM FLOPs at the engine's per-core rate for the format and batch, weights from DDR
         touched = expected_touched(n, md.n_experts, self.k, TOUCH_LOCALITY)
         nbytes = touched * self.eb
-        cpu_s = n * self.k * md.expert_flops / (m.c.cpu_prefill_gflops_per_core * 1e9 * m.threads)
+        gflops = cpu_prefill_gflops(m.hw, self.plan, md.fmt_experts, n * self.k / max(touched, 1e-9), m.threads, m.c)
+        cpu_s = n * self.k * md.expert_flops / (gflops * 1e9 * m.threads)
         rate = min(m.cpu_expert_rate, nbytes / cpu_s) if cpu_s > 0 else m.cpu_expert_rate
         after_dense = lambda: m.cpu_read(nbytes, nxt, rate=rate, extra_s=host_s)
         if m.has_gpu:

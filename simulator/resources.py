@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from specs.formats import llamacpp_repacks, parse_format
+from specs.formats import llamacpp_prefill_key, llamacpp_prefill_path, llamacpp_repacks, parse_format
 
 from .engine import FluidNet, Pool, Serial, Sim
 
@@ -88,6 +88,18 @@ def cpu_gbs(hw, fmt, threads: int, plan) -> float:
     return hw.cpu.expert_gbs_for(fmt, threads, rowwise=rowwise(hw, plan), repacked=repacked(hw, plan, fmt))
 
 
+def cpu_prefill_gflops(hw, plan, fmt, tokens_per_expert: float, threads: int, c: Constants) -> float:
+    """GFLOP/s per core of `plan`'s engine's CPU expert products on a prefill batch with that many tokens an
+    expert: for llama.cpp, the rate of the structure ggml gives `fmt` there (specs.formats.llamacpp_prefill_path)
+    where the profile has it; else the profile's one prefill rate (the executor's kernel)."""
+    if plan.engine == "llamacpp" and hw.cpu.ggml_prefill_gflops:
+        path = llamacpp_prefill_path(fmt, repacked(hw, plan, fmt), tokens_per_expert, hw.cpu.isa)
+        own = hw.cpu.ggml_prefill_gflops_for(llamacpp_prefill_key(fmt.name, path), threads)
+        if own is not None:
+            return own
+    return c.cpu_prefill_gflops_per_core
+
+
 def cpu_pair_s(model, c: Constants, threads: int) -> float:
     """Seconds of one further (token, expert) product on `threads` cores: the prefill GEMM rate, since
     the expert's weights are already being read for its first token."""
@@ -98,7 +110,7 @@ class Machine:
     """One machine's resources inside a `Sim`, sized from a HardwareSpec and a Plan."""
 
     def __init__(self, sim: Sim, model, hw, plan, consts: Constants):
-        self.sim, self.model, self.hw, self.c = sim, model, hw, consts
+        self.sim, self.model, self.hw, self.plan, self.c = sim, model, hw, plan, consts
         self.net = FluidNet(sim)
         self.threads = int(plan.cpu_threads or hw.cpu.threads_used)
         self.has_gpu = hw.gpu is not None

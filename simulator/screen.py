@@ -14,7 +14,7 @@ import math
 from .engram import EngramText, gathers_inline, layer_gather_s, ram_room
 from .policies import auction_split, chunks, expected_touched, mtp_tokens, ubatches
 from .prefill import TOUCH_LOCALITY, attention_flops
-from .resources import GB, Constants, cpu_gbs, cpu_pair_s
+from .resources import GB, Constants, cpu_gbs, cpu_pair_s, cpu_prefill_gflops
 from .routing import distinct_per_layer, inclusion, make_routing
 
 
@@ -239,15 +239,20 @@ def prefill_s(model, hw, plan, prompt_tokens: int, c: Constants, engram_cold: fl
 def _prefill_compute_s(model, hw, plan, prompt_tokens: int, c: Constants) -> float:
     """prefill_s without the Engram gather."""
     k = plan.experts_per_token or model.top_k
+    threads = plan.cpu_threads or hw.cpu.threads_used
+
+    def experts_s(n: int, layers: int) -> float:  # an n-token batch's expert products on the host cores
+        touched = expected_touched(n, model.n_experts, k, TOUCH_LOCALITY)
+        gflops = cpu_prefill_gflops(hw, plan, model.fmt_experts, n * k / max(touched, 1e-9), threads, c)
+        return n * k * model.expert_flops * layers / (gflops * 1e9 * threads)
     if hw.gpu is None:  # no device: dense path, attention and experts all on the host cores
-        rate = c.cpu_prefill_gflops_per_core * 1e9 * (plan.cpu_threads or hw.cpu.threads_used)
+        rate = c.cpu_prefill_gflops_per_core * 1e9 * threads
         total, pos = 0.0, 0
         for ch in chunks(prompt_tokens, plan.prefill.chunk_tokens):
             ubs = ubatches(ch, plan.prefill.ubatch_tokens)
             for i, n in enumerate(ubs):  # the head for the chunk's last token (prefill.py's `outputs`)
-                flops = (model.prefill_dense_flops(n, int(i == len(ubs) - 1)) + attention_flops(model, pos, n)
-                         + n * k * model.expert_flops * model.n_moe_layers)
-                total += flops / rate + model.n_moe_layers * c.cpu_job_ms * 1e-3
+                flops = model.prefill_dense_flops(n, int(i == len(ubs) - 1)) + attention_flops(model, pos, n)
+                total += flops / rate + experts_s(n, model.n_moe_layers) + model.n_moe_layers * c.cpu_job_ms * 1e-3
                 pos += n
         return total
     flops_s = hw.gpu.fp16_tflops * 1e12 * c.gemm_efficiency
@@ -266,9 +271,7 @@ def _prefill_compute_s(model, hw, plan, prompt_tokens: int, c: Constants) -> flo
                 total += comp + ram_layers * model.n_experts * eb / h2d
             else:  # RAM layers' experts on the host cores (not in `comp`), the rest on the device
                 comp -= n * k * model.expert_flops * ram_layers / flops_s
-                cpu = n * k * model.expert_flops * ram_layers / (c.cpu_prefill_gflops_per_core * 1e9
-                                                                  * (plan.cpu_threads or hw.cpu.threads_used))
-                total += comp + cpu
+                total += comp + experts_s(n, ram_layers)
             pos += n
     return total
 

@@ -83,3 +83,30 @@ def llamacpp_repacks(fmt: WeightFormat, isa: list[str]) -> bool:
     """Whether llama.cpp copies CPU weights of `fmt` at load into its interleaved CPU_REPACK layout on a
     CPU with instruction sets `isa` (cpuinfo flag names), unless run with --no-repack."""
     return any(f in isa for f in LLAMACPP_REPACK_ISA.get(fmt.name, ()))
+
+
+# ggml's MUL_MAT_ID on a batch of tokens (llama.cpp 0.3.36's vendored ggml-cpu): weights in the CPU_REPACK layout
+# run a gemv per token over each thread's share of rows (repack.cpp forward_mul_mat_id); K-quants and i-quants in
+# place, from 8 tokens an expert, a tiled GEMM on an x86 CPU with AVX (tiled/tiled.cpp ggml_tiled_supported,
+# ggml_tiled_min_batch); everything else one dot product per (row, token) pair in 16 x 16 blocks (ggml-cpu.c
+# ggml_compute_forward_mul_mat_id_one_chunk).
+LLAMACPP_TILED_TYPES = ("Q6_K", "Q5_K", "Q4_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S",
+                        "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
+LLAMACPP_TILED_MIN_TOKENS = 8
+LLAMACPP_TILED_ISA = ("avx512_vnni", "avx2", "avx")
+
+
+def llamacpp_prefill_path(fmt: WeightFormat, repacked: bool, tokens_per_expert: float, isa: list[str]) -> str:
+    """The path ggml's MUL_MAT_ID takes for CPU experts in `fmt` on a batch with that many tokens an expert:
+    'repacked' (weights repacked at load), 'tiled' (a K-quant's tiled GEMM) or 'vecdot' (a dot per pair)."""
+    if repacked:
+        return "repacked"
+    if (fmt.name in LLAMACPP_TILED_TYPES and tokens_per_expert >= LLAMACPP_TILED_MIN_TOKENS
+            and any(f in isa for f in LLAMACPP_TILED_ISA)):
+        return "tiled"
+    return "vecdot"
+
+
+def llamacpp_prefill_key(fmt_name: str, path: str) -> str:
+    """A profile's key for a format's prefill rate on a ggml path: 'Q8_0', 'Q4_0:repacked', 'Q4_K:tiled'."""
+    return fmt_name if path == "vecdot" else f"{fmt_name}:{path}"

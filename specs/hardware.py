@@ -86,6 +86,11 @@ class CPU(_Strict):
     # The same for the formats llama.cpp repacks at load into rows interleaved 8 at a time (its
     # CPU_REPACK layout, computed 8 rows a pass: calibration.bench_rowwise's repacked job), per format.
     repacked_gbs: dict[str, Pos] = Field(default_factory=dict)
+    # GFLOP/s per core of the experts' products on a prefill batch in the structure llama.cpp's ggml gives each
+    # format (calibration.bench_ggml_prefill), keyed by specs.formats.llamacpp_prefill_key ('Q8_0',
+    # 'Q4_0:repacked'), with 'KEY@Nt' for a rate measured on N cores; a path without one prefills at the
+    # executor's rate (Calibration's cpu_prefill_gflops_per_core)
+    ggml_prefill_gflops: dict[str, Pos] = Field(default_factory=dict)
 
     def expert_gbs_for(self, fmt: WeightFormat, threads: int | None = None, rowwise: bool = False,
                        repacked: bool = False) -> float:
@@ -112,6 +117,13 @@ class CPU(_Strict):
             if rd and ed:
                 return rate * rd / ed
         return rate
+
+    def ggml_prefill_gflops_for(self, key: str, threads: int | None = None) -> float | None:
+        """GFLOP/s per core of ggml's prefill products under `key` on `threads` cores: the rate measured on that
+        many cores ('KEY@Nt'), else the threads_used one (per core); None when the profile has neither."""
+        if threads is not None and f"{key}@{threads}t" in self.ggml_prefill_gflops:
+            return float(self.ggml_prefill_gflops[f"{key}@{threads}t"])
+        return float(self.ggml_prefill_gflops[key]) if key in self.ggml_prefill_gflops else None
 
     def _rate(self, table: dict, keys: tuple[str, ...], threads: int | None) -> float | None:
         """The first of `keys` in `table` at `threads` (a 'KEY@Nt' figure, else scaled linearly), or None."""

@@ -75,6 +75,25 @@ def test_measured_figures_carry_date_and_method(run):
     assert hw.constants["pagecache_4k_us"] < hw.nvme.latency_us
 
 
+def test_ggml_prefill_structures_timed_for_llamacpp_plans(run):
+    """calibrate times the prefill structure ggml's MUL_MAT_ID gives each timed format on this CPU
+    (calibration.bench_ggml_prefill): Q4_0 a dot product per (row, token), and where llama.cpp repacks it
+    (AVX2) a gemv per token over 8 interleaved rows; on all threads and on one; the store gets a row each."""
+    hw, _, st, _ = run
+    if not executor_kernel_available():
+        pytest.skip("no executor kernels")
+    from calibration.bench_ggml_prefill import profile_jobs
+    from specs.formats import llamacpp_prefill_key
+    g = hw.cpu.ggml_prefill_gflops
+    keys = [llamacpp_prefill_key(f, p) for f, p in profile_jobs(TINY.kernel_formats, hw.cpu.isa)]
+    assert "Q4_0" in keys and ("Q4_0:repacked" in keys) == ("avx2" in hw.cpu.isa)
+    for k in keys:
+        assert g[k].source == "measured" and "MUL_MAT_ID" in g[k].ref and g[k] > 0
+        assert (f"{k}@1t" in g) == (hw.cpu.threads_used > 1)
+    rows = [r for r in store.read_rows(st) if r["case"].startswith("calibrate:cpu_ggml_prefill_")]
+    assert len(rows) == len(g)
+
+
 def test_describe_calibrated_profile(run):
     from calibration.detect import describe
     hw, _, _, _ = run

@@ -116,3 +116,14 @@ def test_llama_bench_without_mmap_becomes_no_mmap(tmp_path, field, value):
     p.write_text(json.dumps([rec]))
     assert "--no-mmap" in read_llama_bench(p)[0].flags
     assert "--no-mmap" not in read_llama_bench(FIX / "tiny-t12.json")[0].flags
+
+
+def test_two_quantisations_of_one_model_are_two_cases():
+    """llama-quantize keeps general.name, so small.gguf (Q8_0) and its Q4_K_M are both 'moe-offload synthetic
+    small': the case name carries the expert type, or regress would keep only the later of the two runs."""
+    from calibration.ingest import run_case_name
+
+    run = read_llama_bench(FIX / "tiny-t12.json")[0]
+    q4k = TINY.model_copy(update={"expert_format": "Q4_K"})
+    assert run_case_name(TINY, run) != run_case_name(q4k, run)
+    assert run_case_name(TINY, run).startswith("llamacpp:moe-tiny Q8_0:")

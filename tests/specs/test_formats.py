@@ -7,3 +7,18 @@ def test_iquant_mix_is_a_codebook_format():
     f = parse_format("IQMIX:1.9437")
     assert f.codebook and f.bits == 1.9437 and f.name == "IQMIX:1.9437"
     assert not parse_format("MIX:3.5").codebook
+
+
+def test_llamacpp_prefill_path_follows_ggml_mul_mat_id():
+    """ggml's MUL_MAT_ID (llama.cpp 0.3.36): repacked weights a gemv per token; K-quants in place from 8 tokens an
+    expert its tiled GEMM (on x86 with AVX); every other case a dot product per (row, token) pair."""
+    from specs.formats import llamacpp_prefill_key, llamacpp_prefill_path, parse_format
+    q4k, q8, q4 = parse_format("Q4_K"), parse_format("Q8_0"), parse_format("Q4_0")
+    assert llamacpp_prefill_path(q4k, False, 128, ["avx2"]) == "tiled"
+    assert llamacpp_prefill_path(q4k, False, 7, ["avx2"]) == "vecdot"
+    assert llamacpp_prefill_path(q4k, False, 128, ["asimddp"]) == "vecdot"
+    assert llamacpp_prefill_path(q4k, True, 128, ["avx2"]) == "repacked"
+    assert llamacpp_prefill_path(q8, False, 128, ["avx2"]) == "vecdot"
+    assert llamacpp_prefill_path(q4, True, 128, ["avx2"]) == "repacked"
+    assert [llamacpp_prefill_key("Q4_K", p) for p in ("vecdot", "tiled", "repacked")] == \
+        ["Q4_K", "Q4_K:tiled", "Q4_K:repacked"]

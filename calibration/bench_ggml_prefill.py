@@ -1,0 +1,140 @@
+"""The CPU prefill rate of an engine built like llama.cpp's ggml: its MUL_MAT_ID on a batch of tokens, by the
+path ggml takes for the experts' weight layout (llama.cpp 0.3.36's vendored ggml-cpu):
+
+- `vecdot` (Q8_0, Q4_0 not repacked, ...): an expert's rows x its tokens in 16 x 16 blocks, one dot
+  product per (row, token) pair, the chunks handed to the threads in turn (ggml-cpu.c
+  `ggml_compute_forward_mul_mat_id_one_chunk`), each op's activations quantised to Q8_0 first.
+- `repacked` (the formats llama.cpp interleaves 8 rows at load: Q4_0 on AVX2): each thread takes the
+  same eighth-aligned share of every expert's rows and runs it token by token, 8 rows a pass
+  (repack.cpp `forward_mul_mat_id`, a gemv per token: no GEMM, each token re-reads the share from cache).
+- `tiled` (K-quants in place from 8 tokens an expert, tiled/tiled.cpp) and repacked Q4_K: not timed here.
+Which path a format takes is specs.formats.llamacpp_prefill_path.
+
+Only the structures whose rebuild here runs at ggml's own rate are timed (`TIMED`). The dot products are
+ggml's AVX2 vec_dot rebuilt (calibration.ggml_vec_dot: int8 activations, vpmaddubsw): at 32-128 tokens an
+expert on one Zen 3 core it runs Q4_0 at 27 GFLOP/s where ggml's MUL_MAT_ID does 26.7 and Q8_0 at 29-30
+against 34.4 (test-backend-ops perf, qwen3-30b-a3b's 768 x 2048 experts, 32 tokens an expert). Repacked
+Q4_0 runs the executor's 8-interleaved-row int16 kernel (simd.rows8_q4_interleaved), ~0.85x of what
+llama-bench's pp512 implies for ggml's int8 gemv. The tiled GEMM and repacked Q4_K have no such rebuild
+(the executor's BLIS-style GEMM and a Q4_K row at a time ran 0.73x and ~0.45x of ggml's), so a llama.cpp
+plan prefills them at the executor's GEMM rate, as every other plan does. The simulator's llama.cpp plans
+take these rates for their CPU prefill (`cpu.ggml_prefill_gflops`; simulator.resources).
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from executor.gemm import Q4_0
+from executor.kernels import _quant_rows
+from executor.simd import HAVE_AVX2, rows8_q4_interleaved
+
+from .bench_kernel import _synth_tensor
+from .bench_rowwise import REPACK_ROWS
+from .ggml_vec_dot import quantize_row_q8_0
+
+BLOCK = 16  # ggml's 16 x 16 (rows x tokens) blocks of dot products (blck_0, blck_1)
+PATHS = ("vecdot", "repacked")  # of specs.formats.llamacpp_prefill_path's, those timed here
+TIMED = (("Q8_0", "vecdot"), ("Q4_0", "vecdot"), ("Q4_0", "repacked"))  # AVX2 only (ggml_vec_dot)
+
+if HAVE_AVX2:
+    from .ggml_vec_dot import vec_dot_q4_0, vec_dot_q8_0
+
+    @njit(parallel=True, nogil=True, fastmath=True, cache=True)
+    def _vecdot_matrix(w, code, rows, X8, DX, out):
+        """out[e, t, r] = W_e[r] . X8[e, t] * DX[e, t] (w [E, bytes] Q8_0 / Q4_0, X8 int8 / DX [E, T, ...]) in
+        16 x 16 blocks, ggml's vec_dot a pair at a time; one parallel region over every expert's chunks."""
+        E, T = X8.shape[0], X8.shape[1]
+        rb = np.int64(w.shape[1] // rows)
+        nb = np.int64(X8.shape[2] // 32)
+        n0, n1 = (rows + BLOCK - 1) // BLOCK, (T + BLOCK - 1) // BLOCK
+        for i in prange(E * n0 * n1):
+            e, c = i // (n0 * n1), i % (n0 * n1)
+            r0, t0 = (c % n0) * BLOCK, (c // n0) * BLOCK
+            for t in range(t0, min(T, t0 + BLOCK)):
+                for r in range(r0, min(rows, r0 + BLOCK)):
+                    if code == Q4_0:
+                        vec_dot_q4_0(w[e], np.int64(r * rb), rb, X8[e, t], DX[e, t], nb, out[e, t], np.int64(r))
+                    else:
+                        vec_dot_q8_0(w[e], np.int64(r * rb), rb, X8[e, t], DX[e, t], nb, out[e, t], np.int64(r))
+
+    @njit(parallel=True, nogil=True, fastmath=True)
+    def _repacked_matrix(w, rows, X16, DX, out):
+        """out[e, t, r] for Q4_0 laid out as ggml's repacked MUL_MAT_ID: each thread its eighth-aligned share
+        of every expert's rows, token by token, 8 interleaved rows a pass (int16 activations)."""
+        E, T = X16.shape[0], X16.shape[1]
+        nthr = numba.get_num_threads()
+        rb = np.int64(w.shape[1] // rows)
+        nb = np.int64(X16.shape[2] // 32)
+        for th in prange(nthr):
+            r0 = (th * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS
+            r1 = min(rows, ((th + 1) * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS)
+            for e in range(E):
+                for t in range(T):
+                    for r in range(r0, r1, REPACK_ROWS):
+                        rows8_q4_interleaved(w[e], np.int64(r * rb), rb, X16[e], DX[e], np.int64(t), nb, out[e],
+                                             np.int64(r))
+
+
+def quantize_q8_0(a):
+    """a [E, T, n] float32 -> (int8 [E, T, n], float32 scales [E, T, n/32]): ggml's Q8_0 activations."""
+    x8 = np.empty(a.shape, np.int8)
+    dx = np.empty(a.shape[:2] + (a.shape[2] // 32,), np.float32)
+    _quantize_rows(a.reshape(-1, a.shape[2]), x8.reshape(-1, a.shape[2]), dx.reshape(-1, dx.shape[2]))
+    return x8, dx
+
+
+@njit(nogil=True, cache=True)
+def _quantize_rows(a, x8, dx):
+    for i in range(a.shape[0]):
+        quantize_row_q8_0(a[i], x8[i], dx[i])
+
+
+def ggml_prefill_job(fmt: str = "Q8_0", path: str = "vecdot", hidden: int = 2048, ffn: int = 768,
+                     n_experts: int = 32, top_k: int = 8, tokens: int = 64, seed: int = 0):
+    """(run, flops): one prefill batch of `tokens` tokens, top_k of n_experts synthetic `fmt` SwiGLU experts
+    each (an even split: tokens * top_k / n_experts tokens an expert), gate, up and down as three ggml ops on
+    `path`. SwiGLU's activation is not applied (values don't matter to the timing)."""
+    if (fmt, path) not in TIMED or not HAVE_AVX2:
+        raise ValueError(f"no rebuild of ggml's {path} path for {fmt} here (have {TIMED}, AVX2 only)")
+    rng = np.random.default_rng(seed)
+    per = max(1, tokens * top_k // n_experts)  # tokens an expert
+    mats = [_synth_tensor(fmt, n_experts, r, c, rng) for r, c in ((ffn, hidden), (ffn, hidden), (hidden, ffn))]
+    ws = [m.data.reshape(n_experts, -1) for m in mats]
+    code = mats[0].code
+    x = rng.standard_normal((n_experts, per, hidden)).astype(np.float32)
+    h = (rng.standard_normal((n_experts, per, ffn)) * 0.1).astype(np.float32)
+
+    g, y = np.zeros((n_experts, per, ffn), np.float32), np.zeros((n_experts, per, hidden), np.float32)
+
+    def run():
+        for w, rows, a, out in ((ws[0], ffn, x, g), (ws[1], ffn, x, g), (ws[2], hidden, h, y)):
+            # ggml converts each op's activations to its dot type first (timed with the op)
+            if path == "vecdot":
+                _vecdot_matrix(w, code, rows, *quantize_q8_0(a), out)
+            else:
+                q = [_quant_rows(a[e]) for e in range(n_experts)]
+                _repacked_matrix(w, rows, np.stack([p[0] for p in q]), np.stack([p[1] for p in q]), out)
+    return run, 6.0 * hidden * ffn * per * n_experts
+
+
+def profile_jobs(formats, isa: list[str]) -> list[tuple[str, str]]:
+    """(format, path) of every ggml prefill structure a llama.cpp plan of these expert formats takes on a CPU
+    with `isa` at a prefill batch (>= 8 tokens an expert), of those rebuilt here (`TIMED`, AVX2 only)."""
+    from specs.formats import llamacpp_prefill_path, llamacpp_repacks, parse_format
+    if "avx2" not in isa:
+        return []
+    jobs = []
+    for fmt in formats:
+        wf = parse_format(fmt)
+        paths = {llamacpp_prefill_path(wf, False, 64, isa)} | ({"repacked"} if llamacpp_repacks(wf, isa) else set())
+        jobs += [(fmt, p) for p in PATHS if p in paths and (fmt, p) in TIMED]
+    return jobs
+
+
+def label(fmt: str, path: str, hidden: int, ffn: int) -> str:
+    """The method line of a ggml prefill rate in a profile."""
+    how = {"vecdot": "ggml's int8 vec_dot per (row, token) in 16 x 16 blocks",
+           "repacked": "each thread's share of rows token by token, 8 interleaved rows a pass"}[path]
+    return f"ggml's MUL_MAT_ID structure for {fmt} ({path}: {how}; calibration.bench_ggml_prefill) SwiGLU {hidden}x{ffn}"

@@ -1,0 +1,85 @@
+"""ggml's prefill structures rebuilt on this machine (calibration.bench_ggml_prefill): a dot product per (row, token)
+in 16 x 16 blocks with ggml's int8 vec_dot, and a gemv per token over each thread's share of rows (repacked Q4_0).
+Each must compute the whole product."""
+import numpy as np
+import pytest
+from gguf import dequantize
+
+from calibration.bench_kernel import _synth_tensor
+from executor.simd import HAVE_AVX2
+
+avx2 = pytest.mark.skipif(not HAVE_AVX2, reason="ggml's vec_dot is rebuilt for AVX2 only")
+
+
+def _experts(fmt: str, n_exp: int, rows: int, cols: int, tokens: int):
+    """(flat bytes [E, ...], code, x [E, T, cols], dequantised weights [E, rows, cols]) of synthetic experts."""
+    rng = np.random.default_rng(5)
+    w = _synth_tensor(fmt, n_exp, rows, cols, rng)
+    flat = w.data.reshape(n_exp, -1)
+    x = rng.standard_normal((n_exp, tokens, cols)).astype(np.float32)
+    deq = np.stack([dequantize(w.data[e], w.qtype).reshape(rows, cols) for e in range(n_exp)])
+    return flat, w.code, x, deq
+
+
+@avx2
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
+def test_vecdot_blocks_are_ggml_arithmetic_for_every_row_and_token(fmt):
+    """2 experts, 40 rows x 20 tokens (neither a multiple of the 16 x 16 block) of `fmt`: each output is the
+    dequantised row . the token quantised to Q8_0 (ggml's int8 activations), to float rounding."""
+    from calibration.bench_ggml_prefill import _vecdot_matrix, quantize_q8_0
+    flat, code, x, deq = _experts(fmt, 2, 40, 256, 20)
+    x8, dx = quantize_q8_0(x)
+    xq = x8.astype(np.float32) * np.repeat(dx, 32, axis=2)  # [E, T, cols]
+    ref = np.einsum("erc,etc->etr", deq, xq)
+    out = np.zeros_like(ref)
+    _vecdot_matrix(flat, code, 40, x8, dx, out)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_q8_0_activations_are_within_half_a_step_of_the_input():
+    """ggml's quantize_row_q8_0: d = max|x| / 127 per 32-block, x8 = round(x / d), so |x - x8 d| <= d / 2."""
+    from calibration.bench_ggml_prefill import quantize_q8_0
+    x = np.random.default_rng(1).standard_normal((2, 3, 64)).astype(np.float32)
+    x8, dx = quantize_q8_0(x)
+    d = np.repeat(dx, 32, axis=2)
+    assert np.all(np.abs(x - x8 * d) <= d / 2 * (1 + 1e-5))
+    assert np.allclose(np.abs(x8).max(axis=2), 127)
+
+
+@avx2
+def test_repacked_share_covers_every_row_and_token():
+    """Q4_0's synthetic rows are read as if interleaved (values not the product), so only coverage is
+    checked: every thread's eighth-aligned share together write every output."""
+    from calibration.bench_ggml_prefill import _repacked_matrix
+    from executor.kernels import _quant_rows
+    flat, _, x, _ = _experts("Q4_0", 2, 48, 256, 6)
+    q = [_quant_rows(x[e]) for e in range(2)]
+    out = np.full((2, 6, 48), np.nan, np.float32)
+    _repacked_matrix(flat, 48, np.stack([a for a, _ in q]), np.stack([b for _, b in q]), out)
+    assert np.isfinite(out).all() and np.abs(out).max() > 0
+
+
+@avx2
+def test_a_job_counts_its_routed_flops():
+    """tokens x top_k / experts tokens an expert, 2 FLOPs a weight, three matrices: 6 h f per expert-token."""
+    from calibration.bench_ggml_prefill import ggml_prefill_job
+    run, flops = ggml_prefill_job("Q8_0", "vecdot", hidden=256, ffn=64, n_experts=4, top_k=2, tokens=8)
+    run()
+    assert flops == 6 * 256 * 64 * (8 * 2 // 4) * 4
+
+
+def test_structures_without_a_rebuild_are_refused():
+    """The tiled GEMM and repacked Q4_K are not rebuilt here (their stand-ins ran 0.73x and ~0.45x of ggml)."""
+    from calibration.bench_ggml_prefill import ggml_prefill_job
+    for fmt, path in (("Q4_K", "tiled"), ("Q8_0", "repacked"), ("Q4_K", "repacked"), ("Q8_0", "gemm")):
+        with pytest.raises(ValueError, match="no rebuild of ggml's"):
+            ggml_prefill_job(fmt, path)
+
+
+def test_calibrate_times_the_rebuilt_paths_llamacpp_takes_on_this_isa():
+    """AVX2: Q4_0 in place and repacked, Q8_0 in place; K-quants (tiled, repacked) and F16 are not rebuilt;
+    without AVX2 (an ARM CPU here) ggml's kernels are other code and nothing is timed."""
+    from calibration.bench_ggml_prefill import profile_jobs
+    fmts = ("Q4_0", "Q8_0", "F16", "Q4_K", "Q6_K")
+    assert profile_jobs(fmts, ["avx", "avx2"]) == [("Q4_0", "vecdot"), ("Q4_0", "repacked"), ("Q8_0", "vecdot")]
+    assert profile_jobs(("Q8_0", "Q4_K"), ["asimd"]) == []

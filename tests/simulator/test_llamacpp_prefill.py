@@ -1,0 +1,77 @@
+"""llama.cpp plans' CPU prefill: each format at the rate of the structure ggml's MUL_MAT_ID gives it
+(specs.formats.llamacpp_prefill_path; calibration.bench_ggml_prefill times them), the executor's plans at the
+profile's one prefill rate."""
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from simulator.prefill import PrefillRun  # noqa: F401  (the event path the tests below run through simulate)
+from simulator.run import simulate
+from simulator.screen import screen
+from specs.figure import Figure
+
+from sim_fixtures import machine, tiered, tiny_model
+
+
+def _cpu_only(fmt: str, rates: dict[str, float], isa=("avx2",), repack: bool = True):
+    """tiny with `fmt` experts, all-CPU, as a llama.cpp plan and as the executor's, on a profile whose
+    ggml_prefill_gflops are `rates` (GFLOP/s per core) and whose one prefill rate is 10 GFLOP/s per core."""
+    hw = machine().model_copy(update={"gpu": None, "pcie": None,
+                                      "constants": {"cpu_prefill_gflops_per_core": Figure(10.0, "measured", "test")}})
+    hw = hw.model_copy(update={"cpu": hw.cpu.model_copy(update={
+        "isa": list(isa), "ggml_prefill_gflops": {k: Figure(v, "measured", "test") for k, v in rates.items()}})})
+    model = tiny_model().model_copy(update={"expert_format": fmt})
+    plan = tiered(slots=0, kind="cpu")
+    plan = plan.model_copy(update={"placement": plan.placement.model_copy(update={"dense": "cpu", "kv": "cpu"})})
+    return model, hw, plan.model_copy(update={"engine": "llamacpp", "cpu_repack": repack}), plan
+
+
+def _ttft(model, hw, plan, prompt: int = 256) -> float:
+    return simulate(model, hw, plan, prompt_tokens=prompt, gen_tokens=1, routing="uniform", warm_steps=0).ttft_s
+
+
+def test_llamacpp_prefill_reads_the_rate_of_the_path_ggml_takes():
+    """Q4_K experts in place at a 256-token prompt (tiny: 32 tokens an expert, >= 8) take ggml's tiled GEMM:
+    a faster tiled rate shortens the llama.cpp plan's TTFT, a faster dot-product rate does not, and the
+    executor's plan keeps the profile's one rate."""
+    slow = _cpu_only("Q4_K", {"Q4_K:tiled": 10.0, "Q4_K": 10.0}, repack=False)
+    fast_tiled = _cpu_only("Q4_K", {"Q4_K:tiled": 80.0, "Q4_K": 10.0}, repack=False)
+    fast_dots = _cpu_only("Q4_K", {"Q4_K:tiled": 10.0, "Q4_K": 80.0}, repack=False)
+    assert _ttft(*fast_tiled[:3]) < 0.7 * _ttft(*slow[:3])
+    assert _ttft(*fast_dots[:3]) == pytest.approx(_ttft(*slow[:3]), rel=1e-12)
+    assert _ttft(*fast_tiled[:2], fast_tiled[3]) == pytest.approx(_ttft(*slow[:2], slow[3]), rel=1e-12)
+
+
+def test_repacked_q4_0_prefill_reads_the_repacked_rate_unless_no_repack():
+    """Q4_0 on an AVX2 CPU is repacked at load (a gemv per token over 8 interleaved rows): its prefill runs at
+    the repacked rate; with --no-repack, at the dot-product rate; the screen agrees with the events."""
+    rates = {"Q4_0:repacked": 60.0, "Q4_0": 10.0}
+    rep, norep = _cpu_only("Q4_0", rates)[:3], _cpu_only("Q4_0", rates, repack=False)[:3]
+    assert _ttft(*rep) < 0.7 * _ttft(*norep)
+    for m, h, p in (rep, norep):
+        assert screen(m, h, p, prompt_tokens=256).ttft_s == pytest.approx(_ttft(m, h, p), rel=0.05)
+
+
+def test_a_format_without_a_ggml_rate_keeps_the_profiles_one_rate():
+    """A profile with ggml rates for other formats only: Q8_0 experts prefill at cpu_prefill_gflops_per_core."""
+    m, h, ll, _ = _cpu_only("Q8_0", {"Q4_K:tiled": 80.0})
+    m0, h0, ll0, _ = _cpu_only("Q8_0", {})
+    assert _ttft(m, h, ll) == pytest.approx(_ttft(m0, h0, ll0), rel=1e-12)
+
+
+def test_a_rate_measured_on_one_core_serves_one_thread_plans():
+    """'KEY@1t' is the per-core rate on one thread: a one-thread plan reads it, a two-thread plan the other."""
+    rates = {"Q8_0": 20.0, "Q8_0@1t": 40.0}
+    m, h, ll, _ = _cpu_only("Q8_0", rates)
+    one = ll.model_copy(update={"cpu_threads": 1})
+    ref = _cpu_only("Q8_0", {"Q8_0": 40.0})
+    assert _ttft(m, h, one) == pytest.approx(_ttft(ref[0], ref[1], one), rel=1e-12)
+    assert _ttft(m, h, ll) > _ttft(ref[0], ref[1], ll)
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.floats(5.0, 100.0), st.floats(1.0, 4.0))
+def test_a_faster_ggml_prefill_rate_never_lengthens_ttft(gflops, factor):
+    """More GFLOP/s on the path ggml takes never lengthens a llama.cpp plan's simulated TTFT."""
+    a = _cpu_only("Q8_0", {"Q8_0": gflops})[:3]
+    b = _cpu_only("Q8_0", {"Q8_0": gflops * factor})[:3]
+    assert _ttft(*b, prompt=64) <= _ttft(*a, prompt=64) * (1 + 1e-9)
