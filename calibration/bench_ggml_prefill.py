@@ -14,8 +14,9 @@ Only the structures whose rebuild here runs at ggml's own rate are timed (`TIMED
 ggml's AVX2 vec_dot rebuilt (calibration.ggml_vec_dot: int8 activations, vpmaddubsw): at 32-128 tokens an
 expert on one Zen 3 core it runs Q4_0 at 27 GFLOP/s where ggml's MUL_MAT_ID does 26.7 and Q8_0 at 29-30
 against 34.4 (test-backend-ops perf, qwen3-30b-a3b's 768 x 2048 experts, 32 tokens an expert). Repacked
-Q4_0 runs the executor's 8-interleaved-row int16 kernel (simd.rows8_q4_interleaved), ~0.85x of what
-llama-bench's pp512 implies for ggml's int8 gemv. The tiled GEMM and repacked Q4_K have no such rebuild
+Q4_0 runs ggml's AVX2 q4_0 8x8 gemv rebuilt (ggml_vec_dot.gemv_q4_0x8: int8 activations, 8 rows' blocks side
+by side): 46-55 GFLOP/s on one Zen 3 core, where llama-bench's pp512 implies ~48 for ggml's own (the executor's
+int16 interleaved rows, which stood in for it before, 38-45). The tiled GEMM and repacked Q4_K have no such rebuild
 (the executor's BLIS-style GEMM and a Q4_K row at a time ran 0.73x and ~0.45x of ggml's), so a llama.cpp
 plan prefills them at the executor's GEMM rate, as every other plan does. The simulator's llama.cpp plans
 take these rates for their CPU prefill (`cpu.ggml_prefill_gflops`; simulator.resources).
@@ -27,8 +28,7 @@ import numpy as np
 from numba import njit, prange
 
 from executor.gemm import Q4_0
-from executor.kernels import _quant_rows
-from executor.simd import HAVE_AVX2, rows8_q4_interleaved
+from executor.simd import HAVE_AVX2
 
 from .bench_kernel import _synth_tensor
 from .bench_rowwise import REPACK_ROWS
@@ -39,7 +39,7 @@ PATHS = ("vecdot", "repacked")  # of specs.formats.llamacpp_prefill_path's, thos
 TIMED = (("Q8_0", "vecdot"), ("Q4_0", "vecdot"), ("Q4_0", "repacked"))  # AVX2 only (ggml_vec_dot)
 
 if HAVE_AVX2:
-    from .ggml_vec_dot import vec_dot_q4_0, vec_dot_q8_0
+    from .ggml_vec_dot import gemv_q4_0x8, vec_dot_q4_0, vec_dot_q8_0
 
     @njit(parallel=True, nogil=True, fastmath=True, cache=True)
     def _vecdot_matrix(w, code, rows, X8, DX, out):
@@ -60,21 +60,21 @@ if HAVE_AVX2:
                         vec_dot_q8_0(w[e], np.int64(r * rb), rb, X8[e, t], DX[e, t], nb, out[e, t], np.int64(r))
 
     @njit(parallel=True, nogil=True, fastmath=True)
-    def _repacked_matrix(w, rows, X16, DX, out):
-        """out[e, t, r] for Q4_0 laid out as ggml's repacked MUL_MAT_ID: each thread its eighth-aligned share
-        of every expert's rows, token by token, 8 interleaved rows a pass (int16 activations)."""
-        E, T = X16.shape[0], X16.shape[1]
+    def _repacked_matrix(w, rows, X8, DX, out):
+        """out[e, t, r] = W_e[r] . X8[e, t] * DX[e, t] for Q4_0 in llama.cpp's repacked layout (block_q4_0x8) as
+        ggml's repacked MUL_MAT_ID runs it: each thread its eighth-aligned share of every expert's rows, token by
+        token, 8 rows a pass (ggml's q4_0 8x8 gemv, int8 activations)."""
+        E, T = X8.shape[0], X8.shape[1]
         nthr = numba.get_num_threads()
         rb = np.int64(w.shape[1] // rows)
-        nb = np.int64(X16.shape[2] // 32)
+        nb = np.int64(X8.shape[2] // 32)
         for th in prange(nthr):
             r0 = (th * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS
             r1 = min(rows, ((th + 1) * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS)
             for e in range(E):
                 for t in range(T):
                     for r in range(r0, r1, REPACK_ROWS):
-                        rows8_q4_interleaved(w[e], np.int64(r * rb), rb, X16[e], DX[e], np.int64(t), nb, out[e],
-                                             np.int64(r))
+                        gemv_q4_0x8(w[e], np.int64(r * rb), X8[e, t], DX[e, t], nb, out[e, t], np.int64(r))
 
 
 def quantize_q8_0(a):
@@ -114,8 +114,7 @@ def ggml_prefill_job(fmt: str = "Q8_0", path: str = "vecdot", hidden: int = 2048
             if path == "vecdot":
                 _vecdot_matrix(w, code, rows, *quantize_q8_0(a), out)
             else:
-                q = [_quant_rows(a[e]) for e in range(n_experts)]
-                _repacked_matrix(w, rows, np.stack([p[0] for p in q]), np.stack([p[1] for p in q]), out)
+                _repacked_matrix(w, rows, *quantize_q8_0(a), out)
     return run, 6.0 * hidden * ffn * per * n_experts
 
 
@@ -136,5 +135,5 @@ def profile_jobs(formats, isa: list[str]) -> list[tuple[str, str]]:
 def label(fmt: str, path: str, hidden: int, ffn: int) -> str:
     """The method line of a ggml prefill rate in a profile."""
     how = {"vecdot": "ggml's int8 vec_dot per (row, token) in 16 x 16 blocks",
-           "repacked": "each thread's share of rows token by token, 8 interleaved rows a pass"}[path]
+           "repacked": "each thread's share of rows token by token, ggml's q4_0 8x8 int8 gemv"}[path]
     return f"ggml's MUL_MAT_ID structure for {fmt} ({path}: {how}; calibration.bench_ggml_prefill) SwiGLU {hidden}x{ffn}"

@@ -9,6 +9,11 @@ is that loop for `nr` rows against one token (nr = 1 is ggml's vec_dot; benchmar
 times nr = 4 against the executor's int16 kernel). The executor keeps int16 activations (executor/simd.py):
 int8's 1e-2 relative error fails its logits bar, so this kernel only times ggml's prefill structures
 (calibration.bench_ggml_prefill). AVX2 only: HAVE_AVX2 says whether the intrinsics exist.
+
+Weights llama.cpp repacks at load (Q4_0 on AVX2: block_q4_0x8, 8 rows' blocks side by side) go through its
+`gemv_q4_b32_8x8_q8_0_lut_avx` instead (arch/x86/repack.cpp), rebuilt as `gemv_q4_0x8`: per block the 8 rows'
+nibbles become signed bytes by a table (`vpshufb`), 8 int8 products accumulate in one int32 register for all
+8 rows, and one convert and one fused multiply-add with the 8 scales finish the block.
 """
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from executor.simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fn, _splat, hsum8
+
+Q4_0X8_BYTES = 8 * 18  # block_q4_0x8: 8 fp16 scales, then 8 x 16 bytes of nibbles interleaved 8 bytes a row
 
 
 def rows_i8_codegen(q4: bool, nr: int, prefetch: bool):
@@ -73,6 +80,77 @@ def rows_i8_codegen(q4: bool, nr: int, prefetch: bool):
     return gen
 
 
+def gemv_q4_0x8_codegen():
+    """Codegen: res[ro + k] = row_k . (x8 * dx), k < 8, for 8 rows in llama.cpp's block_q4_0x8 layout from byte woff
+    of w (nb blocks of Q4_0X8_BYTES: the rows' 8 fp16 scales, then 128 bytes, row k's values j and j + 16 in the low
+    and high nibble of byte 64 (j % 16 // 8) + 32 (k // 4) + 8 (k % 4) + j % 8, stored xor 8), as ggml's AVX2
+    gemv: the nibbles to signed bytes by a table, a 32-bit lane per (row, 4 values), pairs of rows in the even
+    and odd lanes, int8 products by vpsignb / vpmaddubsw / vpmaddwd into one int32 accumulator."""
+    def gen(context, builder, sig, args):
+        wa, woff, xa, da, nb, ra, roff = args
+        data = lambda i, v: cgutils.create_struct_proxy(sig.args[i])(context, builder, value=v).data  # noqa: E731
+        wd, xd, dd, rd = data(0, wa), data(2, xa), data(3, da), data(5, ra)
+        i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+        v32 = lambda vals: ir.Constant(V(I32, len(vals)), list(vals))  # noqa: E731
+        psign = _fn(builder, "llvm.x86.avx2.psign.b", V(I8, 32), [V(I8, 32)] * 2)
+        maddubs = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", V(I16, 16), [V(I8, 32)] * 2)
+        pmadd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V(I32, 8), [V(I16, 16)] * 2)
+        pshufb = _fn(builder, "llvm.x86.avx2.pshuf.b", V(I8, 32), [V(I8, 32)] * 2)
+        fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
+        lut = ir.Constant(V(I8, 32), [0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1] * 2)
+        low = ir.Constant(V(I8, 32), [0x0F] * 32)
+        ones = ir.Constant(V(I16, 16), [1] * 16)
+        acc = cgutils.alloca_once_value(builder, ir.Constant(V(F32, 8), [0.0] * 8))
+
+        def dwords(v):
+            return builder.bitcast(v, V(I32, 8))
+
+        def lanes_dword(v, j):  # _mm256_shuffle_epi32(v, j * 85): dword j of each 128-bit lane everywhere in it
+            return builder.bitcast(builder.shuffle_vector(dwords(v), dwords(v), v32([j] * 4 + [4 + j] * 4)), V(I8, 32))
+
+        def pair(a, b, first):  # blend(a, swap(b), 170) / blend(swap(a), b, 170): rows of a and b in even / odd lanes
+            sw = [1, 0, 3, 2, 5, 4, 7, 6]
+            if first:
+                m = [i if i % 2 == 0 else 8 + sw[i] for i in range(8)]
+            else:
+                m = [sw[i] if i % 2 == 0 else 8 + i for i in range(8)]
+            return builder.bitcast(builder.shuffle_vector(dwords(a), dwords(b), v32(m)), V(I8, 32))
+
+        with cgutils.for_range(builder, nb) as loop:
+            b = loop.index
+            p = builder.gep(wd, [builder.add(woff, builder.mul(b, i64(Q4_0X8_BYTES)))])
+            raw = [builder.load(builder.bitcast(builder.gep(p, [i64(16 + 32 * i)]), V(I8, 32).as_pointer()), align=1)
+                   for i in range(4)]  # 0123_0, 4567_0, 0123_1, 4567_1
+            lo = [builder.call(pshufb, [lut, builder.and_(r, low)]) for r in raw]
+            hi = [builder.call(pshufb, [lut, builder.and_(builder.bitcast(builder.lshr(
+                builder.bitcast(r, V(I16, 16)), ir.Constant(V(I16, 16), [4] * 16)), V(I8, 32)), low)]) for r in raw]
+            xp = builder.gep(xd, [builder.mul(b, i64(32))])
+            xh = [builder.load(builder.bitcast(builder.gep(xp, [i64(16 * h)]), V(I8, 16).as_pointer()), align=1)
+                  for h in range(2)]
+            lhs = [builder.shuffle_vector(v, v, v32(list(range(16)) * 2)) for v in xh]  # each half in both lanes
+            iacc = ir.Constant(V(I32, 8), [0] * 8)
+            # values 0-7 (lo of raw 0/1), 8-15 (lo of 2/3), 16-23 (hi of 0/1), 24-31 (hi of 2/3)
+            for q, (r0123, r4567, x) in enumerate(((lo[0], lo[1], lhs[0]), (lo[2], lo[3], lhs[0]),
+                                                    (hi[0], hi[1], lhs[1]), (hi[2], hi[3], lhs[1]))):
+                for first in (True, False):
+                    wv = pair(r0123, r4567, first)
+                    xv = lanes_dword(x, 2 * (q % 2) + (0 if first else 1))
+                    dots = builder.call(maddubs, [builder.call(psign, [wv, wv]), builder.call(psign, [xv, wv])])
+                    iacc = builder.add(iacc, builder.call(pmadd, [dots, ones]))
+            hv = builder.load(builder.bitcast(p, V(I16, 8).as_pointer()), align=1)
+            # the scales in the accumulator's lane order (ggml's changemask: rows 0, 4, 1, 5, 2, 6, 3, 7)
+            hv = builder.shuffle_vector(hv, hv, v32([0, 4, 1, 5, 2, 6, 3, 7]))
+            sc = builder.fpext(builder.bitcast(hv, V(ir.HalfType(), 8)), V(F32, 8))
+            sc = builder.fmul(sc, _splat(builder, builder.load(builder.gep(dd, [b])), 8))
+            builder.store(builder.call(fma, [builder.sitofp(iacc, V(F32, 8)), sc, builder.load(acc)]), acc)
+        a = builder.load(acc)
+        a = builder.shuffle_vector(a, a, v32([0, 2, 4, 6, 1, 3, 5, 7]))
+        builder.store(a, builder.bitcast(builder.gep(rd, [roff]), V(F32, 8).as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return gen
+
+
 if HAVE_AVX2:
     @intrinsic
     def vec_dot_q8_0(typingctx, w, wo, rb, x8, dx, nb, res, ro):
@@ -83,6 +161,11 @@ if HAVE_AVX2:
     def vec_dot_q4_0(typingctx, w, wo, rb, x8, dx, nb, res, ro):
         """res[ro] = the Q4_0 row at byte wo of w . x8 * dx (ggml's ggml_vec_dot_q4_0_q8_0)."""
         return types.none(w, wo, rb, x8, dx, nb, res, ro), rows_i8_codegen(True, 1, False)
+
+    @intrinsic
+    def gemv_q4_0x8(typingctx, w, wo, x8, dx, nb, res, ro):
+        """res[ro:ro + 8] = the 8 block_q4_0x8 rows at byte wo of w . x8 * dx (ggml's AVX2 q4_0 8x8 gemv)."""
+        return types.none(w, wo, x8, dx, nb, res, ro), gemv_q4_0x8_codegen()
 
 
 @njit(fastmath=True, cache=True)

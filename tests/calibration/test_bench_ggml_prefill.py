@@ -46,17 +46,37 @@ def test_q8_0_activations_are_within_half_a_step_of_the_input():
     assert np.allclose(np.abs(x8).max(axis=2), 127)
 
 
+def _q4_0x8_rows(flat: np.ndarray, rows: int) -> np.ndarray:
+    """An expert's bytes read as llama.cpp's block_q4_0x8 (repack.cpp: 8 rows' blocks side by side, their 8 fp16
+    scales, then 128 bytes; row k's values j and j + 16 in the low / high nibble of byte 64 (j % 16 // 8) +
+    32 (k // 4) + 8 (k % 4) + j % 8, stored xor 8, so a nibble n is n for n < 8, else n - 16) -> [rows, cols]."""
+    blocks = flat.reshape(rows // 8, -1, 144)  # [groups, nb, 144]
+    d = blocks[..., :16].copy().view(np.float16).astype(np.float32)  # [groups, nb, 8]
+    qs = blocks[..., 16:].astype(np.int32)
+    j = np.arange(32)
+    k = np.arange(8)[:, None]
+    byte = qs[..., 64 * ((j % 16) // 8) + 32 * (k // 4) + 8 * (k % 4) + j % 8]  # [groups, nb, 8, 32]
+    nib = np.where(j < 16, byte & 15, byte >> 4)
+    vals = np.where(nib < 8, nib, nib - 16) * d[..., None]
+    return vals.transpose(0, 2, 1, 3).reshape(rows, -1)
+
+
 @avx2
-def test_repacked_share_covers_every_row_and_token():
-    """Q4_0's synthetic rows are read as if interleaved (values not the product), so only coverage is
-    checked: every thread's eighth-aligned share together write every output."""
-    from calibration.bench_ggml_prefill import _repacked_matrix
-    from executor.kernels import _quant_rows
-    flat, _, x, _ = _experts("Q4_0", 2, 48, 256, 6)
-    q = [_quant_rows(x[e]) for e in range(2)]
+def test_repacked_gemv_is_ggml_arithmetic_for_every_row_and_token():
+    """2 experts, 48 rows (6 groups of 8: the threads' eighth-aligned shares) x 6 tokens, as block_q4_0x8: each
+    output is the row's values . the token quantised to Q8_0, to float rounding (ggml's q4_0 8x8 gemv)."""
+    from calibration.bench_ggml_prefill import _repacked_matrix, quantize_q8_0
+    rng = np.random.default_rng(7)
+    blocks = rng.integers(0, 256, (2, 6 * 8, 144), dtype=np.uint8)  # [E, groups x blocks, 144]: 256 columns
+    blocks[..., :16] = rng.uniform(0.5, 1.5, (2, 48, 8)).astype(np.float16).view(np.uint8)
+    flat = blocks.reshape(2, -1)
+    x = rng.standard_normal((2, 6, 256)).astype(np.float32)
+    x8, dx = quantize_q8_0(x)
+    xq = x8.astype(np.float32) * np.repeat(dx, 32, axis=2)
+    ref = np.stack([_q4_0x8_rows(flat[e], 48) @ xq[e].T for e in range(2)]).transpose(0, 2, 1)  # [E, T, rows]
     out = np.full((2, 6, 48), np.nan, np.float32)
-    _repacked_matrix(flat, 48, np.stack([a for a, _ in q]), np.stack([b for _, b in q]), out)
-    assert np.isfinite(out).all() and np.abs(out).max() > 0
+    _repacked_matrix(flat, 48, x8, dx, out)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
 @avx2
