@@ -1,4 +1,5 @@
-"""ggml's AVX2 dot product of Q8_0 / Q4_0 rows with int8-quantised activations, rebuilt as numba intrinsics.
+"""ggml's AVX2 products of Q8_0 / Q4_0 rows with int8-quantised activations (its vec_dot, and its repacked Q4_0
+8x8 gemv), rebuilt as numba intrinsics.
 
 llama.cpp quantises each op's activations to Q8_0 (ggml's `quantize_row_q8_0`: int8 and one float scale per
 32-block) and dots them with `vec_dot_q8_0_q8_0` / `vec_dot_q4_0_q8_0` (ggml-cpu arch/x86/quants.c): per
