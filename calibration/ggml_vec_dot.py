@@ -29,6 +29,16 @@ from executor.simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fn, _splat, hsu
 Q4_0X8_BYTES = 8 * 18  # block_q4_0x8: 8 fp16 scales, then 8 x 16 bytes of nibbles interleaved 8 bytes a row
 
 
+def mul_sum_i8(builder, w, x):
+    """Codegen: ggml's mul_sum_i8_pairs on AVX2 without VNNI: <32 x i8> w, x -> <8 x i32>, each lane the sum of four
+    w * x (|w| times sign(w) x by vpmaddubsw, the pair sums widened by a vpmaddwd with ones)."""
+    psign = _fn(builder, "llvm.x86.avx2.psign.b", V(I8, 32), [V(I8, 32)] * 2)
+    maddubs = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", V(I16, 16), [V(I8, 32)] * 2)
+    pmadd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V(I32, 8), [V(I16, 16)] * 2)
+    dots = builder.call(maddubs, [builder.call(psign, [w, w]), builder.call(psign, [x, w])])
+    return builder.call(pmadd, [dots, ir.Constant(V(I16, 16), [1] * 16)])
+
+
 def rows_i8_codegen(q4: bool, nr: int, prefetch: bool):
     """Codegen: res[ro + k] = row_k . (x8 * dx), k < nr, for Q8_0 / Q4_0 rows at byte woff + k * rb of w
     (nb 32-blocks each); with `prefetch` the next nr-row group is prefetched a block ahead."""
@@ -40,11 +50,7 @@ def rows_i8_codegen(q4: bool, nr: int, prefetch: bool):
         wd, xd, dd, rd = data(0, wa), data(3, xa), data(4, da), data(6, ra)
         accs = [cgutils.alloca_once_value(builder, ir.Constant(V(F32, 8), [0.0] * 8)) for _ in range(nr)]
         fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
-        psign = _fn(builder, "llvm.x86.avx2.psign.b", V(I8, 32), [V(I8, 32)] * 2)
-        maddubs = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", V(I16, 16), [V(I8, 32)] * 2)
-        pmadd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V(I32, 8), [V(I16, 16)] * 2)
         pref = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
-        ones = ir.Constant(V(I16, 16), [1] * 16)
         i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
         pfo = builder.add(woff, builder.mul(rb, i64(nr)))  # the next row group
         with cgutils.for_range(builder, nb) as loop:
@@ -68,8 +74,7 @@ def rows_i8_codegen(q4: bool, nr: int, prefetch: bool):
                     w = builder.sub(w, ir.Constant(V(I8, 32), [8] * 32))
                 else:
                     w = builder.load(builder.bitcast(pq, V(I8, 32).as_pointer()), align=1)
-                dots = builder.call(maddubs, [builder.call(psign, [w, w]), builder.call(psign, [xv, w])])
-                m = builder.call(pmadd, [dots, ones])  # [8] int32
+                m = mul_sum_i8(builder, w, xv)  # [8] int32
                 h = builder.load(builder.bitcast(p, ir.HalfType().as_pointer()), align=1)
                 d = builder.fmul(builder.fpext(h, F32), dxb)
                 builder.store(builder.call(fma, [builder.sitofp(m, V(F32, 8)), _splat(builder, d, 8),
@@ -93,14 +98,10 @@ def gemv_q4_0x8_codegen():
         wd, xd, dd, rd = data(0, wa), data(2, xa), data(3, da), data(5, ra)
         i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
         v32 = lambda vals: ir.Constant(V(I32, len(vals)), list(vals))  # noqa: E731
-        psign = _fn(builder, "llvm.x86.avx2.psign.b", V(I8, 32), [V(I8, 32)] * 2)
-        maddubs = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", V(I16, 16), [V(I8, 32)] * 2)
-        pmadd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V(I32, 8), [V(I16, 16)] * 2)
         pshufb = _fn(builder, "llvm.x86.avx2.pshuf.b", V(I8, 32), [V(I8, 32)] * 2)
         fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
         lut = ir.Constant(V(I8, 32), [0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1] * 2)
         low = ir.Constant(V(I8, 32), [0x0F] * 32)
-        ones = ir.Constant(V(I16, 16), [1] * 16)
         acc = cgutils.alloca_once_value(builder, ir.Constant(V(F32, 8), [0.0] * 8))
 
         def dwords(v):
@@ -136,8 +137,7 @@ def gemv_q4_0x8_codegen():
                 for first in (True, False):
                     wv = pair(r0123, r4567, first)
                     xv = lanes_dword(x, 2 * (q % 2) + (0 if first else 1))
-                    dots = builder.call(maddubs, [builder.call(psign, [wv, wv]), builder.call(psign, [xv, wv])])
-                    iacc = builder.add(iacc, builder.call(pmadd, [dots, ones]))
+                    iacc = builder.add(iacc, mul_sum_i8(builder, wv, xv))
             hv = builder.load(builder.bitcast(p, V(I16, 8).as_pointer()), align=1)
             # the scales in the accumulator's lane order (ggml's changemask: rows 0, 4, 1, 5, 2, 6, 3, 7)
             hv = builder.shuffle_vector(hv, hv, v32([0, 4, 1, 5, 2, 6, 3, 7]))

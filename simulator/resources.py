@@ -110,7 +110,7 @@ class Machine:
     """One machine's resources inside a `Sim`, sized from a HardwareSpec and a Plan."""
 
     def __init__(self, sim: Sim, model, hw, plan, consts: Constants):
-        self.sim, self.model, self.hw, self.plan, self.c = sim, model, hw, plan, consts
+        self.sim, self.model, self.hw, self.c = sim, model, hw, consts
         self.net = FluidNet(sim)
         self.threads = int(plan.cpu_threads or hw.cpu.threads_used)
         self.has_gpu = hw.gpu is not None
