@@ -23,16 +23,23 @@ take these rates for their CPU prefill (`cpu.ggml_prefill_gflops`; simulator.res
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numba
 import numpy as np
 from numba import njit, prange
 
 from executor.gemm import Q4_0
+from executor.nbcache import drop_stale_cache
 from executor.simd import HAVE_AVX2
 
 from .bench_kernel import _synth_tensor
 from .bench_rowwise import REPACK_ROWS
 from .ggml_vec_dot import quantize_row_q8_0
+
+# kernels compiled in here come from ggml_vec_dot, bench_rowwise's constants and the executor's codegen helpers
+drop_stale_cache("bench_ggml_prefill", ("ggml_vec_dot.py", "bench_rowwise.py", "../executor/simd.py", "../executor/gemm.py"),
+                 Path(__file__).parent)
 
 BLOCK = 16  # ggml's 16 x 16 (rows x tokens) blocks of dot products (blck_0, blck_1)
 PATHS = ("vecdot", "repacked")  # of specs.formats.llamacpp_prefill_path's, those timed here
@@ -59,13 +66,13 @@ if HAVE_AVX2:
                     else:
                         vec_dot_q8_0(w[e], np.int64(r * rb), rb, X8[e, t], DX[e, t], nb, out[e, t], np.int64(r))
 
-    @njit(parallel=True, nogil=True, fastmath=True)
-    def _repacked_matrix(w, rows, X8, DX, out):
+    @njit(parallel=True, nogil=True, fastmath=True, cache=True)
+    def _repacked_matrix(w, rows, X8, DX, out, nthr):
         """out[e, t, r] = W_e[r] . X8[e, t] * DX[e, t] for Q4_0 in llama.cpp's repacked layout (block_q4_0x8) as
         ggml's repacked MUL_MAT_ID runs it: each thread its eighth-aligned share of every expert's rows, token by
-        token, 8 rows a pass (ggml's q4_0 8x8 gemv, int8 activations)."""
+        token, 8 rows a pass (ggml's q4_0 8x8 gemv, int8 activations). nthr: numba's thread count, passed in (read
+        inside, it would keep the function out of numba's on-disk cache)."""
         E, T = X8.shape[0], X8.shape[1]
-        nthr = numba.get_num_threads()
         rb = np.int64(w.shape[1] // rows)
         nb = np.int64(X8.shape[2] // 32)
         for th in prange(nthr):
@@ -114,7 +121,7 @@ def ggml_prefill_job(fmt: str = "Q8_0", path: str = "vecdot", hidden: int = 2048
             if path == "vecdot":
                 _vecdot_matrix(w, code, rows, *quantize_q8_0(a), out)
             else:
-                _repacked_matrix(w, rows, *quantize_q8_0(a), out)
+                _repacked_matrix(w, rows, *quantize_q8_0(a), out, numba.get_num_threads())
     return run, 6.0 * hidden * ffn * per * n_experts
 
 

@@ -8,6 +8,7 @@ run the same code on tiny inputs.
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -202,6 +203,37 @@ def _synth_tensor(fmt: str, n: int, rows: int, cols: int, rng):
     return ExpertTensor(data=np.ascontiguousarray(data), qtype=qt, code=EXPERT_TYPES[qt], rows=rows, cols=cols)
 
 
+class ExpertPool:
+    """Synthetic `fmt` SwiGLU experts (gate / up [E, ffn, hidden], down [E, hidden, ffn]) filling `pool_bytes`,
+    at least `max_k` of them, and a token's inputs x [1, hidden], h [1, ffn], all drawn from `seed`."""
+
+    def __init__(self, fmt: str, hidden: int, ffn: int, pool_bytes: int, max_k: int, seed: int):
+        if fmt not in _ROW_BYTES:
+            raise ValueError(f"no synthetic layout for {fmt} (have {', '.join(_ROW_BYTES)})")
+        rng = np.random.default_rng(seed)
+        self.expert_bytes = 2 * ffn * _ROW_BYTES[fmt](hidden) + hidden * _ROW_BYTES[fmt](ffn)  # B
+        self.n = max(max_k, int(pool_bytes // self.expert_bytes))
+        self.gate, self.up, self.down = (_synth_tensor(fmt, self.n, r, c, rng)
+                                         for r, c in ((ffn, hidden), (ffn, hidden), (hidden, ffn)))
+        self.x = rng.standard_normal((1, hidden)).astype(np.float32)
+        self.h = (rng.standard_normal((1, ffn)) * 0.1).astype(np.float32)
+
+
+# pools alive somewhere, by their arguments: a calibration run times the same experts in several structures and
+# thread counts, and drawing a 256 MB pool costs ~0.7 s a tensor here (25 of a quick run's 63 s, session 22)
+_POOLS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def expert_pool(fmt: str, hidden: int = 2048, ffn: int = 768, pool_bytes: int = 256 << 20, max_k: int = 8,
+                seed: int = 0) -> ExpertPool:
+    """The ExpertPool of these arguments: the one a live job already holds, or a new one."""
+    key = (fmt, hidden, ffn, pool_bytes, max_k, seed)
+    pool = _POOLS.get(key)
+    if pool is None:
+        pool = _POOLS[key] = ExpertPool(*key)
+    return pool
+
+
 def executor_expert_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, pool_bytes: int = 256 << 20,
                         max_k: int = 8, seed: int = 0):
     """(run_job, expert_bytes): one token's job of k SwiGLU experts through executor.cpu_experts.moe_cpu.
@@ -211,27 +243,19 @@ def executor_expert_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, p
     matrix's rows split across the threads, as llama.cpp's ggml splits them: the engine-neutral rate
     (the executor's decode runs whole experts per thread where a job balances: cpu_experts.moe_cpu)."""
     from executor import cpu_experts
-    if fmt not in _ROW_BYTES:
-        raise ValueError(f"no synthetic layout for {fmt} (have {', '.join(_ROW_BYTES)})")
-    rng = np.random.default_rng(seed)
-    ebytes = 2 * ffn * _ROW_BYTES[fmt](hidden) + hidden * _ROW_BYTES[fmt](ffn)
-    pool = max(max_k, int(pool_bytes // ebytes))
-    gate = _synth_tensor(fmt, pool, ffn, hidden, rng)
-    up = _synth_tensor(fmt, pool, ffn, hidden, rng)
-    down = _synth_tensor(fmt, pool, hidden, ffn, rng)
-    x = rng.standard_normal((1, hidden)).astype(np.float32)
+    p = expert_pool(fmt, hidden, ffn, pool_bytes, max_k, seed)
     out = np.zeros((1, hidden), np.float32)
     routes: dict[tuple[int, int], tuple] = {}
 
     def run_job(k: int, first: int):
-        key = (k, first % pool)
+        key = (k, first % p.n)
         r = routes.get(key)
         if r is None:
-            ex = ((np.arange(k) + first) % pool).astype(np.int32).reshape(1, k)
+            ex = ((np.arange(k) + first) % p.n).astype(np.int32).reshape(1, k)
             r = routes[key] = cpu_experts.csr(ex, np.full((1, k), 1.0 / k, np.float32))
         out[:] = 0.0
-        cpu_experts.moe_cpu(gate, up, down, x, *r, out=out, whole=False)
-    return run_job, ebytes
+        cpu_experts.moe_cpu(p.gate, p.up, p.down, p.x, *r, out=out, whole=False)
+    return run_job, p.expert_bytes
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ repack): the rates of llama.cpp plans that repack (`cpu.repacked_gbs`).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numba
 import numpy as np
 from numba import njit, prange
@@ -27,9 +29,14 @@ from numba.typed import List
 from executor.gemm import Q4_0, Q4_K, Q6_K, Q8_0
 from executor.kernels import _quant_rows
 from executor.kquants import row_q4_k_noprefetch, row_q6_k_noprefetch
+from executor.nbcache import drop_stale_cache
 from executor.simd import HAVE_AVX2, row_f16_noprefetch, row_q4_noprefetch, row_q8_noprefetch, rows8_q4_interleaved
 
-from .bench_kernel import _ROW_BYTES, _synth_tensor
+from .bench_kernel import ExpertPool, expert_pool
+
+# the kernels compiled in here live in the executor: a change there drops this module's cached kernels
+drop_stale_cache("bench_rowwise", tuple(f"../executor/{m}.py" for m in ("kernels", "simd", "kquants", "gemm", "vnni")),
+                 Path(__file__).parent)
 
 CHUNK_ROWS = 64  # ggml's chunk for a one-token product (`chunk_size = 64` when nr1 == 1)
 FORMATS = ("Q8_0", "Q4_0", "F16", "Q4_K", "Q6_K")  # the formats with a single-row kernel here
@@ -56,7 +63,7 @@ def _row(code, w, off, rb, x16, dx, xf, out, r):
         row_f16_noprefetch(w, off, rb, xf[0], dx[0], np.int64(xf.shape[1] // 16), out[0], r)
 
 
-@njit(parallel=True, nogil=True, fastmath=True)
+@njit(parallel=True, nogil=True, fastmath=True, cache=True)
 def _rowwise_matvec(w, code, rows, x, out):
     """out[0, r] = W[r] . x[0] for one matrix (flat bytes w, `rows` rows), row by row in 64-row chunks
     across the threads (one parallel region, as one ggml op)."""
@@ -67,26 +74,19 @@ def _rowwise_matvec(w, code, rows, x, out):
             _row(code, w, np.int64(r * rb), rb, x16, dx, x, out, np.int64(r))
 
 
-def _synthetic_experts(fmt: str, hidden: int, ffn: int, pool_bytes: int, max_k: int, seed: int):
-    """A pool of synthetic `fmt` SwiGLU experts larger than the last-level cache -> (flat bytes [E, ...] of
-    gate, up, down; kernel code; bytes an expert; experts in the pool; x [1, hidden]; h [1, ffn])."""
-    rng = np.random.default_rng(seed)
-    ebytes = 2 * ffn * _ROW_BYTES[fmt](hidden) + hidden * _ROW_BYTES[fmt](ffn)
-    pool = max(max_k, int(pool_bytes // ebytes))
-    gate, up, down = (_synth_tensor(fmt, pool, r, c, rng) for r, c in ((ffn, hidden), (ffn, hidden), (hidden, ffn)))
-    x = rng.standard_normal((1, hidden)).astype(np.float32)
-    h = (rng.standard_normal((1, ffn)) * 0.1).astype(np.float32)
-    return [t.data.reshape(pool, -1) for t in (gate, up, down)], gate.code, ebytes, pool, x, h
+def _flat(p: ExpertPool) -> list:
+    """The pool's gate, up and down as flat bytes [E, ...] a matrix."""
+    return [t.data.reshape(p.n, -1) for t in (p.gate, p.up, p.down)]
 
 
-@njit(parallel=True, nogil=True, fastmath=True)
-def _repacked_matvec(ws, code, rows, x, out):
+@njit(parallel=True, nogil=True, fastmath=True, cache=True)
+def _repacked_matvec(ws, code, rows, x, out, nthr):
     """out[j, r] = W_j[r] . x[0] for the experts' matrices ws[j] (flat bytes, `rows` rows, 8 rows' blocks
     interleaved) in one parallel region, as ggml's repacked MUL_MAT_ID: each thread takes the same
     contiguous eighth-aligned share of every expert's rows (repack.cpp forward_mul_mat_id) and runs it 8
-    rows a pass, no software prefetch (ggml_gemv_q4_0_8x8_q8_0)."""
+    rows a pass, no software prefetch (ggml_gemv_q4_0_8x8_q8_0). nthr: numba's thread count, passed in (read
+    inside, it would keep the function out of numba's on-disk cache: a dynamic global)."""
     x16, dx = _quant_rows(x)
-    nthr = numba.get_num_threads()
     rb = np.int64(ws[0].shape[0] // rows)
     nb = np.int64(x16.shape[1] // 32)
     for t in prange(nthr):
@@ -105,14 +105,15 @@ def repacked_expert_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, p
     the values don't matter to the timing, and each 18 bytes is still a valid block)."""
     if fmt not in REPACKED_FORMATS:
         raise ValueError(f"no repacked kernel for {fmt} (have {', '.join(REPACKED_FORMATS)})")
-    flat, code, ebytes, pool, x, h = _synthetic_experts(fmt, hidden, ffn, pool_bytes, max_k, seed)
+    p = expert_pool(fmt, hidden, ffn, pool_bytes, max_k, seed)  # shared with the other jobs on these experts
+    flat, code = _flat(p), p.gate.code
     g, y = np.zeros((max_k, ffn), np.float32), np.zeros((max_k, hidden), np.float32)
 
     def run_job(k: int, first: int):
-        es = [(first + j) % pool for j in range(k)]
-        for m, rows, v, out in ((0, ffn, x, g), (1, ffn, x, g), (2, hidden, h, y)):
-            _repacked_matvec(List([flat[m][e] for e in es]), code, rows, v, out)
-    return run_job, ebytes
+        es = [(first + j) % p.n for j in range(k)]
+        for m, rows, v, out in ((0, ffn, p.x, g), (1, ffn, p.x, g), (2, hidden, p.h, y)):
+            _repacked_matvec(List([flat[m][e] for e in es]), code, rows, v, out, numba.get_num_threads())
+    return run_job, p.expert_bytes
 
 
 def rowwise_expert_job(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, pool_bytes: int = 256 << 20,
@@ -123,16 +124,17 @@ def rowwise_expert_job(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, po
     applied (values don't matter to the timing)."""
     if fmt not in FORMATS:
         raise ValueError(f"no single-row kernel for {fmt} (have {', '.join(FORMATS)})")
-    flat, code, ebytes, pool, x, h = _synthetic_experts(fmt, hidden, ffn, pool_bytes, max_k, seed)
+    p = expert_pool(fmt, hidden, ffn, pool_bytes, max_k, seed)  # shared with the other jobs on these experts
+    flat, code = _flat(p), p.gate.code
     g, u, y = np.zeros((1, ffn), np.float32), np.zeros((1, ffn), np.float32), np.zeros((1, hidden), np.float32)
 
     def run_job(k: int, first: int):
         for j in range(k):
-            e = (first + j) % pool
-            _rowwise_matvec(flat[0][e], code, ffn, x, g)
-            _rowwise_matvec(flat[1][e], code, ffn, x, u)
-            _rowwise_matvec(flat[2][e], code, hidden, h, y)
-    return run_job, ebytes
+            e = (first + j) % p.n
+            _rowwise_matvec(flat[0][e], code, ffn, p.x, g)
+            _rowwise_matvec(flat[1][e], code, ffn, p.x, u)
+            _rowwise_matvec(flat[2][e], code, hidden, p.h, y)
+    return run_job, p.expert_bytes
 
 
 def label(fmt: str, hidden: int, ffn: int, repacked: bool = False) -> str:

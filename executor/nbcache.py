@@ -9,10 +9,11 @@ from pathlib import Path
 _SWITCHES = ("MOE_OFFLOAD_NO_VNNI",)
 
 
-def drop_stale_cache(stem: str, deps: tuple[str, ...]) -> None:
+def drop_stale_cache(stem: str, deps: tuple[str, ...], here: str | Path | None = None) -> None:
     """numba's cache=True watches only the cached function's own file: drop module `stem`'s cached
-    kernels when one of the modules `deps` (beside it) changed, since their code is compiled in."""
-    here = Path(__file__).resolve().parent
+    kernels when one of the modules `deps` changed, since their code is compiled in. `here`: the module's
+    folder (default: this package's), which `deps` are relative to."""
+    here = Path(here).resolve() if here else Path(__file__).resolve().parent
     srcs = [here / d for d in deps]
     stamp = here / "__pycache__" / f"{stem}.deps-stamp"
     now = " ".join([f"{f.stat().st_mtime_ns} {f.stat().st_size}" for f in srcs]

@@ -75,7 +75,7 @@ def test_repacked_gemv_is_ggml_arithmetic_for_every_row_and_token():
     xq = x8.astype(np.float32) * np.repeat(dx, 32, axis=2)
     ref = np.stack([_q4_0x8_rows(flat[e], 48) @ xq[e].T for e in range(2)]).transpose(0, 2, 1)  # [E, T, rows]
     out = np.full((2, 6, 48), np.nan, np.float32)
-    _repacked_matrix(flat, 48, x8, dx, out)
+    _repacked_matrix(flat, 48, x8, dx, out, 4)  # 4 shares: 16, 8, 16, 8 rows (eighth-aligned)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 

@@ -106,3 +106,22 @@ def test_jobs_walk_the_pool_so_no_expert_is_read_again_from_cache():
     kb.sample(3, budget_s=1.0)
     read = [e for j in firsts for e in j]
     assert len(firsts) >= 5 * 4 and read == list(range(len(read)))
+
+
+def test_jobs_on_the_same_experts_share_one_pool_while_alive():
+    """calibrate times one format's synthetic experts in several structures and thread counts: jobs of the same
+    arguments share one pool (expert_pool), and a pool no job holds is freed, not kept."""
+    import gc
+    from calibration.bench_kernel import _POOLS, expert_pool
+    from calibration.bench_rowwise import rowwise_expert_job
+    a = expert_pool("Q8_0", 64, 32, 1 << 16, 4, seed=3)
+    job, eb = rowwise_expert_job("Q8_0", 64, 32, 1 << 16, 4, seed=3)
+    assert expert_pool("Q8_0", 64, 32, 1 << 16, 4, seed=3) is a and eb == a.expert_bytes
+    assert expert_pool("Q8_0", 64, 32, 1 << 16, 4, seed=4) is not a
+    key = ("Q8_0", 64, 32, 1 << 16, 4, 3)
+    del a
+    gc.collect()
+    assert key in _POOLS  # the job still holds it
+    del job
+    gc.collect()
+    assert key not in _POOLS

@@ -55,7 +55,7 @@ def test_repacked_matvec_is_the_executors_product_bitwise():
     w = _synth_tensor("Q4_0", 2, 96, 512, rng)
     x = rng.standard_normal((1, 512)).astype(np.float32)
     got, want = np.zeros((2, 96), np.float32), np.zeros((2, 96), np.float32)
-    _repacked_matvec(List([_interleave(w.data[e], 96, 18) for e in range(2)]), w.code, 96, x, got)
+    _repacked_matvec(List([_interleave(w.data[e], 96, 18) for e in range(2)]), w.code, 96, x, got, 3)  # 3 shares of 32 rows
     for e in range(2):
         K._matmul(w.data[e].reshape(-1), w.code, 96, x, want[e:e + 1])
     assert np.array_equal(got, want) and np.abs(want).max() > 0
