@@ -10,16 +10,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specs.plan import ExpertCache, MissPolicy, Plan, Prefill, plan_template
+from specs.plan import DeviceTier, ExpertCache, MissPolicy, Plan, Prefill, plan_template
 
 SRC_FT = "0xSero/dsv41-flash-offload README and results/ (seed article big-moe-one-3090)"
 SRC_STRATA = "Strata README and DeepSeek notes (seed article 004, R. Ghumare 2026-11-02)"
 SRC_QWEN = ("needmorevram's Strata dashboard recording (seed article big-moe-one-3090): i5-13600K, "
             "2ch DDR5-5200, RTX 3090, MTP 87% / 3.29 tokens per step")
+SRC_B70 = ("0xSero/dsv41-flash-offload experimental/b70-tier README.md and NOTES.md (cand11, live, steady-state "
+           "decode, no output caps; mirrored in HamidYaraliOfficial/dsv41-flash-offload)")
 QWEN = "qwen3.8-flash-next-iq3_s"
 I5 = "i5-13600k-ddr5-3090"
 DSV = "deepseek-v4.1-flash-3.02"
 EPYC = "epyc8ch-3090"
+EPYC_B70 = "epyc8ch-3090+arc-pro-b70"
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,9 @@ def all_cases() -> list[Case]:
     # D107 run.sh: DSV41_EC=1, margin 500 MB, not elastic, copies on the compute stream
     d107 = _tiered(expert_cache=_ec(slots=709, copies="sync", release_during_prefill=False), miss_policy=ct_code)
     default = _tiered()  # D141: docker/entrypoint.sh defaults; 262,144 context; cache sized by specs.memory
+    # cand11 (lab_run_cand11.sh): D141's server (the same cache margin and CPU-tier settings) with an Arc B70 worker
+    # of 2,200 slots (bt_worker_run.sh BT_SLOTS) and the split's default DSV41_BT_* estimates
+    b70 = _tiered(device_tier=DeviceTier(slots=2200))
     # D119 run.sh: elastic (released for each prefill), copies on the compute stream; its prefill
     # is the stock DMA path, before the cross-layer prefetch of runtime/patch_dma_prefetch.py (D135)
     stock = Prefill(strategy="stream-all", chunk_tokens=16384, ubatch_tokens=16384, dma_prefetch=False)
@@ -134,8 +140,13 @@ def all_cases() -> list[Case]:
              sized=True),
         Case("D141-2streams", DSV, EPYC, default, "decode_tok_s", 24.0, SRC_FT + " README", 0.15,
              streams=2, sized=True),
+        Case("D141-3streams", DSV, EPYC, default, "decode_tok_s", 22.4, SRC_B70 + " (D141 baseline table)", 0.15,
+             streams=3, sized=True, note="below the 2-stream figure (24.0): the same dip as cand11's 3 streams"),
         Case("D141-4streams", DSV, EPYC, default, "decode_tok_s", 26.6, SRC_FT + " README", 0.15,
              streams=4, sized=True),
+        *[Case(f"D141-B70-{n}stream{'s' if n > 1 else ''}", DSV, EPYC_B70, b70, "decode_tok_s", tok_s, SRC_B70, 0.15,
+               streams=n, sized=True, note="experimental: a second card as a further expert tier")
+          for n, tok_s in ((1, 24.7), (2, 34.6), (3, 35.0), (4, 41.3))],
         *d119_cases,
         *d061_cases,
         Case("prefill-baseline-1k", DSV, EPYC, baseline, "prefill_tok_s", 95.0,

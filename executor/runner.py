@@ -37,6 +37,8 @@ from .make_model import engram_path
 def check_plan(plan: Plan, model: GGUFModel, prompt_tokens: int, gen_tokens: int) -> None:
     """Raise SpecError when `plan` names layers, slots or sizes `model` does not have."""
     c, f = model.cfg, "plan"
+    if plan.device_tier.slots:  # the simulator models a second card's tier (simulator.device_tier); this engine has none
+        raise SpecError(f, "device_tier.slots", "the executor runs one device; a second card's expert tier is simulated only")
     bad = [i for i in plan.placement.gpu_expert_layers if i >= c.n_layers]
     if bad:
         raise SpecError(f, "placement.gpu_expert_layers", f"layer {bad[0]} does not exist (model has {c.n_layers})")

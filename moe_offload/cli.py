@@ -49,13 +49,21 @@ def _cmd_plan(a) -> int:
     return 0
 
 
+def _memory_map(model, hw, plan, plan_file):
+    """specs.memory.memory_map, its errors naming the plan's file (it knows the plan, not where it came from)."""
+    from specs.memory import memory_map
+    try:
+        return memory_map(model, hw, plan)
+    except SpecError as e:
+        raise SpecError(e.file or plan_file, e.field, e.reason) from None
+
+
 def _cmd_fit(a) -> int:
     from reports.tables import render_memory_map
     from specs.loaders import load_model, load_plan
-    from specs.memory import memory_map
 
     hw, model, plan = _hw(a.hw), load_model(a.model), load_plan(a.plan)
-    mm = memory_map(model, hw, plan)
+    mm = _memory_map(model, hw, plan, a.plan)
     render_memory_map(mm)
     mm.check_fits(a.plan)
     print(f"{a.plan} fits: {mm.free_slots:,} more expert slots free in VRAM")
@@ -254,11 +262,10 @@ def _cmd_simulate(a) -> int:
     from planner.search import base_plan
     from simulator.run import simulate
     from specs.loaders import load_model, load_plan
-    from specs.memory import memory_map
 
     hw, model = _hw(a.hw), load_model(a.model)
     plan = load_plan(a.plan) if a.plan else base_plan(model, hw, context=a.context, engine=a.engine)
-    memory_map(model, hw, plan).check_fits(a.plan)
+    _memory_map(model, hw, plan, a.plan).check_fits(a.plan)
     r = simulate(model, hw, plan, prompt_tokens=a.prompt_tokens, gen_tokens=a.gen_tokens,
                  streams=a.streams, seed=a.seed, routing=a.routing, engram_text=a.engram_text)
     if a.json:

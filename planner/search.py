@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from specs.errors import SpecError
 from specs.hardware import HardwareSpec
-from specs.memory import LOADED, REPACKED, memory_map, size_cache
+from specs.memory import LOADED, REPACKED, memory_map, size_cache, size_device_tier
 from specs.model import ModelSpec
 from specs.plan import KVCache, Placement, Plan, plan_template
 
@@ -37,6 +37,8 @@ def base_plan(model: ModelSpec, hw: HardwareSpec, context: int | None = None, en
         placement = plan.placement.model_copy(update={"expert_ram_bytes": int(max(0.0, ram_room))})
         plan = plan.model_copy(update={"placement": placement, "cpu_repack": False, "cpu_mmap": True})
     plan = size_cache(model, hw, plan)
+    if engine == "tiered-cache" and not host_only:  # its split runs a second card's slots as a third engine
+        plan = size_device_tier(model, hw, plan)
     memory_map(model, hw, plan).check_fits()
     return plan
 

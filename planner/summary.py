@@ -39,7 +39,7 @@ def plan_summary(model: ModelSpec, hw: HardwareSpec, plan: Plan, pred: Predictio
         "ceilings": expert_ceilings(model, profile_buses(hw, model), plan.experts_per_token),
         "standard_ceilings": expert_ceilings(model, STANDARD_BUSES, plan.experts_per_token),
         "memory": {
-            "vram": mm.vram, "ram": mm.ram, "nvme": mm.nvme,
+            "vram": mm.vram, "ram": mm.ram, "nvme": mm.nvme, "card": mm.card, "card_slots": plan.device_tier.slots,
             "vram_capacity": mm.vram_capacity, "ram_capacity": mm.ram_capacity,
             "vram_free": mm.vram_free, "cache_slots": plan.expert_cache.slots,
             "cache_bytes": plan.expert_cache.slots * model.expert_bytes,

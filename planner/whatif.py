@@ -106,7 +106,9 @@ def explain(model, hw: HardwareSpec, plan, predict, prompt_tokens: int = 512) ->
 
     base = predict(model, hw, plan, prompt_tokens)
     # the gains are against the same closed form on this machine (the headline figure is simulated)
-    rows = [{"what_if": "this machine (closed form)", "decode_tok_s": base.decode_tok_s, "ttft_s": base.ttft_s,
+    # the closed form has no second card (simulator.screen): its what-ifs are of the machine without it
+    label = "this machine (closed form" + (", without the second card)" if plan.device_tier.slots else ")")
+    rows = [{"what_if": label, "decode_tok_s": base.decode_tok_s, "ttft_s": base.ttft_s,
              "decode_gain": 0.0, "bottleneck": base.bottleneck}]
     for w in standard_whatifs(hw):
         p = size_cache(model, w.hw, plan) if w.hw.gpu is not None else plan

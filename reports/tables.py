@@ -14,8 +14,8 @@ def _gib(x: float) -> str:
 def _memory_table(c: Console, tiers: dict) -> None:
     t = Table(title="Memory map")
     t.add_column("tier"); t.add_column("holds"); t.add_column("bytes", justify="right")
-    for tier in ("vram", "ram", "nvme"):
-        for k, v in tiers[tier].items():
+    for tier in ("vram", "ram", "nvme", "card"):
+        for k, v in tiers.get(tier, {}).items():
             if v:
                 t.add_row(tier.upper(), k, _gib(v))
     c.print(t)
@@ -24,7 +24,7 @@ def _memory_table(c: Console, tiers: dict) -> None:
 def render_memory_map(mm, console: Console | None = None) -> None:
     """Print a specs.memory.MemoryMap as a table with the totals per tier."""
     c = console or Console()
-    _memory_table(c, {"vram": mm.vram, "ram": mm.ram, "nvme": mm.nvme})
+    _memory_table(c, {"vram": mm.vram, "ram": mm.ram, "nvme": mm.nvme, "card": mm.card})
     c.print(f"VRAM {_gib(mm.vram_used)} of {_gib(mm.vram_capacity)}; RAM {_gib(mm.ram_used)} of {_gib(mm.ram_capacity)}")
 
 
@@ -63,6 +63,9 @@ def render_plan_report(s: dict, console: Console | None = None) -> None:
         c.print(f"VRAM {_gib(mem['vram_capacity'] - mem['vram_free'])} of {_gib(mem['vram_capacity'])} used; "
                 f"expert cache {mem['cache_slots']:,} slots ({_gib(mem['cache_bytes'])}); "
                 f"KV fits {mem['kv_tokens_fit']:,} tokens")
+    if mem.get("card_slots"):
+        c.print(f"second card: {mem['card_slots']:,} expert slots ({_gib(mem['card']['expert slots'])}), a third engine "
+                "beside the GPU and the CPU")
     p = s["predicted"]
     c.print(f"[bold]Predicted[/] ({p['method']}): decode {p['decode_tok_s']:.2f} tok/s, "
             f"TTFT {p['ttft_s']:.2f} s, bound by {p['bottleneck']}")

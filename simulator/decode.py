@@ -10,15 +10,17 @@ import numpy as np
 from .engram import layer_gather_s, pages_per_row
 from .policies import auction_split
 
-_CRIT = ("gpu", "pcie_h2d", "cpu", "nvme", "handover")
+_CRIT = ("gpu", "pcie_h2d", "cpu", "nvme", "handover", "expert_device")
 
 
 class DecodeRun:
     """Simulates `n_steps` decode steps on a Machine; `step_s` holds each step's duration (s)."""
 
     def __init__(self, m, model, plan, routing, cache, page_cache, rng, tokens_per_step: int,
-                 committed_per_step: float, context: int, streams: int = 1, engram_cold: float = 0.0):
+                 committed_per_step: float, context: int, streams: int = 1, engram_cold: float = 0.0,
+                 device=None):
         self.m, self.model, self.plan, self.cache, self.page = m, model, plan, cache, page_cache
+        self.device = device  # a second card's expert tier (simulator.device_tier.ExpertDeviceTier) or None
         self.routing, self.rng = routing, rng
         self.ntok, self.committed, self.streams = tokens_per_step, committed_per_step, streams
         self.context = float(context)
@@ -44,7 +46,7 @@ class DecodeRun:
         self.crit = dict.fromkeys(_CRIT, 0.0)
         self.hits = self.reads = 0
         self.bytes_by_tier = {"vram": 0.0, "zero_copy": 0.0, "cpu": 0.0, "copy": 0.0, "nvme": 0.0,
-                              "fills": 0.0}
+                              "fills": 0.0, "device": 0.0, "device_staged": 0.0}
         self.landing = np.zeros((self.L, model.n_experts), dtype=bool)  # fills still in flight
         self.copies = plan.expert_cache.copies
         self._inflight: list[dict] = []  # background copies not landed: {mask [L, E], waiters}
@@ -166,7 +168,15 @@ class DecodeRun:
             order = np.argsort(score[i, miss], kind="stable")
             miss, mcnt = miss[order], mcnt[order]
         mp = self.plan.miss_policy
-        if n_m == 0 or not m.has_gpu:
+        dev_held = dev_staged = 0
+        tier_k = -1
+        if self.device is not None and m.has_gpu and n_m:  # the second card takes what it holds and stages some
+            miss, dev_tok, tier_k, dev_held, dev_staged = self.device.route(i, n_h, miss, mcnt, mp, self.ntok)
+            mcnt = dev_tok if mcnt is not None else None
+            n_m = miss.size
+        if tier_k >= 0:
+            k_cpu = tier_k
+        elif n_m == 0 or not m.has_gpu:
             k_cpu = n_m
         elif self.kind == "auction" and mcnt is not None and mp.c_tok:
             k_cpu = auction_split(n_h, n_m, *self.auction, tokens=mcnt, c_tok=mp.c_tok, max_cpu=mp.max_cpu)[0]
@@ -185,7 +195,7 @@ class DecodeRun:
             self.page.observe(i, miss)
             n_ssd_cpu = int((~in_ram[:k_cpu]).sum())
             n_ssd_gpu = int((~in_ram[k_cpu:]).sum())
-        self.pending, self.lt = 2, m.sim.now
+        self.pending, self.lt = 3 if (dev_held or dev_staged) else 2, m.sim.now
         self.last = "gpu"
         eb = self.eb
         self.bytes_by_tier["vram"] += n_h * eb
@@ -274,6 +284,12 @@ class DecodeRun:
             self.pending -= 1
             if self.pending == 0:
                 self._join(layer, "gpu", count=False)
+        if dev_held or dev_staged:  # the card's job, signalled as the CPU's is; the layer combines all three
+            self.bytes_by_tier["device"] += (dev_held + dev_staged) * eb
+            self.bytes_by_tier["device_staged"] += dev_staged * eb
+            job = lambda: m.device_job(dev_held, dev_staged, self.plan.device_tier,  # noqa: E731
+                                       lambda: self._join(layer, "expert_device"))
+            m.sim.after(self.handover_s, job) if self.handover_s else job()
 
     def _cpu_sub(self, layer, ssd_bytes, extra_s: float = 0.0) -> None:
         """One of the two streams (NVMe read, CPU work on what is in RAM) ended; after both, the trailing
@@ -322,6 +338,8 @@ class DecodeRun:
         m = self.m
         over = m.c.step_overhead_ms * 1e-3
         changes = self.cache.end_step()
+        if self.device is not None:
+            self.device.end_step()
         if self.cache.replanned and self._pending:  # last replan's side-stream copies go live
             self._go_live()
         self.admit(changes)

@@ -135,6 +135,13 @@ class Machine:
         self.dev_expert_rate = (consts.dev_expert_gbs * GB if consts.dev_expert_gbs
                                 else self.gpu_bw * consts.gpu_expert_efficiency)
         self.nvme_latency = hw.nvme.latency_us * 1e-6
+        dev = hw.expert_device if plan.device_tier.slots else None
+        self.device = Serial(sim, "expert_device") if dev is not None else None  # the second card's worker
+        if dev is not None:  # its own link from host RAM; its products at the GPU's GEMV efficiency
+            self.device_link = self.net.link("device_h2d", dev.h2d_gbs * GB)
+            self.device_rate = dev.h2d_gbs * GB
+            self.device_hit_s = model.expert_bytes / (dev.bw_gbs * GB * consts.gpu_expert_efficiency)
+            self.moved["expert_device"] = 0.0
 
     # ---- transfers and jobs (sizes in bytes, done() when finished) --------------------------
     def zero_copy(self, nbytes: float, done) -> None:
@@ -178,6 +185,23 @@ class Machine:
         cap = self.rand_rate if random else self.hw.nvme.seq_read_gbs * GB
         self.sim.after(self.nvme_latency, lambda: self.net.start(
             nbytes, (self.nvme, self.ddr), done, cap=cap, name="nvme"))
+
+    def device_job(self, n_held: int, n_staged: int, tier, done) -> None:
+        """One job on the second card's worker (one at a time): its fixed cost, the staged experts copied
+        over the card's link (and DDR) and converted, then the products of every expert in the job."""
+        eb = self.model.expert_bytes
+        self.moved["expert_device"] += (n_held + n_staged) * eb
+        compute_s = n_staged * tier.convert_ms * 1e-3 + (n_held + n_staged) * self.device_hit_s
+        end = lambda: (self.device.release(), done())  # noqa: E731
+        products = lambda: self.sim.after(compute_s, end)  # noqa: E731
+
+        def go():
+            if n_staged:
+                self.sim.after(tier.job_ms * 1e-3, lambda: self.net.start(
+                    n_staged * eb, (self.device_link, self.ddr), products, cap=self.device_rate, name="device-stage"))
+            else:
+                self.sim.after(tier.job_ms * 1e-3, products)
+        self.device.acquire(go)
 
     # ---- a host-sharing pseudo-GPU: its work holds the device stream and reads host DDR ----------
     def dense_dispatch_s(self, tokens: int = 1) -> float:
@@ -246,4 +270,8 @@ class Machine:
                for name, srv in (("gpu", self.gpu), ("copy_engine", self.copy), ("cpu", self.cpu))}
         for ln in (self.pcie, self.ddr, self.nvme):
             out[ln.name] = {"busy_fraction": min(1.0, ln.busy_s / el), "bytes": ln.bytes}
+        if self.device is not None:
+            out["expert_device"] = {"busy_fraction": min(1.0, self.device.busy_s / el),
+                                    "bytes": self.moved["expert_device"]}
+            out["device_h2d"] = {"busy_fraction": min(1.0, self.device_link.busy_s / el), "bytes": self.device_link.bytes}
         return out

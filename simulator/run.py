@@ -6,7 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
+from specs.memory import check_device_tier
+
 from .decode import DecodeRun
+from .device_tier import ExpertDeviceTier
 from .engine import Sim
 from .engram import EngramText, ram_room
 from .policies import LRUCache, make_cache, mtp_tokens
@@ -78,18 +81,26 @@ def simulate(model, hw, plan, prompt_tokens: int = 0, gen_tokens: int = 256, str
     ram = plan.placement.expert_ram_bytes
     if ram is not None and ram < model.routed_bytes:  # experts beyond RAM come from NVMe
         page = LRUCache(int(ram // model.expert_bytes), L, E)
+    device = None
+    if plan.device_tier.slots:
+        check_device_tier(model, hw, plan)
+        device = ExpertDeviceTier(plan.device_tier, L, E)
     if warm_steps:
         for r in rt.sample(warm_steps, rng):
             for i in range(L):
+                if device is not None:  # the card's slots fill as the splits of a serving engine fill them
+                    hit = cache.res[i, r[i]]
+                    device.route(i, int(hit.sum()), r[i][~hit], None, plan.miss_policy, 1)
                 cache.observe(i, r[i])
                 if page is not None:
                     page.observe(i, r[i][~cache.res[i, r[i]]])
             cache.end_step()
             page is not None and page.end_step()
+            device is not None and device.end_step()
     text = EngramText(engram_text, ram_room(model, hw, plan),
                       model.engram_bytes_per_token(hw.page_bytes) if plan.placement.engram == "nvme" else 0.0)
     serve = lambda p, g: _serve(model, hw, plan, consts, rt, cache, page, rng, p, g, streams, trace,
-                                text.request(p, g * streams))
+                                text.request(p, g * streams), device)
     for p_tok, g_tok in history:
         serve(int(p_tok), int(g_tok))
     sim, m, dec, state = serve(prompt_tokens, gen_tokens)
@@ -117,7 +128,8 @@ def simulate(model, hw, plan, prompt_tokens: int = 0, gen_tokens: int = 256, str
         bytes_by_tier=dec.bytes_by_tier, steps=len(steps), reads=dec.reads, events=sim.events)
 
 
-def _serve(model, hw, plan, consts, rt, cache, page, rng, prompt_tokens, gen_tokens, streams, trace, cold):
+def _serve(model, hw, plan, consts, rt, cache, page, rng, prompt_tokens, gen_tokens, streams, trace, cold,
+           device=None):
     """One request on a fresh clock: prefill, then decode; the cache, routing and Engram page cache
     carry state (`cold`: fractions of the prompt's and the answer's Engram rows not cached)."""
     verify = mtp_tokens(plan.mtp.tokens_per_step, plan.mtp.acceptance) if plan.mtp.enabled else 1
@@ -128,7 +140,7 @@ def _serve(model, hw, plan, consts, rt, cache, page, rng, prompt_tokens, gen_tok
     n_steps = max(1, int(np.ceil(gen_tokens / committed)))
     rt.new_context(rng)  # this request's prompt (or, without one, a new conversation)
     dec = DecodeRun(m, model, plan, rt, cache, page, rng, streams * verify, committed, prompt_tokens, streams,
-                    engram_cold=cold[1])
+                    engram_cold=cold[1], device=device)
     state = {}
 
     def after_prefill():

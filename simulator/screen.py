@@ -2,7 +2,10 @@
 without events or contention, vectorised over the hit count of a layer.
 
 `screen(model, hw, plan)` -> Screen(decode_tok_s, ttft_s, bottleneck). Without contention and with
-deterministic routing it equals the event simulation exactly (tests/simulator/test_screen.py).
+deterministic routing it equals the event simulation exactly (tests/simulator/test_screen.py). A second card's
+expert tier (plan.device_tier, simulator.device_tier) is not in it: its slots fill from the split's staged
+misses by LRU, a state only the event simulation follows, so the screen ranks such a plan as if the card
+were absent and the planner's headline figure (simulated) carries the card.
 """
 from __future__ import annotations
 

@@ -47,6 +47,17 @@ class GPU(_Strict):
     shares_host: bool = False
 
 
+class ExpertDevice(_Strict):
+    """A further accelerator beside the main GPU that holds routed experts in slots of its own and computes
+    them, fed from host RAM over its own link (dsv41-flash-offload's experimental Intel Arc B70 tier)."""
+
+    name: str
+    vram_bytes: Pos
+    bw_gbs: Pos  # its memory bandwidth, GB/s
+    h2d_gbs: Pos  # host-to-device copies over its own link, GB/s
+    reserved_bytes: NonNeg  # runtime, staging buffers: not for expert slots
+
+
 class PCIe(_Strict):
     gen: int = Field(ge=1, le=7)
     lanes: int = Field(ge=1, le=32)
@@ -153,6 +164,7 @@ class HardwareSpec(_Strict):
     memory: Memory
     cpu: CPU
     nvme: NVMe
+    expert_device: ExpertDevice | None = None  # a second card as a further expert tier
     page_bytes: int = Field(default=4096, ge=512)
     constants: dict[str, NonNeg] = Field(default_factory=dict)
     notes: str = ""

@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from .errors import SpecError, from_validation
-from .hardware import HardwareSpec
+from .hardware import ExpertDevice, HardwareSpec
 from .model import ModelSpec
 from .plan import Plan
 
@@ -69,8 +69,31 @@ def _validate(cls: type[BaseModel], data: Any, path: str) -> Any:
         raise from_validation(path, e) from None
 
 
+def builtin_devices() -> list[str]:
+    """Names of the built-in expert-device profiles (a second card: `--hw BASE+DEVICE`)."""
+    return sorted(p.name[:-5] for p in (_DATA / "devices").iterdir() if p.name.endswith(".yaml"))
+
+
+def load_expert_device(name_or_path: str) -> ExpertDevice:
+    """An expert-device profile (a further card holding experts) from a YAML path or a built-in name."""
+    p = Path(name_or_path)
+    if p.is_file():
+        return _validate(ExpertDevice, read_structured(p), str(p))
+    name = p.name[:-5] if p.name.endswith(".yaml") else p.name
+    if name in builtin_devices():
+        f = _DATA / "devices" / f"{name}.yaml"
+        return _validate(ExpertDevice, read_structured(f"{name}.yaml", f.read_text()), f"{name}.yaml")
+    raise SpecError(str(name_or_path), None,
+                    f"no such file or built-in expert device (built-in: {', '.join(builtin_devices())})")
+
+
 def load_hardware(name_or_path: str) -> HardwareSpec:
-    """A hardware profile from a YAML path or a built-in name ('epyc8ch-3090[.yaml]')."""
+    """A hardware profile from a YAML path or a built-in name ('epyc8ch-3090[.yaml]'); 'BASE+DEVICE' adds an
+    expert device (a second card, `specs/data/devices`) to BASE ('epyc8ch-3090+arc-pro-b70')."""
+    if "+" in str(name_or_path) and not Path(name_or_path).is_file():
+        base, dev = str(name_or_path).split("+", 1)
+        hw = load_hardware(base)
+        return hw.model_copy(update={"expert_device": load_expert_device(dev), "name": f"{hw.name}+{Path(dev).stem}"})
     p = Path(name_or_path)
     if p.is_file():
         return _validate(HardwareSpec, read_structured(p), str(p))

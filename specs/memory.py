@@ -21,6 +21,7 @@ class MemoryMap:
     vram: dict[str, float] = field(default_factory=dict)
     ram: dict[str, float] = field(default_factory=dict)
     nvme: dict[str, float] = field(default_factory=dict)
+    card: dict[str, float] = field(default_factory=dict)  # a second card's (hw.expert_device): its expert slots
     vram_capacity: float = 0.0
     ram_capacity: float = 0.0
     nvme_capacity: float = 0.0
@@ -86,6 +87,22 @@ def repacked_bytes(model: ModelSpec, isa: list[str], group: str = "experts") -> 
     return dense if llamacpp_repacks(parse_format(model.dense_format), isa) else 0.0
 
 
+def check_device_tier(model: ModelSpec, hw: HardwareSpec, plan: Plan) -> None:
+    """A second card's expert slots must have a card (hw.expert_device) and fit in what it leaves free."""
+    slots = plan.device_tier.slots
+    if not slots:
+        return
+    dev = hw.expert_device
+    if dev is None:
+        raise SpecError(None, "device_tier.slots", f"hardware {hw.name} has no expert_device to hold {slots} experts "
+                                                   "(add one: --hw BASE+DEVICE, e.g. epyc8ch-3090+arc-pro-b70)")
+    free = float(dev.vram_bytes) - float(dev.reserved_bytes)
+    if slots * model.expert_bytes > free:
+        raise SpecError(None, "device_tier.slots", f"{slots} slots of {model.expert_bytes / 1e6:.2f} MB need "
+                        f"{slots * model.expert_bytes / 1e9:.2f} GB; {dev.name} has {free / 1e9:.2f} GB free "
+                        f"(at most {int(free // model.expert_bytes)} slots)")
+
+
 def memory_map(model: ModelSpec, hw: HardwareSpec, plan: Plan) -> MemoryMap:
     """Where each byte of `model` lives under `plan` on `hw` (VRAM, RAM, NVMe, in bytes)."""
     p = plan.placement
@@ -94,6 +111,7 @@ def memory_map(model: ModelSpec, hw: HardwareSpec, plan: Plan) -> MemoryMap:
     bad = [layer for layer in p.gpu_expert_layers if layer not in set(model.layers_moe)]
     if bad:
         raise SpecError(None, "placement.gpu_expert_layers", f"layers {bad} are not MoE layers of {model.name}")
+    check_device_tier(model, hw, plan)
     per_layer = model.routed_bytes / model.n_moe_layers
     static_gpu = per_layer * len(p.gpu_expert_layers)
     cpu_side = model.routed_bytes - static_gpu
@@ -144,10 +162,22 @@ def memory_map(model: ModelSpec, hw: HardwareSpec, plan: Plan) -> MemoryMap:
         ram["experts"] = cpu_side
     if p.engram == "nvme" and model.engram is not None:
         nvme["engram"] = model.engram_table_bytes
-    return MemoryMap(vram=vram, ram=ram, nvme=nvme,
+    card: dict[str, float] = {}
+    if plan.device_tier.slots:
+        card = {"reserved": float(hw.expert_device.reserved_bytes), "expert slots": plan.device_tier.slots * model.expert_bytes}
+    return MemoryMap(vram=vram, ram=ram, nvme=nvme, card=card,
                      vram_capacity=float(hw.gpu.vram_bytes) if hw.gpu else 0.0,
                      ram_capacity=float(hw.memory.capacity_bytes), nvme_capacity=float(hw.nvme.capacity_bytes),
                      expert_bytes=model.expert_bytes, kv_bytes_per_token=kv_tok)
+
+
+def size_device_tier(model: ModelSpec, hw: HardwareSpec, plan: Plan) -> Plan:
+    """The plan with a second card's expert slots (hw.expert_device) filling what the card leaves free."""
+    dev = hw.expert_device
+    if dev is None:
+        return plan
+    slots = min(int((float(dev.vram_bytes) - float(dev.reserved_bytes)) // model.expert_bytes), model.routed_experts)
+    return plan.model_copy(update={"device_tier": plan.device_tier.model_copy(update={"slots": max(0, slots)})})
 
 
 def size_cache(model: ModelSpec, hw: HardwareSpec, plan: Plan) -> Plan:

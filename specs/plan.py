@@ -82,6 +82,25 @@ class MissPolicy(_Strict):
     gpu_path: Literal["zero-copy", "copy"] = "zero-copy"
 
 
+class DeviceTier(_Strict):
+    """A second card's expert slots (hardware `expert_device`) as a third engine beside the GPU and the CPU
+    (dsv41-flash-offload experimental/b70-tier, cand11). Its worker keeps `slots` experts by LRU over all
+    layers and admits every expert it is sent (write-through: a DMA over its own link, a conversion, then the
+    product). Per layer the split (ct/ft_tier_cu_v.cu `ft_split_k`) sends it the experts it holds (as the
+    server last saw them, once a step) and up to `max_stage` misses to stage, choosing the staged count and
+    the CPU's share together to minimise the slowest of the three engines, its own cost estimated as
+    job_ms + hit_ms x held + stage_ms x staged (DSV41_BT_A / _HIT / _STAGE / _MAXSTAGE). Steps of more than
+    `max_batch_tokens` tokens leave it out. slots = 0: no such tier."""
+
+    slots: int = Field(default=0, ge=0)
+    job_ms: float = Field(default=0.15, ge=0)  # per job: the worker's fixed cost (L011: ~0.16 ms a job)
+    hit_ms: float = Field(default=0.04, ge=0)  # per held expert (measured 0.031-0.048 ms on the B70)
+    stage_ms: float = Field(default=0.50, ge=0)  # per staged expert (13.3 MB at ~27 GB/s, converted)
+    max_stage: int = Field(default=8, ge=0)
+    max_batch_tokens: int = Field(default=64, ge=1)
+    convert_ms: float = Field(default=0.04, ge=0)  # the device's conversion of a staged expert (PLANAR4)
+
+
 class Prefill(_Strict):
     """Prefill strategy: llama.cpp op offload, stream-all per chunk, or on the CPU."""
 
@@ -125,6 +144,7 @@ class Plan(_Strict):
     placement: Placement = Field(default_factory=Placement)
     expert_cache: ExpertCache = Field(default_factory=ExpertCache)
     miss_policy: MissPolicy = Field(default_factory=MissPolicy)
+    device_tier: DeviceTier = Field(default_factory=DeviceTier)  # a second card's slots (slots = 0: none)
     prefill: Prefill = Field(default_factory=Prefill)
     kv: KVCache = Field(default_factory=KVCache)
     streams: int = Field(default=1, ge=1)

@@ -112,3 +112,26 @@ def test_bad_input_through_the_real_console_script(tmp_path):
     r = subprocess.run([sys.executable, "-m", "moe_offload", "plan", "--hw", "nosuch"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_a_second_cards_slots_without_a_second_card(capsys, tmp_path):
+    """A plan with device_tier slots on a machine without an expert_device names the plan's file and the field."""
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps({"device_tier": {"slots": 2200}}))
+    for cmd in ("fit", "simulate"):
+        code, _, err = run(capsys, cmd, "--hw", "epyc8ch-3090", "--model", "deepseek-v4.1-flash-3.02", "--plan", str(p))
+        assert code == 2 and f"{p}: device_tier.slots: hardware epyc8ch-3090 has no expert_device" in one_line(err)
+
+
+def test_more_slots_than_the_second_card_holds(capsys, tmp_path):
+    """2,500 slots of 13.36 MB on the Arc Pro B70 (32 GiB, 2 GiB reserved): at most 2,411."""
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps({"device_tier": {"slots": 2500}}))
+    code, _, err = run(capsys, "fit", "--hw", "epyc8ch-3090+arc-pro-b70", "--model", "deepseek-v4.1-flash-3.02",
+                       "--plan", str(p))
+    assert code == 2 and "device_tier.slots: 2500 slots of 13.36 MB need 33.40 GB" in one_line(err) and "2411" in err
+
+
+def test_unknown_second_card(capsys):
+    code, _, err = run(capsys, "plan", "--hw", "epyc8ch-3090+nosuch")
+    assert code == 2 and "nosuch: no such file or built-in expert device (built-in: arc-pro-b70)" in one_line(err)

@@ -10,7 +10,7 @@ from executor.gguf_model import GGUFModel
 from executor.make_model import PRESETS, write_model
 from executor.runner import execute
 from specs.errors import SpecError
-from specs.plan import ExpertCache, Placement, Plan, KVCache
+from specs.plan import DeviceTier, ExpertCache, Placement, Plan, KVCache
 
 
 def test_truncated_file(tiny, tmp_path):
@@ -53,6 +53,7 @@ def test_unsupported_expert_type(tmp_path):
     (Plan(expert_cache=ExpertCache(slots=129, policy="lru")), "expert_cache.slots"),
     (Plan(experts_per_token=5), "experts_per_token"),
     (Plan(kv=KVCache(context=8)), "kv.context"),
+    (Plan(device_tier=DeviceTier(slots=4)), "device_tier.slots"),  # a second card's tier is simulated only
 ])
 def test_plan_the_model_lacks(tiny, plan, field):
     with pytest.raises(SpecError) as e:

@@ -64,3 +64,13 @@ def test_repacked_rates_are_read_for_a_repacked_format_only():
     assert cpu.expert_gbs_for(q4, 1, rowwise=True, repacked=True) == 12.0
     assert cpu.expert_gbs_for(q4, 2, rowwise=True) == 15.0  # --no-repack: one row per dot product
     assert cpu.expert_gbs_for(q8, 2, rowwise=True, repacked=True) == 24.0  # no repacked figure
+
+
+def test_a_second_card_joins_a_profile_by_name():
+    """'BASE+DEVICE' is the base profile with an expert device (specs/data/devices) added, every figure sourced."""
+    hw = load_hardware("epyc8ch-3090+arc-pro-b70")
+    base = load_hardware("epyc8ch-3090")
+    d = hw.expert_device
+    assert hw.name == "epyc8ch-3090+arc-pro-b70" and base.expert_device is None
+    assert hw.gpu == base.gpu and hw.constants == base.constants  # the same host, its fitted constants kept
+    assert (float(d.bw_gbs), float(d.h2d_gbs), d.vram_bytes.source) == (608.0, 27.0, "datasheet")

@@ -162,3 +162,18 @@ def test_no_mmap_experts_cannot_be_read_from_nvme_either():
     with pytest.raises(SpecError, match="--no-mmap"):
         mm.check_fits()
     memory_map(m, small_ram, plan.model_copy(update={"cpu_mmap": True})).check_fits()
+
+
+def test_the_second_card_holds_its_slots_and_the_planner_fills_it():
+    """The Arc Pro B70's 32 GiB less 2 GiB reserved holds 2,411 experts of DeepSeek-V4.1-Flash 3.02 (13.36 MB);
+    the tiered-cache base plan fills them, the memory map shows them, and VRAM is unchanged."""
+    from planner.search import base_plan
+    from specs.loaders import load_hardware, load_model
+    from specs.memory import memory_map
+    model = load_model("deepseek-v4.1-flash-3.02")
+    hw, base = load_hardware("epyc8ch-3090+arc-pro-b70"), load_hardware("epyc8ch-3090")
+    p, q = base_plan(model, hw), base_plan(model, base)
+    free = 34359738368 - 2147483648
+    assert p.device_tier.slots == int(free // model.expert_bytes) == 2411 and q.device_tier.slots == 0
+    mm = memory_map(model, hw, p)
+    assert mm.card["expert slots"] == 2411 * model.expert_bytes and mm.vram == memory_map(model, base, q).vram
