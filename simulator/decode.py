@@ -18,11 +18,16 @@ class DecodeRun:
 
     def __init__(self, m, model, plan, routing, cache, page_cache, rng, tokens_per_step: int,
                  committed_per_step: float, context: int, streams: int = 1, engram_cold: float = 0.0,
-                 device=None):
+                 device=None, routed_streams: int | None = None):
         self.m, self.model, self.plan, self.cache, self.page = m, model, plan, cache, page_cache
         self.device = device  # a second card's expert tier (simulator.device_tier.ExpertDeviceTier) or None
         self.routing, self.rng = routing, rng
         self.ntok, self.committed, self.streams = tokens_per_step, committed_per_step, streams
+        # rows the MoE layers route: a CUDA-graph engine pads a step to its next captured batch size, and the
+        # padding rows pick and read experts as tokens do (plan.graph_batch_sizes); attention, KV and Engram
+        # reads stay the real tokens'
+        self.route_streams = routed_streams or streams
+        self.route_tok = self.ntok // streams * self.route_streams
         self.context = float(context)
         self.eb = model.expert_bytes
         self.L = model.n_moe_layers
@@ -56,7 +61,7 @@ class DecodeRun:
     def start(self, n_steps: int, done) -> None:
         """Run n_steps steps, then done()."""
         self.left, self.done = n_steps, done
-        self.routes = self.routing.sample_steps(n_steps, self.streams, self.ntok // self.streams, self.rng)
+        self.routes = self.routing.sample_steps(n_steps, self.route_streams, self.ntok // self.streams, self.rng)
         self.step_idx = 0
         self._step()
 
@@ -140,7 +145,7 @@ class DecodeRun:
         self.crit["gpu" if self.dense_on_gpu else "cpu"] += m.sim.now - self.lt
         picks = self.r[:, i, :]
         cnt = None
-        if self.ntok == 1:
+        if self.route_tok == 1:
             ex = picks[0]
         else:  # tokens per expert: the CPU tier (and a host device) pays per product beyond the first
             ex, cnt = np.unique(picks, return_counts=True)
@@ -158,7 +163,7 @@ class DecodeRun:
                 # a copy still in flight: the device's kernel waits on it (stream-ordered after the
                 # copy's event), so which experts hit does not depend on how fast anything runs
                 gate = [b for b in self._inflight if b["mask"][i, ex[hit]].any()]
-        self.cache.observe(i, ex if self.ntok == 1 else picks.ravel())
+        self.cache.observe(i, ex if self.route_tok == 1 else picks.ravel())
         n_h = int(np.count_nonzero(hit))
         n_m = ex.size - n_h
         self.hits += n_h
@@ -171,7 +176,7 @@ class DecodeRun:
         dev_held = dev_staged = 0
         tier_k = -1
         if self.device is not None and m.has_gpu and n_m:  # the second card takes what it holds and stages some
-            miss, dev_tok, tier_k, dev_held, dev_staged = self.device.route(i, n_h, miss, mcnt, mp, self.ntok)
+            miss, dev_tok, tier_k, dev_held, dev_staged = self.device.route(i, n_h, miss, mcnt, mp, self.route_tok)
             mcnt = dev_tok if mcnt is not None else None
             n_m = miss.size
         if tier_k >= 0:

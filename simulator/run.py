@@ -139,8 +139,10 @@ def _serve(model, hw, plan, consts, rt, cache, page, rng, prompt_tokens, gen_tok
     pre = PrefillRun(m, model, plan, prompt_tokens, streams, engram_cold=cold[0])
     n_steps = max(1, int(np.ceil(gen_tokens / committed)))
     rt.new_context(rng)  # this request's prompt (or, without one, a new conversation)
+    # an engine that pads its decode batches to a captured graph size routes the padding rows as tokens
+    routed = -(-plan.padded_tokens(streams * verify) // verify)
     dec = DecodeRun(m, model, plan, rt, cache, page, rng, streams * verify, committed, prompt_tokens, streams,
-                    engram_cold=cold[1], device=device)
+                    engram_cold=cold[1], device=device, routed_streams=routed)
     state = {}
 
     def after_prefill():

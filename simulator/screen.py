@@ -173,9 +173,10 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
     verify = mtp_tokens(plan.mtp.tokens_per_step, plan.mtp.acceptance) if plan.mtp.enabled else 1
     committed = plan.mtp.tokens_per_step if plan.mtp.enabled else 1.0
     ntok = streams * verify
-    n = int(round(distinct_per_layer(ntok, model.n_experts, k)))
+    rtok = plan.padded_tokens(ntok)  # rows the MoE layers route (a graph-padded step's padding rows too)
+    n = int(round(distinct_per_layer(rtok, model.n_experts, k)))
     memo: dict = {}
-    m = _tokens_per_expert(ntok, k, n)
+    m = _tokens_per_expert(rtok, k, n)
     lay, parts = _layer_ms(n, h, t, plan, has_gpu, has_gpu and not hw.gpu.shares_host, c, memo, m)
     gpu_layers = set(plan.placement.gpu_expert_layers)
     n_static = sum(1 for x in model.layers_moe if x in gpu_layers)

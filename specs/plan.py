@@ -160,7 +160,15 @@ class Plan(_Strict):
     cpu_mmap: bool = True
     # VRAM the engine keeps for CUDA graphs, activations and DMA staging (bytes), beyond weights
     gpu_workspace_bytes: int = Field(default=0, ge=0)
+    # Decode batch sizes the engine captured as full CUDA graphs (vLLM --cudagraph-capture-sizes with
+    # FULL_DECODE_ONLY): a step of n tokens runs as the smallest such size >= n, its padding rows routed
+    # through every MoE layer as tokens are; none listed (or n beyond the largest): no padding
+    graph_batch_sizes: list[int] = Field(default_factory=list)
     note: str = ""
+
+    def padded_tokens(self, n: int) -> int:
+        """Rows a decode step of n tokens runs as: the smallest captured graph batch size >= n, else n."""
+        return min((b for b in self.graph_batch_sizes if b >= n), default=n)
 
     @model_validator(mode="after")
     def _cache_policy(self):
@@ -192,7 +200,9 @@ def plan_template(engine: str) -> Plan:
                     prefill=Prefill(strategy="stream-all", chunk_tokens=8192, ubatch_tokens=8192,
                                     dma_batch_experts=8, dma_slots=8, dma_prefetch=True),
                     kv=KVCache(context=262144, dtype="fp8"),
-                    gpu_workspace_bytes=5 * 2**30)  # ~5 GiB graphs, activations, staging (README)
+                    gpu_workspace_bytes=5 * 2**30,  # ~5 GiB graphs, activations, staging (README)
+                    # vllm serve --compilation-config FULL_DECODE_ONLY --cudagraph-capture-sizes 1 2 4 6 8 12 16 24
+                    graph_batch_sizes=[1, 2, 4, 6, 8, 12, 16, 24])
     if engine == "strata":
         # Shipped hot-expert profile (static cache), CPU misses read in place, SSD beyond RAM.
         return Plan(engine="strata", expert_cache=ExpertCache(policy="static"),

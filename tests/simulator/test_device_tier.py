@@ -110,3 +110,21 @@ def test_every_routed_expert_is_served_once_by_one_engine():
     assert b["device"] > b["device_staged"] > 0
     assert r.resources["expert_device"]["bytes"] == pytest.approx(b["device"]) and r.resources["expert_device"][
         "busy_fraction"] > 0
+
+
+def test_a_step_runs_as_the_next_captured_graph_size():
+    """vLLM's FULL_DECODE_ONLY graphs (dsv41-flash-offload: --cudagraph-capture-sizes 1 2 4 6 8 12 16 24): 3 tokens run
+    as 4, 5 as 6, 24 as 24; beyond the largest size, or without sizes, as themselves."""
+    p = plan_template("tiered-cache")
+    assert [p.padded_tokens(n) for n in (1, 2, 3, 5, 7, 24, 25)] == [1, 2, 4, 6, 8, 24, 25]
+    assert plan_template("llamacpp").padded_tokens(3) == 3
+
+
+def test_three_streams_padded_to_four_read_four_streams_experts():
+    """The padding row routes and reads experts as a token does: 3 streams take about 4 streams' step (the
+    dense path and KV reads stay 3 tokens'), so they decode at ~3/4 of 4 streams' rate, below 3 unpadded."""
+    plan = plan_template("tiered-cache")
+    three, four = _sim("epyc8ch-3090", plan, streams=3), _sim("epyc8ch-3090", plan, streams=4)
+    plain = _sim("epyc8ch-3090", plan.model_copy(update={"graph_batch_sizes": []}), streams=3)
+    assert three.decode_tok_s == pytest.approx(0.75 * four.decode_tok_s, rel=0.02)
+    assert three.decode_tok_s < plain.decode_tok_s and three.reads == four.reads

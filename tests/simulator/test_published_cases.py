@@ -9,10 +9,6 @@ from calibration.fit import FITTED, evaluate, fit, table
 KNOWN_MISSES = {
     "strata-qwen3.8-mtp-2k": "CPU-bound at the DeepSeek-fitted skew (hot-profile hit ~0.65 over a 4-token "
                              "MTP union); 97 tok/s needs >= 0.78 at Strata's 24.5 GB/s i-quant CPU rate",
-    # the published 3-stream figures dip below or to the 2-stream ones (22.4 < 24.0; 35.0 ~ 34.6); the simulated
-    # steps grow smoothly with the union of the streams' experts, so 3 streams land between 2 and 4
-    "D141-3streams": "published 3-stream decode below the 2-stream figure; not modelled (+23.6%)",
-    "D141-B70-3streams": "the same 3-stream dip with the B70 tier (35.0 against 34.6 at 2 streams; +15.1%)",
 }
 
 
