@@ -480,6 +480,8 @@ def describe(hw: HardwareSpec) -> list[tuple[str, str, str, str]]:
             elif val is None and name in ("gpu", "pcie"):
                 src, ref = notes.get(path, notes.get("gpu", ("-", "")))
                 rows.append((path, "none", src, ref))
+            elif val is None and name == "expert_device":  # a second card is never detected: added by name only
+                continue
             elif name not in ("name", "notes", "constants") or prefix:
                 src, ref = notes.get(path, ("-", ""))
                 rows.append((path, _fmt(path, val), src, ref))
