@@ -94,8 +94,8 @@ def _moe_up(it, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, P, pb, n, act):
     u = np.empty((m, n), np.float32)
     s = slice(a0, a0 + m)
     Pi = P[pb[i]:pb[i + 1]]
-    _rows_matmul(gc, gd[e], r0, r1, gd.shape[1] // F, xg[s], x16[s], dx[s], Pi, g, 0)
-    _rows_matmul(uc, ud[e], r0, r1, ud.shape[1] // F, xg[s], x16[s], dx[s], Pi, u, 0)
+    _rows_matmul(gc, gd[e], r0, r1, gd.shape[1] // F, xg[s], x16[s], dx[s], Pi, g, np.int64(0))
+    _rows_matmul(uc, ud[e], r0, r1, ud.shape[1] // F, xg[s], x16[s], dx[s], Pi, u, np.int64(0))
     for k in range(m):
         silu_mul(g[k, :r1 - r0], u[k, :r1 - r0])
         for r in range(r1 - r0):
@@ -113,7 +113,7 @@ def _moe_down(it, dd, dc, H, experts, offs, tok, wts, act, a16, da, P, pb, n, ma
         a0 = offs[i]
         m = offs[i + 1] - a0
         _rows_matmul(dc, dd[e], r0, r1, dd.shape[1] // H, act[a0:a0 + m], a16[a0:a0 + m], da[a0:a0 + m],
-                     P[pb[i]:pb[i + 1]], y, 0)
+                     P[pb[i]:pb[i + 1]], y, np.int64(0))
         for k in range(m):
             t = tok[a0 + k]
             for r in range(r1 - r0):
@@ -131,13 +131,13 @@ def _expert_whole(i, gd, gc, ud, uc, dd, dc, F, H, experts, offs, tok, wts, xg, 
     g = np.empty((m, F), np.float32)  # [m, F]: gate x, then the activation
     u = np.empty((m, F), np.float32)
     P = panels(xg[s], gemm_path(m, gc) or gemm_path(m, uc))
-    _rows_matmul(gc, gd[e], 0, F, gd.shape[1] // F, xg[s], x16[s], dx[s], P, g, 0)
-    _rows_matmul(uc, ud[e], 0, F, ud.shape[1] // F, xg[s], x16[s], dx[s], P, u, 0)
+    _rows_matmul(gc, gd[e], np.int64(0), F, gd.shape[1] // F, xg[s], x16[s], dx[s], P, g, np.int64(0))
+    _rows_matmul(uc, ud[e], np.int64(0), F, ud.shape[1] // F, xg[s], x16[s], dx[s], P, u, np.int64(0))
     for k in range(m):
         silu_mul(g[k], u[k])
     a16, da = _quant_rows(g)
     y = np.empty((m, H), np.float32)  # [m, H]
-    _rows_matmul(dc, dd[e], 0, H, dd.shape[1] // H, g, a16, da, panels(g, gemm_path(m, dc)), y, 0)
+    _rows_matmul(dc, dd[e], np.int64(0), H, dd.shape[1] // H, g, a16, da, panels(g, gemm_path(m, dc)), y, np.int64(0))
     for k in range(m):
         t = tok[a0 + k]
         for h in range(H):
@@ -187,7 +187,7 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nth
                 pack_into(P, pb[i], xg[offs[i]:offs[i + 1]])
     n = item_rows(pb[-1] > 0, F, 2)  # GEMM: two items an expert
     for it in prange(experts.shape[0] * ((F + n - 1) // n)):
-        _moe_up(it, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, P, pb, n, act)
+        _moe_up(np.int64(it), gd, gc, ud, uc, F, experts, offs, xg, x16, dx, P, pb, n, act)
     a16, da = _quant_rows(act[:tok.shape[0]])  # the rows phase 1 wrote (act may be longer)
     pb = _panel_blocks(offs, dc, dc)
     P = np.empty((pb[-1], F, NT), np.float32)
@@ -197,7 +197,7 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nth
                 pack_into(P, pb[i], act[offs[i]:offs[i + 1]])
     n = item_rows(pb[-1] > 0, H, 2 * nthr)
     for it in prange((H + n - 1) // n):
-        _moe_down(it, dd, dc, H, experts, offs, tok, wts, act, a16, da, P, pb, n, maxm, out)
+        _moe_down(np.int64(it), dd, dc, H, experts, offs, tok, wts, act, a16, da, P, pb, n, maxm, out)
 
 
 @njit(nogil=True, fastmath=True, cache=True)
@@ -207,10 +207,10 @@ def _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, o
     xg, x16, dx, maxm = _moe_prep(x, experts, offs, tok, max(_FUSED[gc], _FUSED[uc]))
     P, pb = _expert_panels(xg, offs, gc, uc)
     for i in range(experts.shape[0]):  # each expert's matrices in one call (F rows an item)
-        _moe_up(i, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, P, pb, F, act)
+        _moe_up(np.int64(i), gd, gc, ud, uc, F, experts, offs, xg, x16, dx, P, pb, F, act)
     a16, da = _quant_rows(act[:tok.shape[0]])  # the rows phase 1 wrote (act may be longer)
     P, pb = _expert_panels(act, offs, dc, dc)
-    _moe_down(0, dd, dc, H, experts, offs, tok, wts, act, a16, da, P, pb, H, maxm, out)
+    _moe_down(np.int64(0), dd, dc, H, experts, offs, tok, wts, act, a16, da, P, pb, H, maxm, out)
 
 
 _WHOLE_BALANCE = 1.1  # most loaded thread / mean (tokens as the load) up to which experts run whole
@@ -337,7 +337,7 @@ def moe_routed(gd, gc, ud, uc, dd, dc, F, H, x, ids, w, keep, act, out, expert_b
     experts, offs, tok, wts = _csr(ids, w, keep)
     n = experts.shape[0]
     if n and n * expert_bytes < serial_bytes:
-        _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, 1, False)
+        _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, np.int64(1), np.bool_(False))
     elif n:
         _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nthr, _whole(offs, nthr))
     for t in range(resid.shape[0]):

@@ -129,7 +129,7 @@ def attention_step(xs, nw, eps, wq, cq, Rq, wk, ck, Rk, wv, cv, Rv, qn, kn, cos,
     o = np.empty((T, nh * hd), np.float32)
     attn_cached(qkv, kc, vc, p0, n, nh, nkv, o)
     none = wo[:0]
-    _stacked(wo, co, Ro, none, co, 0, none, co, 0, o, out)
+    _stacked(wo, co, Ro, none, co, np.int64(0), none, co, np.int64(0), o, out)
     if residual:
         for t in range(T):
             for j in range(xs.shape[1]):

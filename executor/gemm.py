@@ -122,7 +122,7 @@ def pack_tokens(X):
     """X [m, cols] -> the GEMM's token panels [ceil(m / NT), cols, NT] float32: NT tokens a block, a column's
     tokens side by side, zero-padded (packed once per matrix of tokens, read by every row panel)."""
     P = np.empty(((X.shape[0] + NT - 1) // NT, X.shape[1], NT), np.float32)
-    pack_into(P, 0, X)
+    pack_into(P, np.int64(0), X)
     return P
 
 
@@ -233,9 +233,9 @@ def deq_dots(code, w, r0, r1, rb, X, res, off):
             deq_row(code, w, _U(r + i) * _U(rb), buf[i], qk)
         for i in range(nr, 4):  # a short last group: zero rows, results dropped below
             buf[i, :] = 0.0
-        k = 0
+        k = np.int64(0)
         while k + 3 <= m:
-            _block4x3(buf[0], buf[1], buf[2], buf[3], X[k], X[k + 1], X[k + 2], out, k, 0)
+            _block4x3(buf[0], buf[1], buf[2], buf[3], X[k], X[k + 1], X[k + 2], out, k, np.int64(0))
             k += 3
         while k < m:
             _block4x1(buf[0], buf[1], buf[2], buf[3], X[k], out, k, 0)

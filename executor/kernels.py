@@ -160,7 +160,7 @@ def _rows_fused(code, w, r0, r1, rb, X16, DX, res, off):
     """res[k, off + r - r0] = row_r . token k for every token of X16 / DX (int16 activations) and rows [r0, r1) of
     Q8_0 / Q4_0 / Q4_K / Q6_K bytes w: tokens four at a time (not Q8_0), then in pairs, then one."""
     m = X16.shape[0]
-    k = 0
+    k = np.int64(0)  # not a literal 0: one compiled specialisation of the row kernels below, not two
     while k + 4 <= m and code != Q8_0:
         _rows_quad(code, w, r0, r1, rb, X16, DX, k, res, off)
         k += 4
@@ -255,14 +255,14 @@ def _matmul(wd, code, R, x, out):
     P = panels(x, gemm)
     n = item_rows(gemm, R, _GEMM_ITEMS)
     for it in prange((R + n - 1) // n):
-        _chunk_off(wd, code, R, x, x16, dx, P, n, it, out, 0)
+        _chunk_off(wd, code, R, x, x16, dx, P, n, np.int64(it), out, np.int64(0))
 
 
 @njit(nogil=True, fastmath=True, cache=True)
 def _matmul_serial(wd, code, R, x, out):
     """_matmul on the calling thread (small matrices: a parallel region costs more than it saves)."""
     x16, dx = _quant_rows(x)
-    _rows_matmul(code, wd, 0, R, wd.shape[0] // R, x, x16, dx, panels(x, gemm_path(x.shape[0], code)), out, 0)
+    _rows_matmul(code, wd, np.int64(0), R, wd.shape[0] // R, x, x16, dx, panels(x, gemm_path(x.shape[0], code)), out, np.int64(0))
 
 
 _SERIAL_BYTES = 1 << 20  # weight bytes x tokens below which _matmul_serial is used
@@ -305,7 +305,7 @@ def _parts_item(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, x16, dx, P, n, it, out):
     n0 = (R0 + n - 1) // n
     n1 = (R1 + n - 1) // n
     if it < n0:
-        _chunk_off(w0, c0, R0, x, x16, dx, P, n, it, out, 0)
+        _chunk_off(w0, c0, R0, x, x16, dx, P, n, it, out, np.int64(0))
     elif it < n0 + n1:
         _chunk_off(w1, c1, R1, x, x16, dx, P, n, it - n0, out, R0)
     else:
@@ -327,7 +327,7 @@ def _parts(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, out):
     n = item_rows(gemm, R0 + R1 + R2, _GEMM_ITEMS)
     items = (R0 + n - 1) // n + (R1 + n - 1) // n + (R2 + n - 1) // n
     for it in prange(items):
-        _parts_item(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, x16, dx, P, n, it, out)
+        _parts_item(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, x16, dx, P, n, np.int64(it), out)
 
 
 @njit(nogil=True, fastmath=True, cache=True)
@@ -337,11 +337,11 @@ def _parts_serial(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, out):
     x16, dx = _quant_rows(x)
     P = panels(x, _parts_gemm(x.shape[0], c0, c1, R1, c2, R2))
     if R0:
-        _rows_matmul(c0, w0, 0, R0, w0.shape[0] // R0, x, x16, dx, P, out, 0)
+        _rows_matmul(c0, w0, np.int64(0), R0, w0.shape[0] // R0, x, x16, dx, P, out, np.int64(0))
     if R1:
-        _rows_matmul(c1, w1, 0, R1, w1.shape[0] // R1, x, x16, dx, P, out, R0)
+        _rows_matmul(c1, w1, np.int64(0), R1, w1.shape[0] // R1, x, x16, dx, P, out, R0)
     if R2:
-        _rows_matmul(c2, w2, 0, R2, w2.shape[0] // R2, x, x16, dx, P, out, R0 + R1)
+        _rows_matmul(c2, w2, np.int64(0), R2, w2.shape[0] // R2, x, x16, dx, P, out, R0 + R1)
 
 
 def linear_parts(parts, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
