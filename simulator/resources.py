@@ -139,7 +139,6 @@ class Machine:
         self.device = Serial(sim, "expert_device") if dev is not None else None  # the second card's worker
         if dev is not None:  # its own link from host RAM; its products at the GPU's GEMV efficiency
             self.device_link = self.net.link("device_h2d", dev.h2d_gbs * GB)
-            self.device_rate = dev.h2d_gbs * GB
             self.device_hit_s = model.expert_bytes / (dev.bw_gbs * GB * consts.gpu_expert_efficiency)
             self.moved["expert_device"] = 0.0
 
@@ -198,7 +197,7 @@ class Machine:
         def go():
             if n_staged:
                 self.sim.after(tier.job_ms * 1e-3, lambda: self.net.start(
-                    n_staged * eb, (self.device_link, self.ddr), products, cap=self.device_rate, name="device-stage"))
+                    n_staged * eb, (self.device_link, self.ddr), products, name="device-stage"))
             else:
                 self.sim.after(tier.job_ms * 1e-3, products)
         self.device.acquire(go)

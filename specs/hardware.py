@@ -57,6 +57,11 @@ class ExpertDevice(_Strict):
     h2d_gbs: Pos  # host-to-device copies over its own link, GB/s
     reserved_bytes: NonNeg  # runtime, staging buffers: not for expert slots
 
+    @property
+    def free_bytes(self) -> float:
+        """Bytes left for expert slots (VRAM less the reserve)."""
+        return float(self.vram_bytes) - float(self.reserved_bytes)
+
 
 class PCIe(_Strict):
     gen: int = Field(ge=1, le=7)

@@ -96,7 +96,7 @@ def check_device_tier(model: ModelSpec, hw: HardwareSpec, plan: Plan) -> None:
     if dev is None:
         raise SpecError(None, "device_tier.slots", f"hardware {hw.name} has no expert_device to hold {slots} experts "
                                                    "(add one: --hw BASE+DEVICE, e.g. epyc8ch-3090+arc-pro-b70)")
-    free = float(dev.vram_bytes) - float(dev.reserved_bytes)
+    free = dev.free_bytes
     if slots * model.expert_bytes > free:
         raise SpecError(None, "device_tier.slots", f"{slots} slots of {model.expert_bytes / 1e6:.2f} MB need "
                         f"{slots * model.expert_bytes / 1e9:.2f} GB; {dev.name} has {free / 1e9:.2f} GB free "
@@ -176,7 +176,7 @@ def size_device_tier(model: ModelSpec, hw: HardwareSpec, plan: Plan) -> Plan:
     dev = hw.expert_device
     if dev is None:
         return plan
-    slots = min(int((float(dev.vram_bytes) - float(dev.reserved_bytes)) // model.expert_bytes), model.routed_experts)
+    slots = min(int(dev.free_bytes // model.expert_bytes), model.routed_experts)
     return plan.model_copy(update={"device_tier": plan.device_tier.model_copy(update={"slots": max(0, slots)})})
 
 
