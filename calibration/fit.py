@@ -66,8 +66,10 @@ def calibrated_hardware(hw, values: dict[str, float]):
 def evaluate(constants: dict[str, float]) -> list[dict]:
     """Every case's prediction, error and verdict under `constants`."""
     rows = []
+    fit_hosts = {c.hardware.split("+", 1)[0] for c in all_cases() if c.role == "fit"}  # the constants belong to these hosts
     for c in all_cases():
-        hw_consts = constants if c.hardware.split("+")[0] == "epyc8ch-3090" else {}  # a second card: the same host
+        host = c.hardware.split("+", 1)[0]  # "host+card" (specs.loaders): a second card, the same host
+        hw_consts = constants if host in fit_hosts else {}
         p = predict(c, hw_consts)
         rows.append({"case": c.name, "role": "in-sample" if c.role == "fit" else "out-of-sample",
                      "metric": c.metric, "measured": c.measured, "predicted": p,
@@ -87,7 +89,8 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     values = fit()
-    print("fitted on D030 and D107 (epyc8ch-3090):",
+    fit_cases = [c for c in all_cases() if c.role == "fit"]
+    print(f"fitted on {', '.join(c.name for c in fit_cases)} ({', '.join(sorted({c.hardware for c in fit_cases}))}):",
           ", ".join(f"{k} = {v:.4g}" for k, v in values.items()))
     rows = evaluate(values)
     print(table(rows))

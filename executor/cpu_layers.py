@@ -102,12 +102,12 @@ def run_layers(x, u8, f32, f4, meta, E, eps, nh, nkv, neox, norm, cos, sin, p0, 
         m, u, f = meta[i], 7 * i, 5 * i
         attention_step(x, f32[f], eps, u8[u], m[CQ], m[RQ], u8[u + 1], m[CK], m[RK], u8[u + 2], m[CV], m[RV],
                        f32[f + 1], f32[f + 2], cos, sin, nh, nkv, neox, norm, f4[2 * i], f4[2 * i + 1], p0, n,
-                       u8[u + 3], m[CO], m[RO], a, True)
+                       u8[u + 3], m[CO], m[RO], a, np.bool_(True))
         norm_route(x, f32[f + 3], eps, f32[f + 4].reshape((E, -1)), k, h, eid, w)
         t1 = clock_ns()
         run = CE.moe_routed(u8[u + 4].reshape((E, -1)), m[CG], u8[u + 5].reshape((E, -1)), m[CU],
                             u8[u + 6].reshape((E, -1)), m[CD], m[FF], m[HH], h, eid, w, keep, act, y, m[EB],
-                            serial_bytes, nthr, True, x)
+                            serial_bytes, nthr, np.bool_(True), x)
         o = out[i]
         o[0], o[1], o[2], o[3] = t0, t1, clock_ns(), run.shape[0]
         o[4:4 + run.shape[0]] = run

@@ -98,3 +98,44 @@ def test_fewer_experts_per_token_runs(tiny):
     r = _run(tiny, Plan(experts_per_token=2))
     recs = [json.loads(line) for line in open(r["trace"])]
     assert all(len(t) == 2 for x in recs for t in x["routed"])
+
+
+
+_COUNT_SPECIALISATIONS = """
+import importlib, json
+from pathlib import Path
+import numba
+from executor.runner import default_prompts, execute
+from specs.plan import ExpertCache, Plan
+tiny = Path({tiny!r})
+execute(Plan(), tiny, 4, 3, trace_path=tiny.parent / "spec.jsonl")  # all-CPU: the fused layer loop
+execute(Plan(streams=4, expert_cache=ExpertCache(slots=40, policy="lru")), tiny, 4, 3,  # 4 tokens a row group
+        trace_path=tiny.parent / "spec.jsonl", prompts=default_prompts(4, 4, 512, seed=11))
+counts = {{}}
+for m in ("kernels", "gemm", "kquants", "simd", "vnni", "cpu_experts", "dense_kernels", "cpu_layers", "attention",
+          "engram", "cpu_step", "experts"):
+    mod = importlib.import_module("executor." + m)
+    for k, v in vars(mod).items():
+        if isinstance(v, numba.core.registry.CPUDispatcher) and v.__module__ == mod.__name__:
+            counts[m + "." + k] = len(v.signatures)
+print(json.dumps(counts))
+"""
+
+
+def test_each_kernel_compiles_once(tiny, tmp_path):
+    """An all-CPU run and 4 streams through a cache call each executor kernel with one type signature. A
+    literal 0 or True, or a prange's uint64 index, passed from one kernel to another made numba compile the
+    callee again (0351e3a: _rows_quad had 10 specialisations, a cold `execute` of tiny took 320-375 s, not
+    158 s; a literal True compiled moe_routed and attention_step twice). A fresh process with an empty
+    numba cache: a callee inside a cached caller is never compiled, so only a cold run shows them."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"))
+    out = subprocess.run([sys.executable, "-c", _COUNT_SPECIALISATIONS.format(tiny=str(tiny))], env=env,
+                         capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2])
+    counts = json.loads(out.stdout.strip().splitlines()[-1])
+    assert sum(counts.values()) > 20  # the runs reached the kernels
+    assert {k: n for k, n in counts.items() if n > 1} == {}
