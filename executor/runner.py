@@ -84,6 +84,8 @@ class Runner:
         self.trace: list[dict] = []
         self.hist: list[list[int]] = [[] for _ in range(plan.streams)]
         self.cpu = CpuStep(self) if fits(self) else None  # the dense path in numpy on the CPU
+        # the embedding lookup's dequantiser as well: compiled in the first prefill it was the TTFT (cold: 1.1 s)
+        (self.dense.embed_np if self.cpu is not None else self.dense.embed)(np.zeros((1, 1), np.int64))
         if static_decode is None:
             static_decode = self.device.type == "cuda"
         self.static = DeviceStep(self, self.device.type == "cuda" and DS.GRAPHS) \
@@ -269,6 +271,9 @@ def execute(plan: Plan, model_path: str | Path, prompt_tokens: int = 32, gen_tok
     if prompts.shape[1] != prompt_tokens or prompts.min() < 0 or prompts.max() >= m.cfg.vocab:
         raise SpecError("prompts", None, f"need {plan.streams} x {prompt_tokens} token ids in [0, {m.cfg.vocab})")
     del m
+    if progress:  # a cold numba cache costs minutes before the first token: say so rather than sit silent
+        print("loading the model and its kernels (the first run on a machine compiles them, 1-3 minutes; "
+              "later runs load them from numba's cache)", file=sys.stderr, flush=True)
     r = Runner(plan, model_path, prompt_tokens + gen_tokens)
     try:
         tokens, times, logits = r.generate(prompts, gen_tokens, keep_logits, progress)
