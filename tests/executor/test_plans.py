@@ -100,7 +100,6 @@ def test_fewer_experts_per_token_runs(tiny):
     assert all(len(t) == 2 for x in recs for t in x["routed"])
 
 
-
 _COLD_RUN = """
 import importlib, json
 from pathlib import Path
