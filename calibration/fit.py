@@ -65,9 +65,9 @@ def calibrated_hardware(hw, values: dict[str, float]):
 
 def evaluate(constants: dict[str, float]) -> list[dict]:
     """Every case's prediction, error and verdict under `constants`."""
-    rows = []
-    fit_hosts = {c.hardware.split("+", 1)[0] for c in all_cases() if c.role == "fit"}  # the constants belong to these hosts
-    for c in all_cases():
+    rows, cases = [], all_cases()
+    fit_hosts = {c.hardware.split("+", 1)[0] for c in cases if c.role == "fit"}  # the constants belong to these hosts
+    for c in cases:
         host = c.hardware.split("+", 1)[0]  # "host+card" (specs.loaders): a second card, the same host
         hw_consts = constants if host in fit_hosts else {}
         p = predict(c, hw_consts)
