@@ -5,7 +5,8 @@
 Prints: memory read bandwidth (numba parallel sum over 1 GiB); CPU expert kernel GB/s for Q8_0, Q4_0
 and llama.cpp's Q4_K_M types (decode-like: top-k random experts of every layer of `small` / `small-q4` /
 `small-q4k`, page-cached, the layers in one compiled loop as the executor's step runs them) and its
-ratio to the bandwidth (the run's highest read, and paired round by round with a read just before),
+ratio to the bandwidth (the run's highest read, and paired round by round with a read just before; for
+Q8_0 and Q4_0 also against the lower of that read and the threads' arithmetic alone, timed in L2 each round),
 beside the same kernels with rows split across threads and called from Python a layer at a time;
 all-CPU decode of
 `small` against its bandwidth ceiling (bytes read per token / bandwidth: the run's highest read, and
@@ -35,6 +36,7 @@ from executor import kernels as K  # noqa: E402
 from executor.gguf_model import GGUFModel  # noqa: E402
 from executor.make_model import make_model  # noqa: E402
 from executor.runner import Runner, default_prompts, summarise  # noqa: E402
+from bench_q8_rows import DecodeRowsL2  # noqa: E402  (this folder: the script's own)
 from specs.plan import Placement, Plan  # noqa: E402
 
 
@@ -73,7 +75,7 @@ def _layers_moe(gate, up, down, codes, F, H, x, experts, offs, tok, wts, act, ou
                 wts[i], act, out, nthr, whole)
 
 
-def kernel_gbs(path: Path, reps: int = 24, pool: np.ndarray | None = None) -> dict:
+def kernel_gbs(path: Path, reps: int = 24, pool: np.ndarray | None = None, arith: DecodeRowsL2 | None = None) -> dict:
     """GB/s of expert bytes the CPU kernel reads: top-k random experts per layer, one token, all layers,
     median of `reps`. 'whole' (whole experts per thread, the executor's decode) and 'rows' (each matrix's
     rows split across the threads) run the layers in one compiled loop, as the executor's step does;
@@ -81,7 +83,11 @@ def kernel_gbs(path: Path, reps: int = 24, pool: np.ndarray | None = None) -> di
     included. The three run in rotating order, each on routes of its own (a pass on the routes the
     pass before read would find some of its experts in the last-level cache). With `pool`, each round
     first reads it once (kernels.read_bandwidth, one pass): 'paired' is the median of whole / that read,
-    the kernel against the bandwidth of the same moment (this VM's bus drifts 31-45 GB/s in spells)."""
+    the kernel against the bandwidth of the same moment (this VM's bus drifts 31-45 GB/s in spells). With
+    `arith` (the decode rows in L2, bench_q8_rows.DecodeRowsL2), each round also times the threads' arithmetic
+    alone ('arith', GB/s of the format's bytes): 'bound' is the median of whole / the lower of that and the read,
+    the kernel against whichever bound the moment's two cores set (their arithmetic drifts 1.0-2.0x one core's
+    on this VM, its vCPUs sharing their host cores)."""
     m = GGUFModel(path)
     c = m.cfg
     W = [tuple(m.experts(i, p) for p in ("gate", "up", "down")) for i in range(c.n_layers)]
@@ -111,10 +117,12 @@ def kernel_gbs(path: Path, reps: int = 24, pool: np.ndarray | None = None) -> di
     for how in ("whole", "rows", "python"):  # compile
         run(how, *routes())
     hows = ["whole", "rows", "python"]
-    rates: dict[str, list[float]] = {h: [] for h in hows + ["paired", "read"]}
+    rates: dict[str, list[float]] = {h: [] for h in hows + ["paired", "read", "arith", "bound"]}
     for r in range(reps):
         if pool is not None:
             rates["read"].append(K.read_bandwidth(pool=pool, repeat=1))
+        if arith is not None:
+            rates["arith"].append(arith(numba.get_num_threads()) * arith.gbs_per_gw)
         for how in hows[r % 3:] + hows[:r % 3]:
             rs, lr = routes()
             t = time.perf_counter()
@@ -123,6 +131,8 @@ def kernel_gbs(path: Path, reps: int = 24, pool: np.ndarray | None = None) -> di
             rates[how].append(nbytes / dt / 1e9)
         if pool is not None:
             rates["paired"].append(rates["whole"][-1] / rates["read"][-1])
+        if pool is not None and arith is not None:
+            rates["bound"].append(rates["whole"][-1] / min(rates["read"][-1], rates["arith"][-1]))
     return {k: float(np.median(v)) for k, v in rates.items() if v}
 
 
@@ -175,12 +185,14 @@ def measure(paths: dict, a) -> dict:
     j0 = cpu_jiffies()
     pool = np.ones((1 << 30) // 8, np.uint64)  # 1 GiB, allocated once for every read of the run
     bw0 = K.read_bandwidth(pool=pool)
-    both = {"Q8_0": kernel_gbs(paths["small"], pool=pool), "Q4_0": kernel_gbs(paths["small-q4"], pool=pool),
+    both = {"Q8_0": kernel_gbs(paths["small"], pool=pool, arith=DecodeRowsL2("Q8_0", a.threads)),
+            "Q4_0": kernel_gbs(paths["small-q4"], pool=pool, arith=DecodeRowsL2("Q4_0", a.threads)),
             "Q4_K_M": kernel_gbs(paths["small-q4k"], pool=pool)}  # Q4_K_M: gate / up Q4_K, down Q6_K or Q4_K
     res["kernel_gbs"] = {k: v["whole"] for k, v in both.items()}  # the executor's decode path
     res["kernel_rows_gbs"] = {k: v["rows"] for k, v in both.items()}
     res["kernel_python_gbs"] = {k: v["python"] for k, v in both.items()}
     res["kernel_paired"] = {k: {"ratio": v["paired"], "read_gbs": v["read"]} for k, v in both.items()}
+    res["kernel_arith"] = {k: {"arith_gbs": v["arith"], "bound_ratio": v["bound"]} for k, v in both.items() if "arith" in v}
     bw1 = K.read_bandwidth(pool=pool)
     res["region_us"] = {"after 0 us": region_us(0), "after 500 us": region_us(500)}
     res["tiny"] = decode(paths["tiny"], a.threads, a.prompt, a.gen)
@@ -245,6 +257,10 @@ def main() -> None:
         pr = res["kernel_paired"][k]
         print(f"  paired with a read just before each round: median {pr['ratio']:.0%} "
               f"(reads: median {pr['read_gbs']:.1f} GB/s)")
+        ar = res["kernel_arith"].get(k)
+        if ar:
+            print(f"  its rows' arithmetic alone in L2 on {a.threads} threads, each round: median {ar['arith_gbs']:.1f} GB/s "
+                  f"of {k} bytes; against the lower of that and the read, paired: median {ar['bound_ratio']:.0%}")
     print(f"small all-CPU decode: {sm['decode_tok_s']:.1f} tok/s; ceiling {ceiling:.1f} tok/s "
           f"({(sm['expert_bytes_per_token'] + sm['dense_bytes_per_token']) / 1e6:.0f} MB/token) -> "
           f"{res['small_vs_ceiling']:.0%} (median step: {sm['decode_tok_s_p50']:.1f} tok/s, "

@@ -3,7 +3,7 @@ rows at once (Q4_K / Q6_K: 2 or 4), each prefetching its next group, whole exper
 as the executor's decode runs them, on a synthetic expert pool larger than the last-level cache:
 
     python benchmarks/bench_q8_rows.py [--fmt Q8_0|Q4_0|Q4_K|Q6_K] [--hidden 2048] [--ffn 768] [--rounds 12]
-                                       [--layers 24] [--l2]
+                                       [--layers 24] [--l2 [--threads 2]]
 
 Each round reads 1 GiB first (kernels.read_bandwidth) and runs every variant once on routes of its own,
 in rotating order, a token's worth of experts a call (top-k drawn for each of `layers` layers; one layer a
@@ -12,6 +12,9 @@ ratios between variants alike); printed: each variant's median GB/s of expert by
 ratio to the most rows, and the read. Why kernels._rows_token computes Q8_0 2 rows a pass, Q4_0 8 and the
 K-quants 2 (session 16, 2 rows against 4: Q4_K 1.00-1.05x, Q6_K 1.02-1.20x, the most while slow).
 --l2: the kernels' arithmetic alone, one core, 128 rows of one expert's gate in L2 (1 row a pass too).
+--l2 --threads N: the same loop on 1 and on N threads (each its own copy of the rows, in its own L2),
+alternating rounds: the arithmetic ceiling of N threads and how it scales (l2_scaling; bench_executor.py
+prints it beside the kernel bars).
 Q4_0 on an AVX-512 VNNI CPU: the executor's VNNI rows (vnni.py), and simd.py's int16 8 rows beside them.
 """
 from __future__ import annotations
@@ -71,6 +74,55 @@ def in_l2(kernel, nr: int):
     return loop
 
 
+def in_l2_threads(kernel, nr: int):
+    """in_l2's loop on each of ws.shape[0] threads at once, thread t over its own copy ws[t] of the rows."""
+    loop = in_l2(kernel, nr)
+
+    @njit(parallel=True, nogil=True)
+    def par(ws, rows, x16, dx, outs, reps):
+        for t in prange(ws.shape[0]):
+            loop(ws[t], rows, x16, dx, outs[t], reps)
+    return par
+
+
+class DecodeRowsL2:
+    """The executor's one-token rows for `fmt` (kernels._rows_token: Q8_0 2 rows a pass, Q4_0 8) over `rows`
+    rows in L2, each thread its own copy: the arithmetic ceiling of a decode kernel, nothing read from DRAM.
+    Called with n threads -> G weights/s (~20 ms a call); `gbs_per_gw`: GB/s of `fmt` bytes per G weights/s."""
+
+    def __init__(self, fmt: str, threads: int, hidden: int = 2048, rows: int = 128, kernel=None, nr: int = 0):
+        """kernel / nr: another row kernel and its rows a pass instead of the executor's."""
+        rng = np.random.default_rng(0)
+        if kernel is None:
+            nr, kernel = (8, K.rows8_q4) if fmt == "Q4_0" else (2, K.rows2_q8)
+        w = np.ascontiguousarray(_synth_tensor(fmt, 1, rows, hidden, rng).data.reshape(-1))
+        self.ws = np.ascontiguousarray(np.broadcast_to(w, (threads, w.size)))
+        self.x16, self.dx = K._quant_rows(rng.standard_normal((1, hidden)).astype(np.float32))
+        self.outs = np.zeros((threads, 1, rows), np.float32)
+        self.rows, self.reps = rows, max(1, int(2e8 // w.nbytes))
+        self.gbs_per_gw = _ROW_BYTES[fmt](hidden) / hidden
+        self.par = in_l2_threads(kernel, nr)
+        self.par(self.ws[:1], rows, self.x16, self.dx, self.outs, 1)  # compile
+
+    def __call__(self, n: int) -> float:
+        t = time.perf_counter()
+        self.par(self.ws[:n], self.rows, self.x16, self.dx, self.outs, self.reps)
+        return n * self.reps * self.rows * self.x16.shape[1] / (time.perf_counter() - t) / 1e9
+
+
+def decode_l2_scaling(fmt: str, threads: int, hidden: int = 2048, rounds: int = 8) -> dict:
+    """DecodeRowsL2 on 1 and `threads` threads, alternating rounds -> medians {'one', 'all': G weights/s,
+    'scaling': per-round ratio all / one, 'gbs': the `threads` threads' rate in GB/s of `fmt` bytes}."""
+    probe = DecodeRowsL2(fmt, threads, hidden)
+    r: dict[int, list[float]] = {1: [], threads: []}
+    for i in range(rounds):
+        for n in ((1, threads) if i % 2 == 0 else (threads, 1)):
+            r[n].append(probe(n))
+    all_ = float(np.median(r[threads]))
+    return {"one": float(np.median(r[1])), "all": all_, "scaling": per_round_ratio(r[threads], r[1]),
+            "gbs": all_ * probe.gbs_per_gw}
+
+
 def per_round_ratio(v: list[float], ref: list[float]) -> float:
     """Median of the per-round ratios v / ref (rounds ran side by side)."""
     return float(np.median(np.array(v) / np.array(ref)))
@@ -102,7 +154,14 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--layers", type=int, default=24, help="layers of top-k experts a call (a token)")
     ap.add_argument("--l2", action="store_true", help="one core, 128 rows of one expert's gate in L2 (compute)")
+    ap.add_argument("--threads", type=int, default=1, help="with --l2: also on this many threads, alternating")
     a = ap.parse_args()
+    if a.l2 and a.threads > 1 and a.fmt in ("Q8_0", "Q4_0"):
+        K.set_threads(a.threads)
+        s = decode_l2_scaling(a.fmt, a.threads, a.hidden, a.rounds)
+        print(f"{a.fmt} decode rows in L2: 1 thread {s['one']:.1f}, {a.threads} threads {s['all']:.1f} G weights/s "
+              f"({s['scaling']:.2f}x, median of per-round ratios) = {s['gbs']:.1f} GB/s of {a.fmt} bytes")
+        return 0
     K.set_threads(THREADS)
     rng = np.random.default_rng(0)
     h, f, k = a.hidden, a.ffn, a.top_k
