@@ -86,8 +86,8 @@ def kernel_gbs(path: Path, reps: int = 24, pool: np.ndarray | None = None, arith
     the kernel against the bandwidth of the same moment (this VM's bus drifts 31-45 GB/s in spells). With
     `arith` (the decode rows in L2, bench_q8_rows.DecodeRowsL2), each round also times the threads' arithmetic
     alone ('arith', GB/s of the format's bytes): 'bound' is the median of whole / the lower of that and the read,
-    the kernel against whichever bound the moment's two cores set (their arithmetic drifts 1.0-2.0x one core's
-    on this VM, its vCPUs sharing their host cores)."""
+    the kernel against whichever bound the moment set (on this VM two threads' arithmetic drifts 1.0-2.0x one
+    thread's from one 2-s probe to the next, `bench_q8_rows.py --l2 --threads 2`)."""
     m = GGUFModel(path)
     c = m.cfg
     W = [tuple(m.experts(i, p) for p in ("gate", "up", "down")) for i in range(c.n_layers)]

@@ -13,8 +13,8 @@ ratio to the most rows, and the read. Why kernels._rows_token computes Q8_0 2 ro
 K-quants 2 (session 16, 2 rows against 4: Q4_K 1.00-1.05x, Q6_K 1.02-1.20x, the most while slow).
 --l2: the kernels' arithmetic alone, one core, 128 rows of one expert's gate in L2 (1 row a pass too).
 --l2 --threads N: the same loop on 1 and on N threads (each its own copy of the rows, in its own L2),
-alternating rounds: the arithmetic ceiling of N threads and how it scales (l2_scaling; bench_executor.py
-prints it beside the kernel bars).
+alternating rounds, Q8_0 / Q4_0 only: the arithmetic ceiling of N threads and how it scales
+(decode_l2_scaling; bench_executor.py times DecodeRowsL2 beside the kernel bars).
 Q4_0 on an AVX-512 VNNI CPU: the executor's VNNI rows (vnni.py), and simd.py's int16 8 rows beside them.
 """
 from __future__ import annotations
@@ -90,11 +90,9 @@ class DecodeRowsL2:
     rows in L2, each thread its own copy: the arithmetic ceiling of a decode kernel, nothing read from DRAM.
     Called with n threads -> G weights/s (~20 ms a call); `gbs_per_gw`: GB/s of `fmt` bytes per G weights/s."""
 
-    def __init__(self, fmt: str, threads: int, hidden: int = 2048, rows: int = 128, kernel=None, nr: int = 0):
-        """kernel / nr: another row kernel and its rows a pass instead of the executor's."""
+    def __init__(self, fmt: str, threads: int, hidden: int = 2048, rows: int = 128):
         rng = np.random.default_rng(0)
-        if kernel is None:
-            nr, kernel = (8, K.rows8_q4) if fmt == "Q4_0" else (2, K.rows2_q8)
+        nr, kernel = (8, K.rows8_q4) if fmt == "Q4_0" else (2, K.rows2_q8)
         w = np.ascontiguousarray(_synth_tensor(fmt, 1, rows, hidden, rng).data.reshape(-1))
         self.ws = np.ascontiguousarray(np.broadcast_to(w, (threads, w.size)))
         self.x16, self.dx = K._quant_rows(rng.standard_normal((1, hidden)).astype(np.float32))
@@ -156,7 +154,9 @@ def main() -> int:
     ap.add_argument("--l2", action="store_true", help="one core, 128 rows of one expert's gate in L2 (compute)")
     ap.add_argument("--threads", type=int, default=1, help="with --l2: also on this many threads, alternating")
     a = ap.parse_args()
-    if a.l2 and a.threads > 1 and a.fmt in ("Q8_0", "Q4_0"):
+    if a.threads > 1 and not (a.l2 and a.fmt in ("Q8_0", "Q4_0")):
+        ap.error("--threads N: with --l2 and --fmt Q8_0 or Q4_0 only (the executor's decode rows)")
+    if a.threads > 1:
         K.set_threads(a.threads)
         s = decode_l2_scaling(a.fmt, a.threads, a.hidden, a.rounds)
         print(f"{a.fmt} decode rows in L2: 1 thread {s['one']:.1f}, {a.threads} threads {s['all']:.1f} G weights/s "
