@@ -11,6 +11,7 @@ from pathlib import Path
 
 from planner.llamacpp import parse
 from specs.errors import SpecError
+from specs.loaders import read_text
 from specs.model import ModelSpec
 from specs.plan import Plan
 
@@ -114,11 +115,9 @@ def _parse_md(text: str, path: str, extra_flags: tuple[str, ...]) -> list[BenchR
 def read_llama_bench(path: str | Path, extra_flags: tuple[str, ...] = ()) -> list[BenchRun]:
     """Every test of a llama-bench output file (-o json, jsonl, csv or md), format detected."""
     path = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise SpecError(path, None, f"cannot read: {e.strerror or e}") from None
-    body = text.lstrip()
+    body = read_text(path).lstrip()
+    if not body:
+        raise SpecError(path, None, "empty: no llama-bench results in it")
     try:
         if body.startswith("["):
             recs = json.loads(body)
@@ -173,7 +172,7 @@ def ingest_runs(files: list[str], model_ref: str, flags: str, store: str | Path,
     runs: list[BenchRun] = []
     for f in files:
         if timings:
-            runs += read_server_timings(Path(f).read_text(), f, extra, model_file=model_ref)
+            runs += read_server_timings(read_text(f), f, extra, model_file=model_ref)
         else:
             runs += read_llama_bench(f, extra)
     rows = []

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from specs.errors import SpecError
 from specs.loaders import write_atomic
 
 BASE_COLUMNS = ("time", "commit", "machine", "case", "metric", "value")
@@ -96,14 +97,23 @@ def _locked(path: Path):
 
 
 def _header(path: Path) -> list[str] | None:
+    """The store's columns (None: no store yet, or an empty file); a SpecError when `path` is not a store,
+    so that an append never rewrites some other file as one."""
     try:
         with open(path, newline="") as f:
             first = f.readline()
     except FileNotFoundError:
         return None
+    except UnicodeDecodeError:
+        raise SpecError(str(path), None, "not a results store (not UTF-8 text)") from None
+    except IsADirectoryError:
+        raise SpecError(str(path), None, "is a folder, not a results store") from None
     if not first.strip():
         return None
-    return next(csv.reader([first]))
+    cols = next(csv.reader([first]))
+    if not set(BASE_COLUMNS) <= set(cols):
+        raise SpecError(str(path), "header", f"not a results store (its first line lacks {', '.join(BASE_COLUMNS)})")
+    return cols
 
 
 def _fmt(v: Any) -> str:
@@ -160,13 +170,24 @@ def append(path: str | os.PathLike, case: str, metric: str, value: float, **extr
     append_rows(path, [make_row(case, metric, value, **extra)])
 
 
+def check_store(path: str | os.PathLike) -> None:
+    """A SpecError naming `path` unless it is a results store that can be read (a file, empty or with a store's
+    header and rows)."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(str(path), None, "is a folder, not a results store" if path.is_dir() else "no such results store")
+    read_rows(path)
+
+
 def read_rows(path: str | os.PathLike) -> list[dict[str, str]]:
     """Every row of the store as a dict of strings (missing cells ''); [] when there is no store."""
+    if _header(Path(path)) is None:
+        return []
     try:
         with open(path, newline="") as f:
             return [dict(r) for r in csv.DictReader(f, restval="")]
-    except FileNotFoundError:
-        return []
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise SpecError(str(path), None, f"not a readable results store: {e}") from None
 
 
 def traces_of(rows: list[dict]) -> list[str]:

@@ -14,6 +14,8 @@ import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as QT
 
+from specs.loaders import output_file
+
 ENGRAM_ARCH = "engram"
 
 
@@ -183,6 +185,15 @@ def _layer_specs(p: Preset, i: int) -> list[tuple[str, tuple[int, ...], QT, floa
 def _write(path: Path, arch: str, kv, specs, seed: int) -> None:
     """Stream tensors `specs` [(name, shape, type, std)] to `path` atomically (std < 0: norm weights)."""
     tmp = path.with_name(path.name + ".tmp")
+    try:
+        _write_to(tmp, arch, kv, specs, seed)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # a failed write leaves no partial file behind
+
+
+def _write_to(tmp: Path, arch: str, kv, specs, seed: int) -> None:
+    """The GGUF of _write, streamed to `tmp`."""
     w = gguf.GGUFWriter(tmp, arch)
     kv(w)
     for name, shape, qt, _ in specs:
@@ -201,7 +212,6 @@ def _write(path: Path, arch: str, kv, specs, seed: int) -> None:
             arr = _rand_tensor(rng, shape, qt, std)
         w.write_tensor_data(arr)
     w.close()
-    os.replace(tmp, path)
 
 
 def make_model(preset: str, out: str | Path, seed: int = 0, engram: bool = False) -> Path:
@@ -213,8 +223,9 @@ def make_model(preset: str, out: str | Path, seed: int = 0, engram: bool = False
 
 def write_model(p: Preset, out: str | Path, seed: int = 0, engram: bool = False, name: str = "custom") -> Path:
     """Write the model `p` describes at `out` (plus its Engram table if engram); returns the path."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = output_file(out)  # checked before minutes of writing
+    if engram:
+        output_file(engram_path(out))
 
     def kv(w: gguf.GGUFWriter) -> None:
         w.add_name(f"moe-offload synthetic {name}")

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from specs.errors import SpecError
+from specs.loaders import output_file
 from specs.plan import Plan
 
 from . import cpu_experts as CE
@@ -223,13 +224,15 @@ def _numpy(logits) -> np.ndarray:
 
 def write_trace(trace: list[dict], path: str | Path) -> Path:
     """Write trace records as JSONL atomically (tmp + os.replace)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = output_file(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        for r in trace:
-            f.write(json.dumps(r) + "\n")
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            for r in trace:
+                f.write(json.dumps(r) + "\n")
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
     return path
 
 

@@ -16,9 +16,11 @@ def _cmd_plan(a) -> int:
     from planner.search import base_plan, search
     from planner.whatif import explain
     from planner.summary import pareto_rows, plan_summary
-    from specs.loaders import load_model
+    from specs.loaders import load_model, output_file
 
     hw, model = _hw(a.hw), load_model(a.model)
+    if a.out:
+        output_file(a.out)
     if a.engine:  # that engine's default plan, sized to the machine
         plan = base_plan(model, hw, context=a.context, engine=a.engine)
         pred = simulate_plan(model, hw, plan, prompt_tokens=a.prompt_tokens)
@@ -77,10 +79,11 @@ def _cmd_report(a) -> int:
     from planner.whatif import sweeps
     from reports.build import plan_report
     from reports.page import write_page
-    from specs.loaders import load_model, load_plan
+    from specs.loaders import load_model, load_plan, output_folder
 
     hw, model = _hw(a.hw), load_model(a.model)
     plan = load_plan(a.plan) if a.plan else base_plan(model, hw, context=a.context)
+    output_folder(a.out)
     summary = plan_summary(model, hw, plan, predict(model, hw, plan, prompt_tokens=a.prompt_tokens))
     page = plan_report(summary, sweeps(model, hw, plan, predict, a.prompt_tokens))
     md, html = write_page(page, a.out)
@@ -121,15 +124,24 @@ def _cmd_ingest(a) -> int:
 
 def _cmd_regress(a) -> int:
     from calibration import regress
-    from calibration.store import default_store_path
+    from calibration.store import check_store, default_store_path
 
     store = a.store or default_store_path()
+    if a.local_only and not a.hw and not a.measure:  # with --measure it measures and stores, checking nothing
+        raise SpecError(None, "--local-only", "needs --hw (this machine's calibrated profile) to check the store's runs")
+    if a.store and not a.measure:  # a store named but absent, or not a store, is said, not read as empty
+        check_store(store)
+    if a.hw:
+        _hw(a.hw)  # a bad profile is one line even when the store holds no local runs
     if a.measure:
         from calibration.local import measure_local
         measure_local(a.preset, store_path=store, rounds=a.rounds, log=lambda s: print(s, file=sys.stderr))
     rows = [] if a.local_only else regress.published_rows(a.case)
     if a.hw and store.exists():
         rows += regress.local_rows(store, a.hw)
+    if a.local_only and a.hw and not rows:
+        raise SpecError(str(store), None, "no executor or llama.cpp runs with a plan to check (ingest or "
+                                          "`regress --measure` add them)")
     if a.json:
         print(regress.to_json(rows))
     else:
@@ -203,9 +215,12 @@ def _cmd_make_model(a) -> int:
 
 def _cmd_execute(a) -> int:
     from executor.runner import execute
-    from specs.loaders import load_plan
+    from specs.loaders import load_plan, output_file
 
     plan = load_plan(a.plan)
+    hw = _hw(a.hw) if a.hw else None  # bad input is found before the run, not after it
+    if a.trace:
+        output_file(a.trace)
     if a.streams:
         plan = plan.model_copy(update={"streams": a.streams})
     try:
@@ -215,7 +230,7 @@ def _cmd_execute(a) -> int:
         raise SpecError(a.plan if e.file == "plan" else e.file, e.field, e.reason) from None
     if a.hw:  # the bandwidth each tier achieved beside the simulator's roof for it, and its prediction
         from calibration.regress import run_against_model
-        r.update(run_against_model(r, plan, a.model, _hw(a.hw)))
+        r.update(run_against_model(r, plan, a.model, hw))
     if a.json:
         print(json.dumps({k: v for k, v in r.items() if k != "logits"}, indent=2, default=str))
     else:
@@ -413,6 +428,11 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except SpecError as e:
         print(f"moe-offload: {e.line()}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a path the user gave that the system refuses (permission, a full disk, ...)
+        if e.filename is None:
+            raise
+        print(f"moe-offload: {e.filename}: {e.strerror or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("moe-offload: interrupted", file=sys.stderr)

@@ -12,6 +12,7 @@ import functools
 
 import numpy as np
 
+from specs.errors import SpecError
 from specs.loaders import read_text
 
 
@@ -272,10 +273,15 @@ class Replay(Routing):
         """Read an executor trace: records {step, phase, layer, routed: [tokens][k]} (one per step
         and layer; `phase` selects decode), or one record per token with 'experts' [layers][k]."""
         per_token, steps, pre = [], {}, {}
-        for line in read_text(path).splitlines():
+        for i, line in enumerate(read_text(path).splitlines(), 1):
             if not line.strip():
                 continue
-            rec = json.loads(line)
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SpecError(str(path), f"line {i}", f"malformed JSON: {e.msg}") from None
+            if not isinstance(rec, dict):
+                raise SpecError(str(path), f"line {i}", "a routing trace's lines are JSON objects")
             if "routed" in rec:
                 if rec.get("phase", phase) == phase:
                     steps.setdefault(rec["step"], {})[rec["layer"]] = rec["routed"]
@@ -285,7 +291,11 @@ class Replay(Routing):
                 per_token.append(rec.get("experts", rec.get("routes")))
         n_layers = max((len(v) for v in steps.values()), default=0)
         pre = {k: v for k, v in pre.items() if len(v) == n_layers}  # whole prefill steps only
-        return cls(_tokens(steps, per_token), n_experts, prompt=_tokens(pre, []))
+        try:
+            return cls(_tokens(steps, per_token), n_experts, prompt=_tokens(pre, []))
+        except ValueError as e:
+            raise SpecError(str(path), None, f"not a routing trace: {e} (an executor trace, or one "
+                                             "{\"experts\": [layers][k]} a token)") from None
 
     def prompt_routes(self, n_tokens, rng):
         """The recorded prompt's routes (at most n tokens; none when the trace holds no prefill): the
@@ -324,6 +334,9 @@ def _tokens(steps: dict, per_token: list) -> list:
 DRIFT_BETA, DRIFT_STABLE, DRIFT_RHO = 2.3, 0.06, 0.9875
 
 
+ROUTING_MODELS = ("uniform", "skewed", "fitted", "drifting")
+
+
 def make_routing(kind: str, n_layers: int, n_experts: int, k: int, seed: int = 0, **kw) -> Routing:
     """'uniform', 'skewed' (exponent=, locality=), 'fitted' (frac_experts=, frac_reads=, locality=)
     or 'drifting' (beta=, stable=, rho=; defaults fitted to the published 512-expert facts)."""
@@ -337,7 +350,7 @@ def make_routing(kind: str, n_layers: int, n_experts: int, k: int, seed: int = 0
     if kind == "fitted":
         return Skewed.fitted(n_layers, n_experts, k, kw.get("frac_experts", 0.046),
                              kw.get("frac_reads", 0.41), kw.get("locality", 0.0), seed)
-    raise ValueError(f"unknown routing model {kind!r} (uniform, skewed, fitted)")
+    raise ValueError(f"unknown routing model {kind!r} ({', '.join(ROUTING_MODELS)})")
 
 
 def distinct_per_layer(tokens: float, n_experts: int, k: int) -> float:

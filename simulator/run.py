@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specs.errors import SpecError
 from specs.memory import check_device_tier
 
 from .decode import DecodeRun
@@ -15,7 +16,7 @@ from .engram import EngramText, ram_room
 from .policies import LRUCache, make_cache, mtp_tokens
 from .prefill import PrefillRun
 from .resources import Constants, Machine
-from .routing import Replay, Routing, make_routing
+from .routing import ROUTING_MODELS, Replay, Routing, make_routing
 
 DEFAULT_ROUTING = "fitted"  # 4.6% of experts serve 41% of reads (dsv41-flash-offload D107)
 
@@ -53,10 +54,16 @@ def resolve_routing(routing, model, k: int, seed: int) -> Routing:
         routing = DEFAULT_ROUTING
     if isinstance(routing, (str, Path)):
         s = str(routing)
-        if s.endswith(".jsonl") or Path(s).is_file():
+        if s.endswith(".jsonl") or Path(s).exists():
             return Replay.from_jsonl(s, E)
         if s.startswith("skewed:"):
-            return make_routing("skewed", L, E, k, seed, exponent=float(s.split(":", 1)[1]))
+            try:
+                return make_routing("skewed", L, E, k, seed, exponent=float(s.split(":", 1)[1]))
+            except ValueError:
+                raise SpecError(None, "--routing", f"{s!r}: skewed:EXP needs a number, as skewed:1.1") from None
+        if s not in ROUTING_MODELS:
+            raise SpecError(None, "--routing", f"no such file or routing model {s!r} "
+                                               f"({', '.join(ROUTING_MODELS)}, skewed:EXP or a trace .jsonl)")
         return make_routing(s, L, E, k, seed)
     return Replay(routing, E)
 

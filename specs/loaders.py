@@ -32,22 +32,31 @@ def builtin_hardware() -> list[str]:
 
 
 def read_text(path: str | os.PathLike) -> str:
-    """A text file's contents (UTF-8), gzip-decompressed when its name ends in .gz."""
+    """A text file's contents (UTF-8), gzip-decompressed when its name ends in .gz; a file that cannot
+    be read or is not UTF-8 text (a binary, a UTF-16 file) is a SpecError naming it."""
     p = Path(path)
-    if p.suffix == ".gz":
-        import gzip
-        return gzip.decompress(p.read_bytes()).decode()
-    return p.read_text()
+    try:
+        data = p.read_bytes()
+        if p.suffix == ".gz":
+            import gzip
+            data = gzip.decompress(data)
+        return data.decode()
+    except FileNotFoundError:
+        raise SpecError(str(path), None, "no such file") from None
+    except IsADirectoryError:
+        raise SpecError(str(path), None, "is a folder, not a file") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(str(path), None, f"not a UTF-8 text file (byte 0x{e.object[e.start]:02x} at offset "
+                                         f"{e.start})") from None
+    except (OSError, EOFError) as e:  # unreadable, or a corrupt .gz (gzip.BadGzipFile is an OSError)
+        raise SpecError(str(path), None, f"cannot read: {getattr(e, 'strerror', None) or e}") from None
 
 
 def read_structured(path: str | os.PathLike, text: str | None = None) -> Any:
     """Parse a YAML or JSON file; malformed input is a SpecError naming the line."""
     path = str(path)
-    try:
-        if text is None:
-            text = Path(path).read_text()
-    except OSError as e:
-        raise SpecError(path, None, f"cannot read: {e.strerror or e}") from None
+    if text is None:
+        text = read_text(path)
     try:
         if path.endswith(".json"):
             return json.loads(text)
@@ -61,6 +70,8 @@ def read_structured(path: str | os.PathLike, text: str | None = None) -> Any:
 
 
 def _validate(cls: type[BaseModel], data: Any, path: str) -> Any:
+    if data is None:
+        raise SpecError(path, None, "empty: expected a mapping of fields")
     if not isinstance(data, dict):
         raise SpecError(path, None, f"expected a mapping of fields, got {type(data).__name__}")
     try:
@@ -97,6 +108,8 @@ def load_hardware(name_or_path: str) -> HardwareSpec:
     p = Path(name_or_path)
     if p.is_file():
         return _validate(HardwareSpec, read_structured(p), str(p))
+    if p.is_dir():
+        raise SpecError(str(p), None, "is a folder, not a hardware profile")
     name = p.name[:-5] if p.name.endswith(".yaml") else p.name[:-4] if p.name.endswith(".yml") else p.name
     if name in builtin_hardware():
         f = _DATA / "hardware" / f"{name}.yaml"
@@ -117,6 +130,8 @@ def load_model(name_or_path: str, expert_format: str | None = None) -> ModelSpec
             from .hf_config import model_from_config
             return model_from_config(data, str(p), expert_format=expert_format)
         return _validate(ModelSpec, data, str(p))
+    if p.is_dir():
+        raise SpecError(str(p), None, "is a folder, not a model file (a config.json, a .gguf or a ModelSpec YAML)")
     if name_or_path in builtin_models():
         f = _DATA / "models" / f"{name_or_path}.yaml"
         return _validate(ModelSpec, read_structured(f"{name_or_path}.yaml", f.read_text()),
@@ -135,10 +150,37 @@ def _is_gguf(p: Path) -> bool:
         return f.read(4) == b"GGUF"
 
 
+def output_file(path: str | os.PathLike) -> Path:
+    """`path` ready to be written: its folder made; a SpecError naming it when it is a folder or its
+    folder cannot be made (a file stands in the way, no permission)."""
+    path = Path(path)
+    if path.is_dir():
+        raise SpecError(str(path), None, "is a folder, not a file")
+    above = next((q for q in path.parents if q.exists()), None)  # the nearest part of the path that exists
+    if above is not None and not above.is_dir():
+        raise SpecError(str(path), None, f"cannot make its folder: {above} is a file")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SpecError(str(path), None, f"cannot make its folder: {e.strerror or e}") from None
+    return path
+
+
+def output_folder(path: str | os.PathLike) -> Path:
+    """Folder `path` made (with its parents); a SpecError naming it when a file stands there or it cannot be made."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise SpecError(str(path), None, "is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SpecError(str(path), None, f"cannot make the folder: {e.strerror or e}") from None
+    return path
+
+
 def write_atomic(path: str | os.PathLike, text: str) -> None:
     """Write `text` to `path` atomically (temporary file in the same folder, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = output_file(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         with open(tmp, "w") as f:
