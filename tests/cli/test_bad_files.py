@@ -107,3 +107,10 @@ def test_an_output_path_that_cannot_be_written(capsys, files, argv, where):
     line = one_line(capsys, [a.format(**{k: v for k, v in files.items()}) for a in argv])
     assert line.endswith(where.format(**files)), line
     assert sorted(p.name for p in files["plan"].parent.iterdir()) == before
+
+
+def test_a_routing_trace_line_that_is_not_json_is_named(capsys, tmp_path):
+    t = tmp_path / "routes.jsonl"
+    t.write_text('{"experts": [[1, 2]]}\n{"experts": [[3, 4]\n')
+    line = one_line(capsys, ["simulate", "--hw", HW, "--engine", "llamacpp", "--routing", str(t)])
+    assert line.startswith(f"moe-offload: {t}: line 2: malformed JSON")
