@@ -54,8 +54,8 @@ def resolve_routing(routing, model, k: int, seed: int) -> Routing:
         routing = DEFAULT_ROUTING
     if isinstance(routing, (str, Path)):
         s = str(routing)
-        if s.endswith(".jsonl") or Path(s).exists():
-            return Replay.from_jsonl(s, E)
+        if s.endswith(".jsonl") or Path(s).is_file() or (Path(s).is_dir() and s not in ROUTING_MODELS):
+            return Replay.from_jsonl(s, E)  # a folder given for a trace: named as one by read_text
         if s.startswith("skewed:"):
             try:
                 return make_routing("skewed", L, E, k, seed, exponent=float(s.split(":", 1)[1]))
