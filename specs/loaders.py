@@ -119,8 +119,11 @@ def load_hardware(name_or_path: str) -> HardwareSpec:
 
 
 def load_model(name_or_path: str, expert_format: str | None = None) -> ModelSpec:
-    """A ModelSpec from a preset name, a ModelSpec YAML, an HF config.json or a GGUF header."""
+    """A ModelSpec from a preset name, a ModelSpec YAML, an HF config.json (or the model folder holding it) or a
+    GGUF header."""
     p = Path(name_or_path)
+    if p.is_dir() and (p / "config.json").is_file():  # a Hugging Face model folder: its config.json
+        p = p / "config.json"
     if p.is_file():
         if p.suffix == ".gguf" or _is_gguf(p):
             from .gguf_header import model_from_gguf  # gguf's reader only when needed
@@ -131,7 +134,8 @@ def load_model(name_or_path: str, expert_format: str | None = None) -> ModelSpec
             return model_from_config(data, str(p), expert_format=expert_format)
         return _validate(ModelSpec, data, str(p))
     if p.is_dir():
-        raise SpecError(str(p), None, "is a folder, not a model file (a config.json, a .gguf or a ModelSpec YAML)")
+        raise SpecError(str(p), None, "a folder without a config.json (a model is a preset, a config.json or its "
+                                      "folder, a .gguf or a ModelSpec YAML)")
     if name_or_path in builtin_models():
         f = _DATA / "models" / f"{name_or_path}.yaml"
         return _validate(ModelSpec, read_structured(f"{name_or_path}.yaml", f.read_text()),

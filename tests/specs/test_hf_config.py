@@ -168,3 +168,17 @@ def test_a_tied_head_reads_the_embedding_table_every_token(tmp_path):
     assert tied.dense_bytes_per_token == pytest.approx(untied.dense_bytes_per_token)
     assert tied.dense_params_per_token == pytest.approx(untied.dense_params_per_token)
     assert tied.dense_resident_bytes == pytest.approx(untied.dense_resident_bytes - untied.head_bytes)
+
+
+def test_a_model_folder_reads_its_config_json(tmp_path):
+    """`--model ./Qwen3-30B-A3B/` (a downloaded model's folder) is its config.json: 128 experts, top-8."""
+    folder = tmp_path / "Qwen3-30B-A3B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
+    m = load_model(str(folder))
+    assert (m.n_experts, m.top_k) == (128, 8) and m == load_model(str(folder / "config.json"))
+
+
+def test_a_folder_without_a_config_json_is_named(tmp_path):
+    with pytest.raises(SpecError, match="a folder without a config.json"):
+        load_model(str(tmp_path))
