@@ -2,6 +2,7 @@
 traceback; nothing half-written or overwritten left behind. Each file is real: random bytes, a UTF-16
 file, an empty file, a folder."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -88,7 +89,7 @@ def test_ingest_never_rewrites_a_file_that_is_not_a_store(capsys, tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("# a project\n\nsome text, with a comma\n")
     before = readme.read_bytes()
-    fixture = __import__("pathlib").Path(__file__).parents[1] / "fixtures" / "llama-bench" / "tiny-t12.csv"
+    fixture = Path(__file__).parents[1] / "fixtures" / "llama-bench" / "tiny-t12.csv"
     line = one_line(capsys, ["ingest", str(fixture), "--model", "deepseek-v4.1-flash", "--store", str(readme)])
     assert "header: not a results store" in line and readme.read_bytes() == before
 
@@ -104,7 +105,7 @@ def test_an_output_path_that_cannot_be_written(capsys, files, argv, where):
     """Checked before the work (make-model wrote 23 MB of `tiny` to `<out>.tmp`, left it, then raised
     IsADirectoryError); nothing is left beside the path."""
     before = sorted(p.name for p in files["plan"].parent.iterdir())
-    line = one_line(capsys, [a.format(**{k: v for k, v in files.items()}) for a in argv])
+    line = one_line(capsys, [a.format(**files) for a in argv])
     assert line.endswith(where.format(**files)), line
     assert sorted(p.name for p in files["plan"].parent.iterdir()) == before
 
