@@ -171,12 +171,12 @@ def append(path: str | os.PathLike, case: str, metric: str, value: float, **extr
 
 
 def check_store(path: str | os.PathLike) -> None:
-    """A SpecError naming `path` unless it is a results store that can be read (a file, empty or with a store's
-    header and rows)."""
+    """A SpecError naming `path` unless it is a results store: a file, empty or headed as a store (its rows are
+    read, and checked, by whoever reads them next)."""
     path = Path(path)
     if not path.is_file():
         raise SpecError(str(path), None, "is a folder, not a results store" if path.is_dir() else "no such results store")
-    read_rows(path)
+    _header(path)
 
 
 def read_rows(path: str | os.PathLike) -> list[dict[str, str]]:

@@ -58,9 +58,10 @@ def resolve_routing(routing, model, k: int, seed: int) -> Routing:
             return Replay.from_jsonl(s, E)  # a folder given for a trace: named as one by read_text
         if s.startswith("skewed:"):
             try:
-                return make_routing("skewed", L, E, k, seed, exponent=float(s.split(":", 1)[1]))
+                exponent = float(s.split(":", 1)[1])
             except ValueError:
                 raise SpecError(None, "--routing", f"{s!r}: skewed:EXP needs a number, as skewed:1.1") from None
+            return make_routing("skewed", L, E, k, seed, exponent=exponent)
         if s not in ROUTING_MODELS:
             raise SpecError(None, "--routing", f"no such file or routing model {s!r} "
                                                f"({', '.join(ROUTING_MODELS)}, skewed:EXP or a trace .jsonl)")
