@@ -36,6 +36,8 @@ def torch_dequant(b: torch.Tensor, code: int, cols: int) -> torch.Tensor:
         return _torch_q4_k(b.reshape(R, cols // 256, 144)).reshape(R, cols)
     if code == K.Q6_K:
         return _torch_q6_k(b.reshape(R, cols // 256, 210)).reshape(R, cols)
+    if code == K.Q5_K:
+        return _torch_q4_k(b.reshape(R, cols // 256, 176)).reshape(R, cols)
     nb = cols // 32
     if code == K.Q8_0:
         blk = b.reshape(R, nb, 34)
@@ -55,14 +57,20 @@ def _f16(b: torch.Tensor) -> torch.Tensor:
 
 
 def _torch_q4_k(blk: torch.Tensor) -> torch.Tensor:
-    """Q4_K super-blocks uint8 [R, n, 144] -> f32 [R, n, 256] (kquants._q4_k_block's layout)."""
+    """Q4_K super-blocks uint8 [R, n, 144] -> f32 [R, n, 256] (kquants._q4_k_block's layout); Q5_K ones
+    [R, n, 176]: 32 bytes of fifth bits before the nibbles, bit c of byte l for value l of sub-block c."""
     d, dmin = _f16(blk[..., 0:2]), _f16(blk[..., 2:4])  # [R, n, 1]
     s = blk[..., 4:16].to(torch.int32)
     lo, mid, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
     sc = torch.cat([lo & 63, (hi & 15) | ((lo >> 6) << 4)], dim=-1).float()  # [R, n, 8]
     mn = torch.cat([mid & 63, (hi >> 4) | ((mid >> 6) << 4)], dim=-1).float()
-    q = blk[..., 16:].to(torch.int32).reshape(*blk.shape[:2], 4, 1, 32)
-    q = torch.cat([q & 15, q >> 4], dim=-2).reshape(*blk.shape[:2], 8, 32).float()  # sub-block 2j + h
+    q5 = blk.shape[-1] == 176
+    q = blk[..., 48 if q5 else 16:].to(torch.int32).reshape(*blk.shape[:2], 4, 1, 32)
+    q = torch.cat([q & 15, q >> 4], dim=-2).reshape(*blk.shape[:2], 8, 32)  # sub-block 2j + h
+    if q5:
+        c = torch.arange(8, dtype=torch.int32, device=blk.device).reshape(8, 1)
+        q = q | (((blk[..., 16:48].to(torch.int32).unsqueeze(-2) >> c) & 1) << 4)  # [R, n, 8, 32]
+    q = q.float()
     return ((d * sc).unsqueeze(-1) * q - (dmin * mn).unsqueeze(-1)).reshape(*blk.shape[:2], 256)
 
 

@@ -1,9 +1,10 @@
 """One-token products with llama.cpp's K-quant rows read in place (Q4_K, Q6_K: the types of its
-Q4_K_M files), as AVX2 numba intrinsics on simd.py's scheme: int16 activations (simd.quant16, one
+Q4_K_M files; Q5_K, with Q6_K those of its Q5_K_M files), as AVX2 numba intrinsics on simd.py's scheme: int16 activations (simd.quant16, one
 32-block of x per Q4_K sub-block, per two Q6_K 16-value runs), the weights' integers made int16 words
 with in-lane shifts and masks, `vpmaddwd`, each run's int32 sums scaled in float. Layouts:
-_q4_k_block / _q6_k_block (ggml-quants.c dequantize_row_q4_K / _q6_K); tokens in pairs as simd._rows.
-Also whole super-blocks to float32 (deq_q4_k_row / deq_q6_k_row), for dequantise-then-GEMM (gemm.py).
+_q4_k_block / _q6_k_block (ggml-quants.c dequantize_row_q4_K / _q5_K / _q6_K; Q5_K is Q4_K with a fifth bit
+per weight in 32 bytes before the nibbles); tokens in pairs as simd._rows. Also whole super-blocks to float32
+(deq_q4_k_row / deq_q5_k_row / deq_q6_k_row), for dequantise-then-GEMM (gemm.py).
 One core, in cache, one token (`benchmarks/bench_token_pairs.py --presets small-q4k --parts gate down`):
 Q4_K 20-21 G weights/s, Q6_K 14, against simd.py's Q4_0 at 24-25; the same products in float
 (LLVM-vectorised loops) ran at 6.6 and 4.2. Without AVX2: plain numba loops of the same signatures.
@@ -32,18 +33,23 @@ def _q4_k_scale_min(w, s, c):
 
 
 @njit(fastmath=True, inline="always")
-def _q4_k_block(w, o, buf, y0, qk):
+def _q4_k_block(w, o, buf, y0, qk, q5=False):
     """One Q4_K super-block (144 bytes at o: d, dmin fp16, 12 bytes of 6-bit scales and mins for its eight
     32-weight sub-blocks, 128 bytes of nibbles) into buf[y0:y0 + 256]: sub-block c = 2j + h holds the low
-    (h = 0) or high (h = 1) nibbles of bytes 32j..32j+31, value d sc_c q - dmin m_c (qk: 32, opaque)."""
+    (h = 0) or high (h = 1) nibbles of bytes 32j..32j+31, value d sc_c q - dmin m_c (qk: 32, opaque).
+    q5: a Q5_K super-block (176 bytes: 32 bytes qh after the scales, then the nibbles), q = nibble | 16 x bit c
+    of qh[l] (ggml's dequantize_row_q5_K)."""
     d, dmin = h2f(w[o], w[o + _U(1)]), h2f(w[o + _U(2)], w[o + _U(3)])
     for c in range(8):
         sc, mn = _q4_k_scale_min(w, o + _U(4), c)
         a, m = d * np.float32(sc), dmin * np.float32(mn)
-        q0 = o + _U(16) + _U(32) * _U(c // 2)
+        q0 = o + _U(48 if q5 else 16) + _U(32) * _U(c // 2)
         sh = np.int32(4 * (c % 2))
         for l in range(qk):
-            buf[y0 + 32 * c + np.int64(l)] = a * np.float32((np.int32(w[q0 + l]) >> sh) & 15) - m
+            q = (np.int32(w[q0 + l]) >> sh) & 15
+            if q5:
+                q |= ((np.int32(w[o + _U(16) + l]) >> np.int32(c)) & 1) << 4
+            buf[y0 + 32 * c + np.int64(l)] = a * np.float32(q) - m
 
 
 @njit(fastmath=True, inline="always")
@@ -102,7 +108,7 @@ def _q4_k_scales_ir(builder, p):
     return sc, mn
 
 
-def _rows_q4_k_ir(NR: int, MT: int = 1, prefetch: bool = True):
+def _rows_q4_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q5: bool = False):
     """Codegen: res[k0 + t, ro + k] = row_k . x_t for NR Q4_K rows at byte woff + k * rb (nb 32-blocks each) and
     the MT tokens t of X16 / DX from k0 (simd.quant16's layout: each 32-block even values first; dx, then 8 x
     the block's x16 sum).
@@ -113,7 +119,12 @@ def _rows_q4_k_ir(NR: int, MT: int = 1, prefetch: bool = True):
     int32 sums are scaled by d sc dx (float, one fma), its mins subtracted as dmin m dx sum(x16); both for the
     eight sub-blocks of a super-block at once, in vectors (the 6-bit fields unpacked by byte shuffles and lane
     shifts: 14.4 -> 21.1 G weights/s, one core, against scalar code per sub-block). With MT tokens a row's
-    weights and scales are decoded once for all of them; each token's products and adds are those of MT = 1."""
+    weights and scales are decoded once for all of them; each token's products and adds are those of MT = 1.
+    q5: Q5_K rows (176-byte super-blocks: qh's 32 bytes at 16, the nibbles at 48): qh as 16 words v, loaded
+    once a super-block, gives sub-block c's fifth bits at 16 (0x10) by one shift and one and per half
+    (even values: bit c of the low byte, odd ones: bit 8 + c), or-ed into the nibbles: q in 0..31."""
+    bs, q0 = (176, 48) if q5 else (144, 16)
+
     def gen(context, builder, sig, args):
         woff, nb, roff = args[1], args[6], args[8]
         i64, wd, xds, dds, rds, rbk, pfo, nsb = _prologue(context, builder, sig, args, NR, MT)
@@ -127,7 +138,7 @@ def _rows_q4_k_ir(NR: int, MT: int = 1, prefetch: bool = True):
         half = ir.HalfType()
         with cgutils.for_range(builder, nsb) as loop:
             sb = loop.index
-            ps = _super_block(builder, wd, woff, rbk, pfo, sb, 144, prefetch)
+            ps = _super_block(builder, wd, woff, rbk, pfo, sb, bs, prefetch)
             # per token, the eight sub-blocks' x scales dx and dx sum(x16), a vector each (contiguous in DX)
             blk0 = builder.mul(sb, i64(8))
             dxv, s8v = [], []
@@ -145,13 +156,20 @@ def _rows_q4_k_ir(NR: int, MT: int = 1, prefetch: bool = True):
                 for t in range(MT):
                     builder.store(_fmul(builder, dsc, dxv[t]), slots[k][t])
                     builder.store(_fadd(builder, builder.load(corr[k][t]), _fmul(builder, dmn, s8v[t])), corr[k][t])
+            qh = [builder.load(builder.bitcast(builder.gep(p, [i64(16)]), V(I16, 16).as_pointer()), align=1)
+                  for p in ps] if q5 else None
             for j in range(4):
                 # [t][h]: x block of sub-block 2j + h, even / odd halves
                 xs = [[x_halves(builder, xd, builder.add(blk0, i64(2 * j + h))) for h in range(2)] for xd in xds]
                 for k, p in enumerate(ps):
-                    q = builder.load(builder.bitcast(builder.gep(p, [i64(16 + 32 * j)]), V(I16, 16).as_pointer()), align=1)
+                    q = builder.load(builder.bitcast(builder.gep(p, [i64(q0 + 32 * j)]), V(I16, 16).as_pointer()), align=1)
                     halves = ((builder.and_(q, c16(15)), builder.and_(builder.lshr(q, c16(8)), c16(15))),
                               (builder.and_(builder.lshr(q, c16(4)), c16(15)), builder.lshr(q, c16(12))))
+                    if q5:  # sub-block c's fifth bits to 0x10: bit c of each word (even values), bit 8 + c (odd)
+                        bit = lambda v, c: builder.and_(  # noqa: E731
+                            (builder.shl(v, c16(4 - c)) if c < 4 else builder.lshr(v, c16(c - 4)) if c > 4 else v), c16(16))
+                        halves = tuple((builder.or_(we, bit(qh[k], 2 * j + h)), builder.or_(wo, bit(qh[k], 2 * j + h + 8)))
+                                       for h, (we, wo) in enumerate(halves))
                     for h, (we, wo) in enumerate(halves):
                         for t in range(MT):
                             xe, xo = xs[t][h]
@@ -170,20 +188,23 @@ def _rows_q4_k_ir(NR: int, MT: int = 1, prefetch: bool = True):
 
 
 @njit(fastmath=True)
-def _slow_q4_k(n, w, wo, rb, X16, DX, k0, nb, res, ro):
-    """The Q4_K kernels' products without AVX2: each sub-block's integer sum, then its two scales."""
+def _slow_q4_k(n, w, wo, rb, X16, DX, k0, nb, res, ro, q5=False):
+    """The Q4_K (q5: Q5_K) kernels' products without AVX2: each sub-block's integer sum, then its two scales."""
     x16, dx = X16[k0], DX[k0]
+    bs, q0 = (176, 48) if q5 else (144, 16)
     for k in range(n):
         acc = np.float32(0.0)
         for sb in range(nb // 8):
-            o = _U(wo + k * rb + sb * 144)
+            o = _U(wo + k * rb + sb * bs)
             d, dmin = h2f(w[o], w[o + _U(1)]), h2f(w[o + _U(2)], w[o + _U(3)])
             for c in range(8):
                 sc, mn = _q4_k_scale_min(w, o + _U(4), c)
                 blk = 8 * sb + c
                 s = 0
                 for i in range(32):  # value i of the sub-block against x16's even-first layout
-                    q = (np.int32(w[o + _U(16 + 32 * (c // 2) + i)]) >> (4 * (c % 2))) & 15
+                    q = (np.int32(w[o + _U(q0 + 32 * (c // 2) + i)]) >> (4 * (c % 2))) & 15
+                    if q5:
+                        q |= ((np.int32(w[o + _U(16 + i)]) >> c) & 1) << 4
                     s += q * np.int32(x16[32 * blk + (i % 2) * 16 + i // 2])
                 acc += d * np.float32(sc) * dx[blk] * np.float32(s) - dmin * np.float32(mn) * dx[blk] * dx[nb + blk] / 8
         res[k0, ro + k] = acc
@@ -287,13 +308,27 @@ def _k_kernel(codegen, slow, NR: int, MT: int = 1, prefetch: bool = True):
     return kernel
 
 
+def _rows_q5_k_ir(NR: int, MT: int = 1, prefetch: bool = True):
+    """_rows_q4_k_ir for Q5_K rows."""
+    return _rows_q4_k_ir(NR, MT, prefetch, q5=True)
+
+
+@njit(fastmath=True)
+def _slow_q5_k(n, w, wo, rb, X16, DX, k0, nb, res, ro):
+    """_slow_q4_k for Q5_K rows."""
+    _slow_q4_k(n, w, wo, rb, X16, DX, k0, nb, res, ro, True)
+
+
 rows2_q4_k, rows1_q4_k, rows4x2_q4_k = (_k_kernel(_rows_q4_k_ir, _slow_q4_k, n, t) for n, t in ((2, 1), (1, 1), (4, 2)))
+rows2_q5_k, rows1_q5_k, rows4x2_q5_k = (_k_kernel(_rows_q5_k_ir, _slow_q5_k, n, t) for n, t in ((2, 1), (1, 1), (4, 2)))
 rows2_q6_k, rows1_q6_k, rows4x2_q6_k = (_k_kernel(_rows_q6_k_ir, _slow_q6_k, n, t) for n, t in ((2, 1), (1, 1), (4, 2)))
 # four tokens a pass, 2 rows (kernels._rows_quad: one core, in L2, against two 4-row pairs Q4_K 1.16x, Q6_K 1.20x;
 # 4 rows 1.15x / 0.95x, 8 rows 0.95x / 0.89x)
 rows2x4_q4_k, rows2x4_q6_k = _k_kernel(_rows_q4_k_ir, _slow_q4_k, 2, 4), _k_kernel(_rows_q6_k_ir, _slow_q6_k, 2, 4)
+rows2x4_q5_k = _k_kernel(_rows_q5_k_ir, _slow_q5_k, 2, 4)
 # one row per call, no software prefetch: ggml's structure (calibration.bench_rowwise)
 row_q4_k_noprefetch = _k_kernel(_rows_q4_k_ir, _slow_q4_k, 1, 1, prefetch=False)
+row_q5_k_noprefetch = _k_kernel(_rows_q5_k_ir, _slow_q5_k, 1, 1, prefetch=False)
 row_q6_k_noprefetch = _k_kernel(_rows_q6_k_ir, _slow_q6_k, 1, 1, prefetch=False)
 
 
@@ -302,11 +337,13 @@ row_q6_k_noprefetch = _k_kernel(_rows_q6_k_ir, _slow_q6_k, 1, 1, prefetch=False)
 # _q4_k_block / _q6_k_block, the same float multiplies and subtractions, eight lanes at a time
 # ---------------------------------------------------------------------------------------------
 
-def _deq_ir(q4k: bool):
-    """Codegen: buf[0 : 256 nsb] = the nsb Q4_K / Q6_K super-blocks at byte o of w, as gguf.dequantize gives
-    them (Q4_K: (d sc) q - (dmin m); Q6_K: (d sc) (q - 32)). A chunk's bytes split into nibbles (and bit
-    pairs) as byte vectors, widened eight at a time (vpmovzxbd / vpmovsxbd), converted and scaled."""
-    bs = 144 if q4k else 210
+def _deq_ir(fmt: str):
+    """Codegen: buf[0 : 256 nsb] = the nsb Q4_K / Q5_K / Q6_K super-blocks at byte o of w, as gguf.dequantize
+    gives them (Q4_K, Q5_K: (d sc) q - (dmin m); Q6_K: (d sc) (q - 32)). A chunk's bytes split into nibbles (and
+    bit pairs, or Q5_K's fifth bits) as byte vectors, widened eight at a time (vpmovzxbd / vpmovsxbd), converted
+    and scaled."""
+    bs = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[fmt]
+    q4k, q0 = fmt != "Q6_K", 48 if fmt == "Q5_K" else 16
 
     def gen(context, builder, sig, args):
         wa, o, ba, nsb = args
@@ -339,10 +376,14 @@ def _deq_ir(q4k: bool):
                 builder.store(_fmul(builder, _splat(builder, ld16(0), 8), builder.sitofp(sc, V(F32, 8))), sv, align=4)
                 builder.store(_fmul(builder, _splat(builder, ld16(2), 8), builder.sitofp(mn, V(F32, 8))),
                               builder.gep(sv, [i64(1)]), align=4)
+                qh = ld32(16) if fmt == "Q5_K" else None
                 for j in range(4):
-                    q = ld32(16 + 32 * j)
+                    q = ld32(q0 + 32 * j)
                     for h, v in enumerate((builder.and_(q, c8(15)), builder.lshr(q, c8(4)))):
                         c = 2 * j + h
+                        if qh is not None:  # bit c of qh[l] -> 16
+                            hb = builder.lshr(qh, c8(c)) if c else qh
+                            v = builder.or_(v, builder.shl(builder.and_(hb, c8(1)), c8(4)))
                         f = _splat(builder, builder.load(builder.gep(slot, [i32(c)]), align=4), 8)
                         m = _splat(builder, builder.load(builder.gep(slot, [i32(8 + c)]), align=4), 8)
                         for g in range(4):
@@ -370,21 +411,24 @@ def _deq_ir(q4k: bool):
     return gen
 
 
-def _deq_kernel(q4k: bool):
-    """deq_q4_k_row / deq_q6_k_row(w, o, buf, nsb): buf[0 : 256 nsb] = nsb super-blocks at byte o of w."""
+def _deq_kernel(fmt: str):
+    """deq_q4_k_row / deq_q5_k_row / deq_q6_k_row(w, o, buf, nsb): buf[0 : 256 nsb] = nsb super-blocks at byte o
+    of w."""
     if HAVE_AVX2:
         @intrinsic
         def kernel(typingctx, w, o, buf, nsb):
-            return types.none(w, o, buf, nsb), _deq_ir(q4k)
+            return types.none(w, o, buf, nsb), _deq_ir(fmt)
     else:
+        bs, q5 = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[fmt], fmt == "Q5_K"
+
         @njit
         def kernel(w, o, buf, nsb):
             for b in range(nsb):
-                if q4k:
-                    _q4_k_block(w, _U(o + 144 * b), buf, 256 * b, _U(32))
-                else:
+                if bs == 210:
                     _q6_k_block(w, _U(o + 210 * b), buf, 256 * b, _U(32))
+                else:
+                    _q4_k_block(w, _U(o + bs * b), buf, 256 * b, _U(32), q5)
     return kernel
 
 
-deq_q4_k_row, deq_q6_k_row = _deq_kernel(True), _deq_kernel(False)
+deq_q4_k_row, deq_q5_k_row, deq_q6_k_row = _deq_kernel("Q4_K"), _deq_kernel("Q5_K"), _deq_kernel("Q6_K")

@@ -37,7 +37,7 @@ class Preset:
     eps: float = 1e-6
     dense_type: str = "F16"  # attention projections
     embd_type: str = "Q8_0"  # token_embd and output
-    # expert types per layer (cycled): "Q8_0", "Q4_0", "Q4_K", "Q6_K", "F16", or "gate_up/down" e.g. "Q4_0/Q8_0"
+    # expert types per layer (cycled): "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "F16", or "gate_up/down" e.g. "Q4_0/Q8_0"
     expert_types: tuple[str, ...] = ("Q8_0",)
     # Engram: layers that add rows, n-gram orders, heads per order, rows, row type
     engram_layers: tuple[int, ...] = (1,)
@@ -63,6 +63,9 @@ PRESETS["tiny-q8"] = replace(PRESETS["tiny"], expert_types=("Q8_0",))
 # so the expert width is a multiple of 256
 PRESETS["tiny-k"] = replace(PRESETS["tiny"], expert_ff=256, expert_types=("Q4_K/Q6_K", "Q4_K", "Q6_K", "Q8_0/Q4_K"))
 PRESETS["small-q4k"] = replace(PRESETS["small"], expert_types=("Q4_K/Q6_K", "Q4_K"))
+# llama.cpp's Q5_K_M files: gate / up Q5_K, down Q6_K or Q5_K (and Q5_K beside the other kernels' types in `tiny-k5`)
+PRESETS["tiny-k5"] = replace(PRESETS["tiny"], expert_ff=256, expert_types=("Q5_K/Q6_K", "Q5_K", "Q4_K/Q5_K", "Q8_0/Q5_K"))
+PRESETS["small-q5k"] = replace(PRESETS["small"], expert_types=("Q5_K/Q6_K", "Q5_K"))
 
 
 def _byte_table() -> list[str]:
@@ -116,7 +119,7 @@ def _rand_tensor(rng: np.random.Generator, shape: tuple[int, ...], qt: QT, std: 
         q_std = 73.6  # std of uniform int8
     elif qt == QT.Q4_0:
         q_std = 4.6  # std of uniform nibble - 8
-    elif qt in (QT.Q4_K, QT.Q6_K):
+    elif qt in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
         _k_scales(rng, raw, qt, std)
         return raw.reshape(gguf.quant_shape_to_byte_shape(shape, qt))
     else:  # other types: random bytes (enough for load / rejection tests)
@@ -130,15 +133,17 @@ def _k_scales(rng: np.random.Generator, raw: np.ndarray, qt: QT, std: float) -> 
     """Sane scales in random K-quant super-blocks raw [n, bytes] (quants left uniform), in place.
 
     Q4_K: 6-bit sub-block scales sc in [32, 63] and mins m = sc, with dmin = 7.5 d, so each sub-block's
-    values d sc (q - 7.5) are centred on zero (q uniform in 0..15); Q6_K: int8 scales in [32, 127] times
+    values d sc (q - 7.5) are centred on zero (q uniform in 0..15); Q5_K the same with dmin = 15.5 d (q
+    uniform in 0..31: nibble and fifth bit both uniform); Q6_K: int8 scales in [32, 127] times
     q - 32 (uniform 6-bit). d per super-block sets the weights' std to about `std`."""
     n = raw.shape[0]
     d = rng.uniform(0.5, 1.5, size=n).astype(np.float32)
-    if qt == QT.Q4_K:
-        d *= std / (47.5 * 4.61)  # mean scale x std of a uniform nibble
+    if qt in (QT.Q4_K, QT.Q5_K):
+        mid = 7.5 if qt == QT.Q4_K else 15.5  # the middle of q's range
+        d *= std / (47.5 * (4.61 if qt == QT.Q4_K else 9.23))  # mean scale x std of a uniform nibble / 5-bit value
         sc = rng.integers(32, 64, size=(n, 8), dtype=np.uint8)
         raw[:, 0:2] = d.astype(np.float16).view(np.uint8).reshape(n, 2)
-        raw[:, 2:4] = (7.5 * d.astype(np.float16).astype(np.float32)).astype(np.float16).view(np.uint8).reshape(n, 2)
+        raw[:, 2:4] = (mid * d.astype(np.float16).astype(np.float32)).astype(np.float16).view(np.uint8).reshape(n, 2)
         # the 12-byte packing of ggml's get_scale_min_k4: 6 bits of sc / m for sub-blocks 0..3 in bytes 0..3 / 4..7,
         # sub-blocks 4..7 as low / high nibbles of bytes 8..11 plus the top two bits of bytes 0..3 / 4..7
         lo, hi = sc[:, :4], sc[:, 4:]

@@ -10,10 +10,11 @@ from numba import njit
 
 from executor import kernels as K
 from executor import simd
-from executor.gguf_model import ExpertTensor
+from executor.gguf_model import EXPERT_TYPES, ExpertTensor
 
 QT = gguf.GGMLQuantizationType
 TYPES = [QT.Q8_0, QT.Q4_0, QT.F16]
+KQUANTS = [QT.Q4_K, QT.Q5_K, QT.Q6_K]  # 256-weight super-blocks (Q4_K_M / Q5_K_M files)
 
 
 @settings(max_examples=60, deadline=None)
@@ -29,13 +30,13 @@ def test_matmul_matches_dequantised(qk, qt, rows, nb, T, seed):
     qk.close(got, want, np.abs(x) @ np.abs(W).T)
 
 
-@pytest.mark.parametrize("qt", TYPES + [QT.Q4_K, QT.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("qt", TYPES + KQUANTS, ids=lambda q: q.name)
 def test_each_type_on_both_sides_of_its_fused_threshold_matches_dequantised(qk, qt):
     """At kernels._FUSED[code] tokens an expert (the fused in-place path: fours, pairs, one), one more (rows
     dequantised against each token, gemm.deq_dots) and from gemm.GEMM_TOKENS (the packed register-tile GEMM,
     gemm.deq_matmul, 16 row-range items), every type matches gguf.dequantize then a float matmul."""
     rng = np.random.default_rng(int(qt))
-    cols = 512 if qt in (QT.Q4_K, QT.Q6_K) else 96
+    cols = 512 if qt in KQUANTS else 96
     w = qk.tensor(rng, qt, 2, 13, cols)
     W = qk.deq(w, 1)
     for T in (K._FUSED[w.code], K._FUSED[w.code] + 1, K.GEMM_TOKENS - 1, K.GEMM_TOKENS):
@@ -44,11 +45,11 @@ def test_each_type_on_both_sides_of_its_fused_threshold_matches_dequantised(qk, 
 
 
 @settings(max_examples=30, deadline=None)
-@given(qt=st.sampled_from([QT.Q4_K, QT.Q6_K]), rows=st.integers(1, 40), nsb=st.integers(1, 4),
+@given(qt=st.sampled_from(KQUANTS), rows=st.integers(1, 40), nsb=st.integers(1, 4),
        T=st.integers(1, 20), seed=st.integers(0, 2**31))
 def test_k_quant_matmul_matches_dequantised(qk, qt, rows, nsb, T, seed):
-    """Q4_K / Q6_K rows (256-weight super-blocks) read in place match gguf.dequantize then a float matmul: up
-    to 10 / 4 tokens through the int16 kernels (kquants.py), more dequantised a row at a time (gemm.py)."""
+    """Q4_K / Q5_K / Q6_K rows (256-weight super-blocks) read in place match gguf.dequantize then a float matmul:
+    up to kernels._FUSED tokens through the int16 kernels (kquants.py), more dequantised a row at a time (gemm.py)."""
     rng = np.random.default_rng(seed)
     w = qk.tensor(rng, qt, 2, rows, nsb * 256)
     x = rng.standard_normal((T, nsb * 256)).astype(np.float32)
@@ -57,7 +58,7 @@ def test_k_quant_matmul_matches_dequantised(qk, qt, rows, nsb, T, seed):
 
 
 @settings(max_examples=30, deadline=None)
-@given(qt=st.sampled_from([QT.Q4_K, QT.Q6_K]), rows=st.integers(1, 6), nsb=st.integers(1, 3),
+@given(qt=st.sampled_from(KQUANTS), rows=st.integers(1, 6), nsb=st.integers(1, 3),
        seed=st.integers(0, 2**31))
 def test_k_quant_rows_dequantise_bitwise(qt, rows, nsb, seed):
     """Arbitrary K-quant super-blocks (every scale, min and quant bit pattern; finite fp16 d / dmin) decode to
@@ -69,16 +70,16 @@ def test_k_quant_rows_dequantise_bitwise(qt, rows, nsb, seed):
     rng = np.random.default_rng(seed)
     size = gguf.GGML_QUANT_SIZES[qt][1]
     raw = rng.integers(0, 256, size=(rows, nsb, size), dtype=np.uint8)
-    at = [0, 2] if qt == QT.Q4_K else [208]  # the fp16 fields: d, dmin / d
+    at = [208] if qt == QT.Q6_K else [0, 2]  # the fp16 fields: d / d, dmin
     for o in at:
         raw[..., o:o + 2] = rng.uniform(-0.1, 0.1, (rows, nsb, 1)).astype(np.float16).view(np.uint8)
     raw = raw.reshape(rows, -1)
     want = gguf.dequantize(raw, qt).reshape(rows, nsb * 256)
     got = np.empty_like(want)
-    deq_rows(K.Q4_K if qt == QT.Q4_K else K.Q6_K, raw, got)
+    code = EXPERT_TYPES[qt]
+    deq_rows(code, raw, got)
     assert np.array_equal(got, want)
-    assert np.array_equal(torch_dequant(torch.from_numpy(raw), K.Q4_K if qt == QT.Q4_K else K.Q6_K,
-                                        nsb * 256).numpy(), want)
+    assert np.array_equal(torch_dequant(torch.from_numpy(raw), code, nsb * 256).numpy(), want)
 
 
 def test_fp16_special_values_exact():
@@ -105,14 +106,14 @@ def test_kernels_read_in_place(tiny):
 
 
 @settings(max_examples=40, deadline=None)
-@given(qt=st.sampled_from(TYPES[:2] + [QT.Q4_K, QT.Q6_K]), rows=st.integers(1, 40), nb=st.integers(1, 12),
+@given(qt=st.sampled_from(TYPES[:2] + KQUANTS), rows=st.integers(1, 40), nb=st.integers(1, 12),
        seed=st.integers(0, 2**31))
 def test_token_pairs_give_each_tokens_bits(qk, qt, rows, nb, seed):
     """Two tokens through one 4-row group (each row decoded once, kernels._rows_pair) give the bits of
     each token alone (_rows_token): the same int16 products, scales and float adds per row (the K-quants'
     rows in 256-weight super-blocks: nb of them)."""
     rng = np.random.default_rng(seed)
-    cols = nb * (256 if qt in (QT.Q4_K, QT.Q6_K) else 32)
+    cols = nb * (256 if qt in KQUANTS else 32)
     w = qk.tensor(rng, qt, 2, rows, cols)
     x = (rng.standard_normal((3, cols)) * rng.uniform(0.01, 10)).astype(np.float32)
     X16, DX = K._quant_rows(x)
@@ -126,13 +127,13 @@ def test_token_pairs_give_each_tokens_bits(qk, qt, rows, nb, seed):
 
 
 @settings(max_examples=40, deadline=None)
-@given(qt=st.sampled_from(TYPES[:2] + [QT.Q4_K, QT.Q6_K]), rows=st.integers(1, 40), nb=st.integers(1, 6),
+@given(qt=st.sampled_from(TYPES[:2] + KQUANTS), rows=st.integers(1, 40), nb=st.integers(1, 6),
        m=st.integers(4, 11), seed=st.integers(0, 2**31))
 def test_tokens_four_at_a_time_give_each_tokens_bits(qk, qt, rows, nb, m, seed):
     """m tokens through the fused path (kernels._rows_fused: four tokens a row group, 8 rows for Q4_0, 2 for the
     K-quants; Q8_0 in pairs; then a pair, then one) give the bits of each token alone (_rows_token)."""
     rng = np.random.default_rng(seed)
-    cols = nb * (256 if qt in (QT.Q4_K, QT.Q6_K) else 32)
+    cols = nb * (256 if qt in KQUANTS else 32)
     w = qk.tensor(rng, qt, 2, rows, cols)
     x = (rng.standard_normal((m, cols)) * rng.uniform(0.01, 10)).astype(np.float32)
     X16, DX = K._quant_rows(x)

@@ -56,12 +56,14 @@ def test_mixtral_style_llama_arch(tmp_path, reference):
     Plan(placement=Placement(engram="none")),
     Plan(placement=Placement(engram="none", gpu_expert_layers=[0, 1, 2, 3])),
 ], ids=["cpu-tier", "device-tier"])
-def test_k_quant_experts_match_reference(tmp_path_factory, reference, plan):
-    """A model whose experts are llama.cpp's Q4_K_M types (Q4_K, Q6_K, and mixed with Q8_0: PRESETS["tiny-k"])
-    gives the reference's logits within 1e-3 on the CPU kernels (dequantised in place) and the device tier."""
-    path = tmp_path_factory.getbasetemp() / "tiny-k.gguf"
+@pytest.mark.parametrize("preset", ["tiny-k", "tiny-k5"])
+def test_k_quant_experts_match_reference(tmp_path_factory, reference, plan, preset):
+    """A model whose experts are llama.cpp's Q4_K_M types (Q4_K, Q6_K, and mixed with Q8_0: PRESETS["tiny-k"]) or its
+    Q5_K_M ones (Q5_K, Q6_K, and mixed with Q4_K and Q8_0: "tiny-k5") gives the reference's logits within 1e-3 on the
+    CPU kernels (dequantised in place) and the device tier."""
+    path = tmp_path_factory.getbasetemp() / f"{preset}.gguf"
     if not path.exists():
-        write_model(PRESETS["tiny-k"], path, seed=5)
+        write_model(PRESETS[preset], path, seed=5)
     _check(path, reference, plan)
 
 
