@@ -163,13 +163,19 @@ def _rows_q4_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q5: bool = False)
                 xs = [[x_halves(builder, xd, builder.add(blk0, i64(2 * j + h))) for h in range(2)] for xd in xds]
                 for k, p in enumerate(ps):
                     q = builder.load(builder.bitcast(builder.gep(p, [i64(q0 + 32 * j)]), V(I16, 16).as_pointer()), align=1)
-                    halves = ((builder.and_(q, c16(15)), builder.and_(builder.lshr(q, c16(8)), c16(15))),
-                              (builder.and_(builder.lshr(q, c16(4)), c16(15)), builder.lshr(q, c16(12))))
-                    if q5:  # sub-block c's fifth bits to 0x10: bit c of each word (even values), bit 8 + c (odd)
-                        bit = lambda v, c: builder.and_(  # noqa: E731
-                            (builder.shl(v, c16(4 - c)) if c < 4 else builder.lshr(v, c16(c - 4)) if c > 4 else v), c16(16))
-                        halves = tuple((builder.or_(we, bit(qh[k], 2 * j + h)), builder.or_(wo, bit(qh[k], 2 * j + h + 8)))
-                                       for h, (we, wo) in enumerate(halves))
+                    if q5:  # sub-block c = 2j + h: its nibbles of both bytes of a word (& 0x0F0F), its fifth bits
+                        # (bit c of both bytes of qh's word) moved to bit 4 of each byte by one shift, or-ed in;
+                        # then the low byte (even values) and the high one (odd): 7 ops a half where or-ing each
+                        # half's bits into Q4_K's values took 9 (one core, in L2: 1.2x)
+                        def five(c, nib):
+                            v = qh[k]
+                            hb = builder.shl(v, c16(4 - c)) if c < 4 else builder.lshr(v, c16(c - 4)) if c > 4 else v
+                            x = builder.or_(builder.and_(nib, c16(0x0F0F)), builder.and_(hb, c16(0x1010)))
+                            return builder.and_(x, c16(0xFF)), builder.lshr(x, c16(8))
+                        halves = (five(2 * j, q), five(2 * j + 1, builder.lshr(q, c16(4))))
+                    else:
+                        halves = ((builder.and_(q, c16(15)), builder.and_(builder.lshr(q, c16(8)), c16(15))),
+                                  (builder.and_(builder.lshr(q, c16(4)), c16(15)), builder.lshr(q, c16(12))))
                     for h, (we, wo) in enumerate(halves):
                         for t in range(MT):
                             xe, xo = xs[t][h]
@@ -381,9 +387,9 @@ def _deq_ir(fmt: str):
                     q = ld32(q0 + 32 * j)
                     for h, v in enumerate((builder.and_(q, c8(15)), builder.lshr(q, c8(4)))):
                         c = 2 * j + h
-                        if qh is not None:  # bit c of qh[l] -> 16
-                            hb = builder.lshr(qh, c8(c)) if c else qh
-                            v = builder.or_(v, builder.shl(builder.and_(hb, c8(1)), c8(4)))
+                        if qh is not None:  # bit c of qh[l] -> 16, by a byte compare (x86 has no byte shifts)
+                            bit = builder.icmp_unsigned("==", builder.and_(qh, c8(1 << c)), c8(1 << c))
+                            v = builder.or_(v, builder.and_(builder.sext(bit, V(I8, 32)), c8(16)))
                         f = _splat(builder, builder.load(builder.gep(slot, [i32(c)]), align=4), 8)
                         m = _splat(builder, builder.load(builder.gep(slot, [i32(8 + c)]), align=4), 8)
                         for g in range(4):
