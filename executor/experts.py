@@ -38,6 +38,8 @@ def torch_dequant(b: torch.Tensor, code: int, cols: int) -> torch.Tensor:
         return _torch_q6_k(b.reshape(R, cols // 256, 210)).reshape(R, cols)
     if code == K.Q5_K:
         return _torch_q4_k(b.reshape(R, cols // 256, 176)).reshape(R, cols)
+    if code == K.Q3_K:
+        return _torch_q3_k(b.reshape(R, cols // 256, 110)).reshape(R, cols)
     nb = cols // 32
     if code == K.Q8_0:
         blk = b.reshape(R, nb, 34)
@@ -85,6 +87,23 @@ def _torch_q6_k(blk: torch.Tensor) -> torch.Tensor:
     sc = blk[..., 192:208].contiguous().view(torch.int8).float()  # [R, n, 16]
     d = _f16(blk[..., 208:210])
     return ((d * sc).unsqueeze(-1) * q).reshape(R, n, 256)
+
+
+def _torch_q3_k(blk: torch.Tensor) -> torch.Tensor:
+    """Q3_K super-blocks uint8 [R, n, 110] -> f32 [R, n, 256] (kquants._q3_k_block's layout)."""
+    R, n = blk.shape[:2]
+    dev = blk.device
+    s = blk[..., 96:108].to(torch.int32)
+    lo = (s[..., 0:8].unsqueeze(-2) >> torch.tensor([0, 4], dtype=torch.int32, device=dev).reshape(2, 1)) & 15
+    hi = (s[..., 8:12].unsqueeze(-2) >> torch.tensor([0, 2, 4, 6], dtype=torch.int32, device=dev).reshape(4, 1)) & 3
+    sc = ((lo.reshape(R, n, 16) | (hi.reshape(R, n, 16) << 4)) - 32).float()  # [R, n, 16] runs
+    q = blk[..., 32:96].to(torch.int32).reshape(R, n, 2, 1, 32)
+    q = (q >> torch.tensor([0, 2, 4, 6], dtype=torch.int32, device=dev).reshape(4, 1)) & 3  # [R, n, half, j, l]
+    hm = blk[..., 0:32].to(torch.int32).reshape(R, n, 1, 32)
+    hm = ((hm >> torch.arange(8, dtype=torch.int32, device=dev).reshape(8, 1)) & 1).reshape(R, n, 2, 4, 32)
+    v = (q - 4 + 4 * hm).float().reshape(R, n, 16, 16)
+    d = _f16(blk[..., 108:110])
+    return ((d * sc).unsqueeze(-1) * v).reshape(R, n, 256)
 
 
 def load_expert(w: ExpertTensor, e: int, device, dtype) -> torch.Tensor:

@@ -1,10 +1,11 @@
 """One-token products with llama.cpp's K-quant rows read in place (Q4_K, Q6_K: the types of its
-Q4_K_M files; Q5_K, with Q6_K those of its Q5_K_M files), as AVX2 numba intrinsics on simd.py's scheme: int16 activations (simd.quant16, one
+Q4_K_M files; Q5_K, with Q6_K those of its Q5_K_M files; Q3_K, of its Q3_K_M and Q2_K files' experts), as AVX2
+numba intrinsics on simd.py's scheme: int16 activations (simd.quant16, one
 32-block of x per Q4_K sub-block, per two Q6_K 16-value runs), the weights' integers made int16 words
 with in-lane shifts and masks, `vpmaddwd`, each run's int32 sums scaled in float. Layouts:
-_q4_k_block / _q6_k_block (ggml-quants.c dequantize_row_q4_K / _q5_K / _q6_K; Q5_K is Q4_K with a fifth bit
-per weight in 32 bytes before the nibbles); tokens in pairs as simd._rows. Also whole super-blocks to float32
-(deq_q4_k_row / deq_q5_k_row / deq_q6_k_row), for dequantise-then-GEMM (gemm.py).
+_q4_k_block / _q6_k_block / _q3_k_block (ggml-quants.c dequantize_row_q4_K / _q5_K / _q6_K / _q3_K; Q5_K is
+Q4_K with a fifth bit per weight in 32 bytes before the nibbles; Q3_K takes Q6_K's 16-value runs); tokens in pairs as
+simd._rows. Also whole super-blocks to float32 (deq_q*_k_row), for dequantise-then-GEMM (gemm.py).
 One core, in cache, one token (`benchmarks/bench_token_pairs.py --presets small-q4k --parts gate down`):
 Q4_K 20-21 G weights/s, Q6_K 14, against simd.py's Q4_0 at 24-25; the same products in float
 (LLVM-vectorised loops) ran at 6.6 and 4.2. Without AVX2: plain numba loops of the same signatures.
@@ -70,6 +71,32 @@ def _q6_k_block(w, o, buf, y0, qk):
                 for l in range(qk // _U(2)):
                     q = ((np.int32(w[ql + l0 + l]) >> sl) & 15) | (((np.int32(w[qh + l0 + l]) >> sh) & 3) << 4)
                     buf[y0 + base + 16 * half + np.int64(l)] = a * np.float32(q - 32)
+
+
+@njit(fastmath=True, inline="always")
+def _q3_k_scale(w, s, r):
+    """The 6-bit scale of run r (0..15) of the 12 packed bytes at s, minus 32 (ggml's dequantize_row_q3_K: low
+    nibbles of bytes 0..7 for runs 0..7, their high nibbles for runs 8..15; bit pair r // 4 of byte 8 + r % 4 on top)."""
+    lo = (np.int32(w[s + _U(r % 8)]) >> (4 * (r // 8))) & 15
+    hi = (np.int32(w[s + _U(8 + r % 4)]) >> (2 * (r // 4))) & 3
+    return (lo | (hi << 4)) - 32
+
+
+@njit(fastmath=True, inline="always")
+def _q3_k_block(w, o, buf, y0, qk):
+    """One Q3_K super-block (110 bytes at o: 32 bytes hmask, 64 of bit pairs qs, 12 of packed 6-bit scales, d fp16)
+    into buf[y0:y0 + 256]: value 128 n + 32 j + l is ((qs[32 n + l] >> 2 j) & 3) - 4 + 4 x bit 4 n + j of hmask[l],
+    times d x (scale[8 n + 2 j + l // 16] - 32) (ggml's dequantize_row_q3_K)."""
+    d = h2f(w[o + _U(108)], w[o + _U(109)])
+    for n in range(2):
+        for j in range(4):
+            for half in range(2):
+                a = d * np.float32(_q3_k_scale(w, o + _U(96), 8 * n + 2 * j + half))
+                for l in range(qk // _U(2)):
+                    ll = _U(16 * half) + l
+                    q = ((np.int32(w[o + _U(32 + 32 * n) + ll]) >> (2 * j)) & 3) - 4
+                    q += 4 * ((np.int32(w[o + ll]) >> (4 * n + j)) & 1)
+                    buf[y0 + 128 * n + 32 * j + np.int64(ll)] = a * np.float32(q)
 
 
 def _prologue(context, builder, sig, args, NR: int, MT: int):
@@ -216,13 +243,33 @@ def _slow_q4_k(n, w, wo, rb, X16, DX, k0, nb, res, ro, q5=False):
         res[k0, ro + k] = acc
 
 
-def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True):
+def _q3_k_scales_ir(builder, p):
+    """Codegen: the sixteen 6-bit run scales of the Q3_K super-block at p, minus 32, as two <8 x i32> (runs 0-7,
+    8-15; _q3_k_scale on eight lanes: byte shuffles and lane shifts), from the 16 bytes at 94 (the scales at 96..107:
+    the load stays inside the block)."""
+    b16 = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(I64, 94)]), V(I8, 16).as_pointer()), align=1)
+    pick = lambda idx: builder.zext(builder.shuffle_vector(b16, b16, ir.Constant(V(I32, 8), idx)), V(I32, 8))  # noqa: E731
+    c32 = lambda vals: ir.Constant(V(I32, 8), vals)  # noqa: E731
+    out = []
+    for u in range(2):  # runs 8u .. 8u + 7
+        lo = builder.and_(builder.lshr(pick(list(range(2, 10))), c32([4 * u] * 8)), c32([15] * 8))
+        hi = builder.and_(builder.lshr(pick([10, 11, 12, 13] * 2), c32([4 * u] * 4 + [4 * u + 2] * 4)), c32([3] * 8))
+        out.append(builder.sub(builder.or_(lo, builder.shl(hi, c32([4] * 8))), c32([32] * 8)))
+    return out
+
+
+def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False):
     """Codegen: res[k0 + t, ro + k] = row_k . x_t for NR Q6_K rows at byte woff + k * rb and the MT tokens from
     k0 of X16 / DX, as _rows_q4_k_ir. The 32 values of block (h, i) of a super-block (one 32-block of x) take the
     nibbles of ql bytes 64h + 32(i % 2) + l (the high ones for i >= 2) and bit pair i of qh bytes 32h + l: with
     words of two bytes, even values from the low bytes, odd from the high, each (nibble | pair << 4) - 32 in
     int16. A block's eight int32 lanes are its two 16-value runs (lanes 0-3, 4-7): one fma with
-    [f0 x 4, f1 x 4], f = d sc dx of each run, the sixteen runs' f computed per super-block in two vectors."""
+    [f0 x 4, f1 x 4], f = d sc dx of each run, the sixteen runs' f computed per super-block in two vectors.
+    q3: Q3_K rows (110 bytes: hmask 32, qs 64, 12 bytes of packed scales, d), in the same runs and slots: block
+    (n, j) takes bit pair j of qs bytes 32 + 32n + l and bit 4n + j of hmask byte l, both bytes of a word at once
+    (the pairs at bits 0-1 and 8-9, the hmask bits moved to 2 and 10), then each byte minus 4."""
+    bs, d_at = (110, 108) if q3 else (210, 208)
+
     def gen(context, builder, sig, args):
         woff, roff = args[1], args[8]
         i64, wd, xds, dds, rds, rbk, pfo, nsb = _prologue(context, builder, sig, args, NR, MT)
@@ -235,7 +282,7 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True):
         vec16 = V(I16, 16).as_pointer()
         with cgutils.for_range(builder, nsb) as loop:
             sb = loop.index
-            ps = _super_block(builder, wd, woff, rbk, pfo, sb, 210, prefetch)
+            ps = _super_block(builder, wd, woff, rbk, pfo, sb, bs, prefetch)
             # per token, dx of each run (its 32-block's: two runs a block), as two vectors
             blk0 = builder.mul(sb, i64(8))
             dxr = []
@@ -244,20 +291,41 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True):
                 dxr.append([builder.shuffle_vector(dxv, dxv, ir.Constant(V(I32, 8), [b // 2 for b in range(8 * u, 8 * u + 8)]))
                             for u in range(2)])
             for k, p in enumerate(ps):
-                d = _splat(builder, builder.fpext(builder.load(builder.bitcast(builder.gep(p, [i64(208)]),
+                d = _splat(builder, builder.fpext(builder.load(builder.bitcast(builder.gep(p, [i64(d_at)]),
                                                                                ir.HalfType().as_pointer()), align=1), F32), 8)
-                sc = builder.load(builder.bitcast(builder.gep(p, [i64(192)]), V(I8, 16).as_pointer()), align=1)
-                dsc = [_fmul(builder, d, builder.sitofp(builder.shuffle_vector(
-                    sc, sc, ir.Constant(V(I32, 8), list(range(8 * u, 8 * u + 8)))), V(F32, 8))) for u in range(2)]
+                if q3:
+                    dsc = [_fmul(builder, d, builder.sitofp(v, V(F32, 8))) for v in _q3_k_scales_ir(builder, p)]
+                else:
+                    sc = builder.load(builder.bitcast(builder.gep(p, [i64(192)]), V(I8, 16).as_pointer()), align=1)
+                    dsc = [_fmul(builder, d, builder.sitofp(builder.shuffle_vector(
+                        sc, sc, ir.Constant(V(I32, 8), list(range(8 * u, 8 * u + 8)))), V(F32, 8))) for u in range(2)]
                 for t in range(MT):
                     fs = builder.bitcast(slots[k][t], V(F32, 8).as_pointer())
                     for u in range(2):
                         builder.store(_fmul(builder, dsc[u], dxr[t][u]), builder.gep(fs, [i64(u)]), align=4)
+            hm = [builder.load(builder.bitcast(p, vec16), align=1) for p in ps] if q3 else None
             for h in range(2):
                 for i in range(4):
                     xs = [x_halves(builder, xd, builder.add(blk0, i64(4 * h + i))) for xd in xds]
                     s = 4 * (i // 2)
                     for k, p in enumerate(ps):
+                        if q3:  # (n, j) = (h, i)
+                            wq = builder.load(builder.bitcast(builder.gep(p, [i64(32 + 32 * h)]), vec16), align=1)
+                            b = 4 * h + i  # the hmask bit, to bit 2 (and 8 + b to 10)
+                            hb = builder.shl(hm[k], c16(2 - b)) if b < 2 else builder.lshr(hm[k], c16(b - 2)) if b > 2 else hm[k]
+                            v = builder.or_(builder.and_(builder.lshr(wq, c16(2 * i)) if i else wq, c16(0x0303)),
+                                            builder.and_(hb, c16(0x0404)))
+                            we = builder.sub(builder.and_(v, c16(0xFF)), c16(4))
+                            wo = builder.sub(builder.lshr(v, c16(8)), c16(4))
+                            for t, (xe, xo) in enumerate(xs):
+                                m = builder.add(_pmadd(builder, we, xe), _pmadd(builder, wo, xo))  # [8] int32: two runs
+                                fp = builder.bitcast(slots[k][t], F32.as_pointer())
+                                f0, f1 = (_splat(builder, builder.load(builder.gep(fp, [i32(8 * h + 2 * i + u)]), align=4), 8)
+                                          for u in range(2))
+                                fv = builder.shuffle_vector(f0, f1, ir.Constant(V(I32, 8), [0, 1, 2, 3, 12, 13, 14, 15]))
+                                builder.store(builder.call(fma, [builder.sitofp(m, V(F32, 8)), fv,
+                                                                 builder.load(accs[k][t])]), accs[k][t])
+                            continue
                         wl = builder.load(builder.bitcast(builder.gep(p, [i64(64 * h + 32 * (i % 2))]), vec16), align=1)
                         wh = builder.load(builder.bitcast(builder.gep(p, [i64(128 + 32 * h)]), vec16), align=1)
                         lo_e = builder.and_(builder.lshr(wl, c16(s)) if s else wl, c16(15))
@@ -299,6 +367,22 @@ def _slow_q6_k(n, w, wo, rb, X16, DX, k0, nb, res, ro):
         res[k0, ro + k] = acc
 
 
+@njit(fastmath=True)
+def _slow_q3_k(n, w, wo, rb, X16, DX, k0, nb, res, ro):
+    """The Q3_K kernels' products without AVX2 (_q3_k_block's values against x16 dx)."""
+    x16, dx = X16[k0], DX[k0]
+    buf = np.empty(256, np.float32)
+    for k in range(n):
+        acc = np.float32(0.0)
+        for sb in range(nb // 8):
+            _q3_k_block(w, _U(wo + k * rb + sb * 110), buf, 0, _U(32))
+            for blk in range(8):
+                for i in range(32):
+                    acc += buf[32 * blk + i] * np.float32(x16[32 * (8 * sb + blk) + (i % 2) * 16 + i // 2]) \
+                        * dx[8 * sb + blk]
+        res[k0, ro + k] = acc
+
+
 def _k_kernel(codegen, slow, NR: int, MT: int = 1, prefetch: bool = True):
     """rows{NR}[x{MT}]_q4_k / _q6_k(w, wo, rb, X16, DX, k0, nb, res, ro): res[k0:k0+MT, ro:ro+NR] = NR rows (the
     intrinsic `codegen` makes, or the portable `slow` loops without AVX2) . tokens k0.. of X16 * DX."""
@@ -327,15 +411,22 @@ def _slow_q5_k(n, w, wo, rb, X16, DX, k0, nb, res, ro):
 
 rows2_q4_k, rows1_q4_k, rows4x2_q4_k = (_k_kernel(_rows_q4_k_ir, _slow_q4_k, n, t) for n, t in ((2, 1), (1, 1), (4, 2)))
 rows2_q5_k, rows1_q5_k, rows4x2_q5_k = (_k_kernel(_rows_q5_k_ir, _slow_q5_k, n, t) for n, t in ((2, 1), (1, 1), (4, 2)))
+def _rows_q3_k_ir(NR: int, MT: int = 1, prefetch: bool = True):
+    """_rows_q6_k_ir for Q3_K rows."""
+    return _rows_q6_k_ir(NR, MT, prefetch, q3=True)
+
+
 rows2_q6_k, rows1_q6_k, rows4x2_q6_k = (_k_kernel(_rows_q6_k_ir, _slow_q6_k, n, t) for n, t in ((2, 1), (1, 1), (4, 2)))
+rows2_q3_k, rows1_q3_k, rows4x2_q3_k = (_k_kernel(_rows_q3_k_ir, _slow_q3_k, n, t) for n, t in ((2, 1), (1, 1), (4, 2)))
 # four tokens a pass, 2 rows (kernels._rows_quad: one core, in L2, against two 4-row pairs Q4_K 1.16x, Q6_K 1.20x;
 # 4 rows 1.15x / 0.95x, 8 rows 0.95x / 0.89x)
 rows2x4_q4_k, rows2x4_q6_k = _k_kernel(_rows_q4_k_ir, _slow_q4_k, 2, 4), _k_kernel(_rows_q6_k_ir, _slow_q6_k, 2, 4)
-rows2x4_q5_k = _k_kernel(_rows_q5_k_ir, _slow_q5_k, 2, 4)
+rows2x4_q5_k, rows2x4_q3_k = _k_kernel(_rows_q5_k_ir, _slow_q5_k, 2, 4), _k_kernel(_rows_q3_k_ir, _slow_q3_k, 2, 4)
 # one row per call, no software prefetch: ggml's structure (calibration.bench_rowwise)
 row_q4_k_noprefetch = _k_kernel(_rows_q4_k_ir, _slow_q4_k, 1, 1, prefetch=False)
 row_q5_k_noprefetch = _k_kernel(_rows_q5_k_ir, _slow_q5_k, 1, 1, prefetch=False)
 row_q6_k_noprefetch = _k_kernel(_rows_q6_k_ir, _slow_q6_k, 1, 1, prefetch=False)
+row_q3_k_noprefetch = _k_kernel(_rows_q3_k_ir, _slow_q3_k, 1, 1, prefetch=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,8 +439,8 @@ def _deq_ir(fmt: str):
     gives them (Q4_K, Q5_K: (d sc) q - (dmin m); Q6_K: (d sc) (q - 32)). A chunk's bytes split into nibbles (and
     bit pairs, or Q5_K's fifth bits) as byte vectors, widened eight at a time (vpmovzxbd / vpmovsxbd), converted
     and scaled."""
-    bs = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[fmt]
-    q4k, q0 = fmt != "Q6_K", 48 if fmt == "Q5_K" else 16
+    bs = {"Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[fmt]
+    q4k, q0 = fmt in ("Q4_K", "Q5_K"), 48 if fmt == "Q5_K" else 16
 
     def gen(context, builder, sig, args):
         wa, o, ba, nsb = args
@@ -395,6 +486,21 @@ def _deq_ir(fmt: str):
                         for g in range(4):
                             put(_fsub(builder, _fmul(builder, f, eight(v, g, False)), m),
                                 builder.add(y0, i64(32 * c + 8 * g)))
+            elif fmt == "Q3_K":  # slot[0:16] = d (sc - 32) of the sixteen runs; values (pair | hmask bit << 2) - 4
+                d = _splat(builder, ld16(108), 8)
+                sv = builder.bitcast(slot, V(F32, 8).as_pointer())
+                for u, sc in enumerate(_q3_k_scales_ir(builder, p)):
+                    builder.store(_fmul(builder, d, builder.sitofp(sc, V(F32, 8))), builder.gep(sv, [i64(u)]), align=4)
+                hm = ld32(0)
+                for n in range(2):
+                    q = ld32(32 + 32 * n)
+                    for j in range(4):
+                        pair = builder.and_(builder.lshr(q, c8(2 * j)) if j else q, c8(3))
+                        bit = builder.icmp_unsigned("==", builder.and_(hm, c8(1 << (4 * n + j))), c8(1 << (4 * n + j)))
+                        v = builder.sub(builder.or_(pair, builder.and_(builder.sext(bit, V(I8, 32)), c8(4))), c8(4))
+                        for g in range(4):
+                            f = _splat(builder, builder.load(builder.gep(slot, [i32(8 * n + 2 * j + g // 2)]), align=4), 8)
+                            put(_fmul(builder, f, eight(v, g, True)), builder.add(y0, i64(128 * n + 32 * j + 8 * g)))
             else:  # slot[0:16] = d sc of the sixteen runs
                 sc = builder.load(builder.bitcast(builder.gep(p, [i64(192)]), V(I8, 16).as_pointer()), align=1)
                 d = _splat(builder, ld16(208), 8)
@@ -425,16 +531,18 @@ def _deq_kernel(fmt: str):
         def kernel(typingctx, w, o, buf, nsb):
             return types.none(w, o, buf, nsb), _deq_ir(fmt)
     else:
-        bs, q5 = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[fmt], fmt == "Q5_K"
+        bs, q5 = {"Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[fmt], fmt == "Q5_K"
 
         @njit
         def kernel(w, o, buf, nsb):
             for b in range(nsb):
                 if bs == 210:
                     _q6_k_block(w, _U(o + 210 * b), buf, 256 * b, _U(32))
+                elif bs == 110:
+                    _q3_k_block(w, _U(o + 110 * b), buf, 256 * b, _U(32))
                 else:
                     _q4_k_block(w, _U(o + bs * b), buf, 256 * b, _U(32), q5)
     return kernel
 
 
-deq_q4_k_row, deq_q5_k_row, deq_q6_k_row = _deq_kernel("Q4_K"), _deq_kernel("Q5_K"), _deq_kernel("Q6_K")
+deq_q3_k_row, deq_q4_k_row, deq_q5_k_row, deq_q6_k_row = (_deq_kernel(f) for f in ("Q3_K", "Q4_K", "Q5_K", "Q6_K"))
