@@ -145,7 +145,7 @@ def l2_rates(kernels: dict, w: np.ndarray, rows: int, x16, dx, rounds: int) -> d
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--fmt", choices=("Q8_0", "Q4_0", "Q3_K", "Q4_K", "Q5_K", "Q6_K"), default="Q8_0")
+    ap.add_argument("--fmt", choices=("Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"), default="Q8_0")
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--ffn", type=int, default=768)
     ap.add_argument("--top-k", type=int, default=8)
@@ -172,8 +172,9 @@ def main() -> int:
     x16, dx = K._quant_rows(rng.standard_normal((1, h)).astype(np.float32))  # int16 activations, as decode
     h16, dh = K._quant_rows(rng.standard_normal((1, f)).astype(np.float32))
     og, od = np.zeros((THREADS, f), np.float32), np.zeros((THREADS, h), np.float32)
-    if a.fmt in ("Q3_K", "Q4_K", "Q5_K", "Q6_K"):
-        gen, slow = {"Q3_K": (kquants._rows_q3_k_ir, kquants._slow_q3_k),
+    if a.fmt in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"):
+        gen, slow = {"Q2_K": (kquants._rows_q2_k_ir, kquants._slow_q2_k),
+                     "Q3_K": (kquants._rows_q3_k_ir, kquants._slow_q3_k),
                      "Q4_K": (kquants._rows_q4_k_ir, kquants._slow_q4_k),
                      "Q5_K": (kquants._rows_q5_k_ir, kquants._slow_q5_k),
                      "Q6_K": (kquants._rows_q6_k_ir, kquants._slow_q6_k)}[a.fmt]

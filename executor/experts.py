@@ -40,6 +40,8 @@ def torch_dequant(b: torch.Tensor, code: int, cols: int) -> torch.Tensor:
         return _torch_q4_k(b.reshape(R, cols // 256, 176)).reshape(R, cols)
     if code == K.Q3_K:
         return _torch_q3_k(b.reshape(R, cols // 256, 110)).reshape(R, cols)
+    if code == K.Q2_K:
+        return _torch_q2_k(b.reshape(R, cols // 256, 84)).reshape(R, cols)
     nb = cols // 32
     if code == K.Q8_0:
         blk = b.reshape(R, nb, 34)
@@ -104,6 +106,17 @@ def _torch_q3_k(blk: torch.Tensor) -> torch.Tensor:
     v = (q - 4 + 4 * hm).float().reshape(R, n, 16, 16)
     d = _f16(blk[..., 108:110])
     return ((d * sc).unsqueeze(-1) * v).reshape(R, n, 256)
+
+
+def _torch_q2_k(blk: torch.Tensor) -> torch.Tensor:
+    """Q2_K super-blocks uint8 [R, n, 84] -> f32 [R, n, 256] (kquants._q2_k_block's layout)."""
+    R, n = blk.shape[:2]
+    sc = blk[..., 0:16].to(torch.int32)
+    dl = _f16(blk[..., 80:82]) * (sc & 15).float()  # [R, n, 16] runs
+    ml = _f16(blk[..., 82:84]) * (sc >> 4).float()
+    q = blk[..., 16:80].to(torch.int32).reshape(R, n, 2, 1, 32)
+    q = ((q >> torch.tensor([0, 2, 4, 6], dtype=torch.int32, device=blk.device).reshape(4, 1)) & 3).float()
+    return (dl.unsqueeze(-1) * q.reshape(R, n, 16, 16) - ml.unsqueeze(-1)).reshape(R, n, 256)
 
 
 def load_expert(w: ExpertTensor, e: int, device, dtype) -> torch.Tensor:

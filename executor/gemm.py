@@ -5,8 +5,8 @@ every token block runs through a 6-row x 16-token register tile (12 accumulators
 broadcasts per 12 FMAs). On one Zen 3 core, in cache: 73-83 GFLOP/s of a 97 GFLOP/s FMA peak, where the
 4-row x 3-token dot-product blocks before it ran 59-64 (benchmarks/bench_gemm.py, session 18). Below
 GEMM_TOKENS tokens those blocks stay (deq_dots): there the tile's 16-token blocks would idle lanes.
-Type codes as in kernels.py: 1 = F16, 2 = Q8_0, 3 = Q4_0, 4 = Q4_K, 5 = Q6_K, 6 = Q5_K, 7 = Q3_K (the K-quants'
-256-weight super-blocks as ggml lays them out: ggml-quants.c dequantize_row_q4_K / _q5_K / _q6_K / _q3_K)."""
+Type codes as in kernels.py: 1 = F16, 2 = Q8_0, 3 = Q4_0, 4 = Q4_K, 5 = Q6_K, 6 = Q5_K, 7 = Q3_K, 8 = Q2_K (the
+K-quants' 256-weight super-blocks as ggml lays them out: ggml-quants.c dequantize_row_q*_K)."""
 from __future__ import annotations
 
 import numpy as np
@@ -15,13 +15,13 @@ from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from .kquants import deq_q3_k_row, deq_q4_k_row, deq_q5_k_row, deq_q6_k_row
+from .kquants import deq_q2_k_row, deq_q3_k_row, deq_q4_k_row, deq_q5_k_row, deq_q6_k_row
 from .nbcache import drop_stale_cache
 from .simd import h2f
 
 drop_stale_cache("gemm", ("simd.py", "kquants.py"))
 
-F16, Q8_0, Q4_0, Q4_K, Q6_K, Q5_K, Q3_K = 1, 2, 3, 4, 5, 6, 7
+F16, Q8_0, Q4_0, Q4_K, Q6_K, Q5_K, Q3_K, Q2_K = 1, 2, 3, 4, 5, 6, 7, 8
 _U = np.uint64
 MR, NT, KC = 6, 16, 256  # rows a panel, tokens a block, columns a slice (a K-quant super-block multiple)
 # Tokens from which deq_matmul runs (below, deq_dots): one core, `small-q4k`'s gate / down in cache, against the
@@ -53,6 +53,8 @@ def deq_row(code, w, o0, buf, qk):
         deq_q5_k_row(w, np.int64(o0), buf, np.int64(n // _U(256)))
     elif code == Q3_K:
         deq_q3_k_row(w, np.int64(o0), buf, np.int64(n // _U(256)))
+    elif code == Q2_K:
+        deq_q2_k_row(w, np.int64(o0), buf, np.int64(n // _U(256)))
     else:  # low nibbles are values 0..15 of the block, high ones 16..31: two unit-stride loops
         for b in range(n // _U(32)):
             o = o0 + _U(b) * _U(18)
@@ -145,6 +147,8 @@ def _col_bytes(code, c0):
         return c0 // 256 * 176
     if code == Q3_K:
         return c0 // 256 * 110
+    if code == Q2_K:
+        return c0 // 256 * 84
     return c0 // 256 * 210  # Q6_K
 
 

@@ -8,7 +8,7 @@ _FUSED tokens per expert dequantise each row once (gemm.py: dot blocks, from GEM
 register-tile GEMM in few large items). The K-quants of llama.cpp's Q4_K_M files have
 kernels of their own (kquants.py, int16 activations too). Kernels release the GIL (nogil)
 and split rows across threads (prange); little work runs serially. Type codes: 1 = F16, 2 = Q8_0,
-3 = Q4_0, 4 = Q4_K, 5 = Q6_K, 6 = Q5_K (Q5_K_M files: Q5_K with Q6_K), 7 = Q3_K (Q3_K_M and Q2_K files' experts).
+3 = Q4_0, 4 = Q4_K, 5 = Q6_K, 6 = Q5_K (Q5_K_M files: Q5_K with Q6_K), 7 = Q3_K, 8 = Q2_K (Q3_K_M and Q2_K files).
 """
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .gemm import (F16, GEMM_TOKENS, MR, NT, Q3_K, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0,  # noqa: F401  (type codes, re-exported)
+from .gemm import (F16, GEMM_TOKENS, MR, NT, Q2_K, Q3_K, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0,  # noqa: F401  (type codes, re-exported)
                    deq_dots, deq_matmul, pack_tokens)
-from .kquants import (rows1_q3_k, rows1_q4_k, rows1_q5_k, rows1_q6_k, rows2_q3_k, rows2_q4_k, rows2_q5_k, rows2_q6_k,
-                      rows2x4_q3_k, rows2x4_q4_k, rows2x4_q5_k, rows2x4_q6_k, rows4x2_q3_k, rows4x2_q4_k, rows4x2_q5_k,
-                      rows4x2_q6_k)
+from .kquants import (rows1_q2_k, rows1_q3_k, rows1_q4_k, rows1_q5_k, rows1_q6_k, rows2_q2_k, rows2_q3_k, rows2_q4_k,
+                      rows2_q5_k, rows2_q6_k, rows2x4_q2_k, rows2x4_q3_k, rows2x4_q4_k, rows2x4_q5_k, rows2x4_q6_k,
+                      rows4x2_q2_k, rows4x2_q3_k, rows4x2_q4_k, rows4x2_q5_k, rows4x2_q6_k)
 from .nbcache import drop_stale_cache
 from . import simd
 from .simd import quant16, rows1_f16, rows1_q8, rows2_q8, rows4_f16, rows4x2_q8
@@ -52,7 +52,7 @@ def prange_only() -> dict:
 
 _ROWS = 32  # rows per parallel work item (16 -> 32: ~5% on Q4_0 expert GB/s, fewer item switches)
 # Tokens per expert up to which each token gets fused in-place dots, by type code (-, F16, Q8_0, Q4_0, Q4_K, Q6_K, Q5_K,
-# Q3_K);
+# Q3_K, Q2_K);
 # more dequantise each row once for a GEMM (gemm.deq_matmul). Dequantise-then-GEMM against the fused path, one core,
 # an expert's rows in cache (bench_token_pairs.py --presets small small-q4, --presets small-q4k --parts gate down):
 # - Q4_0, four tokens a row group (session 17, two runs): 1.23-1.26 at 16 tokens, 1.10-1.16 at 24, 1.07-1.13 at 32;
@@ -68,7 +68,7 @@ _ROWS = 32  # rows per parallel work item (16 -> 32: ~5% on Q4_0 expert GB/s, fe
 # Session 18's packed GEMM in their place would have moved no crossover, two runs: Q8_0 1.30-1.32 at 12, 0.88-0.97
 # at 16; Q4_0 1.14-1.17 at 16, 0.99-1.15 at 24, 0.93-1.01 at 32; Q4_K 0.88-1.14 at 12; Q6_K 1.47-1.50 at 6, 0.59-0.93
 # at 8; it wins where an expert has many tokens and its packed tokens are reused (prefill, from GEMM_TOKENS).
-_FUSED = (0, 16, 16, 32, 12, 6, 6, 8)
+_FUSED = (0, 16, 16, 32, 12, 6, 6, 8, 8)
 
 
 @njit(fastmath=True)
@@ -92,6 +92,8 @@ def _rows_token(code, w, r0, r1, rb, X16, DX, k, res, off):
                 rows2_q5_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
             elif code == Q3_K:
                 rows2_q3_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+            elif code == Q2_K:
+                rows2_q2_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
             else:
                 rows2_q6_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
             r += 2
@@ -102,6 +104,8 @@ def _rows_token(code, w, r0, r1, rb, X16, DX, k, res, off):
                 rows1_q5_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
             elif code == Q3_K:
                 rows1_q3_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+            elif code == Q2_K:
+                rows1_q2_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
             else:
                 rows1_q6_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
             r += 1
@@ -141,6 +145,8 @@ def _rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off):
             rows4x2_q5_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
         elif code == Q3_K:
             rows4x2_q3_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+        elif code == Q2_K:
+            rows4x2_q2_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
         else:
             rows4x2_q6_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
         r += 4
@@ -167,6 +173,8 @@ def _rows_quad(code, w, r0, r1, rb, X16, DX, k, res, off):
             rows2x4_q5_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
         elif code == Q3_K:
             rows2x4_q3_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+        elif code == Q2_K:
+            rows2x4_q2_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
         else:
             rows2x4_q6_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
         r += g

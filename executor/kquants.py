@@ -1,10 +1,11 @@
 """One-token products with llama.cpp's K-quant rows read in place (Q4_K, Q6_K: the types of its
-Q4_K_M files; Q5_K, with Q6_K those of its Q5_K_M files; Q3_K, of its Q3_K_M and Q2_K files' experts), as AVX2
+Q4_K_M files; Q5_K, with Q6_K those of its Q5_K_M files; Q3_K and Q2_K, of its Q3_K_M and Q2_K files), as AVX2
 numba intrinsics on simd.py's scheme: int16 activations (simd.quant16, one
 32-block of x per Q4_K sub-block, per two Q6_K 16-value runs), the weights' integers made int16 words
 with in-lane shifts and masks, `vpmaddwd`, each run's int32 sums scaled in float. Layouts:
-_q4_k_block / _q6_k_block / _q3_k_block (ggml-quants.c dequantize_row_q4_K / _q5_K / _q6_K / _q3_K; Q5_K is
-Q4_K with a fifth bit per weight in 32 bytes before the nibbles; Q3_K takes Q6_K's 16-value runs); tokens in pairs as
+_q4_k_block / _q6_k_block / _q3_k_block / _q2_k_block (ggml-quants.c dequantize_row_q4_K / _q5_K / _q6_K / _q3_K /
+_q2_K; Q5_K is Q4_K with a fifth bit per weight in 32 bytes before the nibbles; Q3_K and Q2_K take Q6_K's 16-value
+runs); tokens in pairs as
 simd._rows. Also whole super-blocks to float32 (deq_q*_k_row), for dequantise-then-GEMM (gemm.py).
 One core, in cache, one token (`benchmarks/bench_token_pairs.py --presets small-q4k --parts gate down`):
 Q4_K 20-21 G weights/s, Q6_K 14, against simd.py's Q4_0 at 24-25; the same products in float
@@ -97,6 +98,23 @@ def _q3_k_block(w, o, buf, y0, qk):
                     q = ((np.int32(w[o + _U(32 + 32 * n) + ll]) >> (2 * j)) & 3) - 4
                     q += 4 * ((np.int32(w[o + ll]) >> (4 * n + j)) & 1)
                     buf[y0 + 128 * n + 32 * j + np.int64(ll)] = a * np.float32(q)
+
+
+@njit(fastmath=True, inline="always")
+def _q2_k_block(w, o, buf, y0, qk):
+    """One Q2_K super-block (84 bytes at o: 16 bytes of run scales (low nibble) and mins (high), 64 of bit pairs
+    qs, d and dmin fp16) into buf[y0:y0 + 256]: value 128 n + 32 j + l is (d sc_r) ((qs[16 + 32 n + l] >> 2 j) & 3)
+    - (dmin m_r), r = 8 n + 2 j + l // 16 (ggml's dequantize_row_q2_K)."""
+    d, dmin = h2f(w[o + _U(80)], w[o + _U(81)]), h2f(w[o + _U(82)], w[o + _U(83)])
+    for n in range(2):
+        for j in range(4):
+            for half in range(2):
+                sc = np.int32(w[o + _U(8 * n + 2 * j + half)])
+                a, m = d * np.float32(sc & 15), dmin * np.float32(sc >> 4)
+                for l in range(qk // _U(2)):
+                    ll = _U(16 * half) + l
+                    q = (np.int32(w[o + _U(16 + 32 * n) + ll]) >> (2 * j)) & 3
+                    buf[y0 + 128 * n + 32 * j + np.int64(ll)] = a * np.float32(q) - m
 
 
 def _prologue(context, builder, sig, args, NR: int, MT: int):
@@ -258,7 +276,7 @@ def _q3_k_scales_ir(builder, p):
     return out
 
 
-def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False):
+def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False, q2: bool = False):
     """Codegen: res[k0 + t, ro + k] = row_k . x_t for NR Q6_K rows at byte woff + k * rb and the MT tokens from
     k0 of X16 / DX, as _rows_q4_k_ir. The 32 values of block (h, i) of a super-block (one 32-block of x) take the
     nibbles of ql bytes 64h + 32(i % 2) + l (the high ones for i >= 2) and bit pair i of qh bytes 32h + l: with
@@ -267,8 +285,11 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False)
     [f0 x 4, f1 x 4], f = d sc dx of each run, the sixteen runs' f computed per super-block in two vectors.
     q3: Q3_K rows (110 bytes: hmask 32, qs 64, 12 bytes of packed scales, d), in the same runs and slots: block
     (n, j) takes bit pair j of qs bytes 32 + 32n + l and bit 4n + j of hmask byte l, both bytes of a word at once
-    (the pairs at bits 0-1 and 8-9, the hmask bits moved to 2 and 10), then each byte minus 4."""
-    bs, d_at = (110, 108) if q3 else (210, 208)
+    (the pairs at bits 0-1 and 8-9, the hmask bits moved to 2 and 10), then each byte minus 4.
+    q2: Q2_K rows (84 bytes: 16 of run scales and mins, qs 64, d, dmin), block (n, j) the bit pairs j of qs bytes
+    16 + 32n + l, each run's value (d sc) q - (dmin m): the mins' term is (dmin m dx) times the run's sum of x16, the
+    token's run sums (two `vpmaddwd` with ones a block) taken once for all the rows, in a second accumulator."""
+    bs, d_at = (84, 80) if q2 else (110, 108) if q3 else (210, 208)
 
     def gen(context, builder, sig, args):
         woff, roff = args[1], args[8]
@@ -280,6 +301,14 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False)
         fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
         c16 = lambda v: ir.Constant(V(I16, 16), [v] * 16)  # noqa: E731
         vec16 = V(I16, 16).as_pointer()
+        if q2:  # dmin m dx per run, and the mins' accumulators
+            mslots = [[cgutils.alloca_once(builder, V(F32, 16)) for _ in range(MT)] for _ in range(NR)]
+            corr = [[cgutils.alloca_once_value(builder, ir.Constant(V(F32, 8), [0.0] * 8)) for _ in range(MT)]
+                    for _ in range(NR)]
+
+        def run_pair(fp, r):  # [f_r x 4, f_r+1 x 4] from a row's 16 per-run floats at fp
+            f0, f1 = (_splat(builder, builder.load(builder.gep(fp, [i32(r + u)]), align=4), 8) for u in range(2))
+            return builder.shuffle_vector(f0, f1, ir.Constant(V(I32, 8), [0, 1, 2, 3, 12, 13, 14, 15]))
         with cgutils.for_range(builder, nsb) as loop:
             sb = loop.index
             ps = _super_block(builder, wd, woff, rbk, pfo, sb, bs, prefetch)
@@ -293,7 +322,20 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False)
             for k, p in enumerate(ps):
                 d = _splat(builder, builder.fpext(builder.load(builder.bitcast(builder.gep(p, [i64(d_at)]),
                                                                                ir.HalfType().as_pointer()), align=1), F32), 8)
-                if q3:
+                if q2:
+                    sc = builder.load(builder.bitcast(p, V(I8, 16).as_pointer()), align=1)
+                    dmin = _splat(builder, builder.fpext(builder.load(builder.bitcast(builder.gep(p, [i64(82)]),
+                                                                                      ir.HalfType().as_pointer()), align=1), F32), 8)
+                    half = [builder.zext(builder.shuffle_vector(sc, sc, ir.Constant(V(I32, 8), list(range(8 * u, 8 * u + 8)))),
+                                         V(I32, 8)) for u in range(2)]
+                    c32 = lambda v: ir.Constant(V(I32, 8), [v] * 8)  # noqa: E731
+                    dsc = [_fmul(builder, d, builder.sitofp(builder.and_(v, c32(15)), V(F32, 8))) for v in half]
+                    dmn = [_fmul(builder, dmin, builder.sitofp(builder.lshr(v, c32(4)), V(F32, 8))) for v in half]
+                    for t in range(MT):
+                        fs = builder.bitcast(mslots[k][t], V(F32, 8).as_pointer())
+                        for u in range(2):
+                            builder.store(_fmul(builder, dmn[u], dxr[t][u]), builder.gep(fs, [i64(u)]), align=4)
+                elif q3:
                     dsc = [_fmul(builder, d, builder.sitofp(v, V(F32, 8))) for v in _q3_k_scales_ir(builder, p)]
                 else:
                     sc = builder.load(builder.bitcast(builder.gep(p, [i64(192)]), V(I8, 16).as_pointer()), align=1)
@@ -308,7 +350,23 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False)
                 for i in range(4):
                     xs = [x_halves(builder, xd, builder.add(blk0, i64(4 * h + i))) for xd in xds]
                     s = 4 * (i // 2)
+                    if q2:  # each token's two run sums of x16 (lanes 0-3 and 4-7), for the mins' term of every row
+                        ones = c16(1)
+                        rsum = [builder.sitofp(builder.add(_pmadd(builder, xe, ones), _pmadd(builder, xo, ones)), V(F32, 8))
+                                for xe, xo in xs]
                     for k, p in enumerate(ps):
+                        if q2:
+                            wq = builder.load(builder.bitcast(builder.gep(p, [i64(16 + 32 * h)]), vec16), align=1)
+                            v = builder.and_(builder.lshr(wq, c16(2 * i)) if i else wq, c16(0x0303))
+                            we, wo = builder.and_(v, c16(0xFF)), builder.lshr(v, c16(8))
+                            for t, (xe, xo) in enumerate(xs):
+                                m = builder.add(_pmadd(builder, we, xe), _pmadd(builder, wo, xo))  # [8] int32: two runs
+                                fv = run_pair(builder.bitcast(slots[k][t], F32.as_pointer()), 8 * h + 2 * i)
+                                builder.store(builder.call(fma, [builder.sitofp(m, V(F32, 8)), fv,
+                                                                 builder.load(accs[k][t])]), accs[k][t])
+                                gv = run_pair(builder.bitcast(mslots[k][t], F32.as_pointer()), 8 * h + 2 * i)
+                                builder.store(builder.call(fma, [rsum[t], gv, builder.load(corr[k][t])]), corr[k][t])
+                            continue
                         if q3:  # (n, j) = (h, i)
                             wq = builder.load(builder.bitcast(builder.gep(p, [i64(32 + 32 * h)]), vec16), align=1)
                             b = 4 * h + i  # the hmask bit, to bit 2 (and 8 + b to 10)
@@ -345,7 +403,10 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False)
                                                              builder.load(accs[k][t])]), accs[k][t])
         for t in range(MT):
             for k in range(NR):
-                builder.store(hsum8(builder, builder.load(accs[k][t])), builder.gep(rds[t], [builder.add(roff, i64(k))]))
+                v = hsum8(builder, builder.load(accs[k][t]))
+                if q2:
+                    v = _fsub(builder, v, hsum8(builder, builder.load(corr[k][t])))
+                builder.store(v, builder.gep(rds[t], [builder.add(roff, i64(k))]))
         return context.get_dummy_value()
 
     return gen
@@ -376,6 +437,22 @@ def _slow_q3_k(n, w, wo, rb, X16, DX, k0, nb, res, ro):
         acc = np.float32(0.0)
         for sb in range(nb // 8):
             _q3_k_block(w, _U(wo + k * rb + sb * 110), buf, 0, _U(32))
+            for blk in range(8):
+                for i in range(32):
+                    acc += buf[32 * blk + i] * np.float32(x16[32 * (8 * sb + blk) + (i % 2) * 16 + i // 2]) \
+                        * dx[8 * sb + blk]
+        res[k0, ro + k] = acc
+
+
+@njit(fastmath=True)
+def _slow_q2_k(n, w, wo, rb, X16, DX, k0, nb, res, ro):
+    """The Q2_K kernels' products without AVX2 (_q2_k_block's values against x16 dx)."""
+    x16, dx = X16[k0], DX[k0]
+    buf = np.empty(256, np.float32)
+    for k in range(n):
+        acc = np.float32(0.0)
+        for sb in range(nb // 8):
+            _q2_k_block(w, _U(wo + k * rb + sb * 84), buf, 0, _U(32))
             for blk in range(8):
                 for i in range(32):
                     acc += buf[32 * blk + i] * np.float32(x16[32 * (8 * sb + blk) + (i % 2) * 16 + i // 2]) \
@@ -416,17 +493,25 @@ def _rows_q3_k_ir(NR: int, MT: int = 1, prefetch: bool = True):
     return _rows_q6_k_ir(NR, MT, prefetch, q3=True)
 
 
+def _rows_q2_k_ir(NR: int, MT: int = 1, prefetch: bool = True):
+    """_rows_q6_k_ir for Q2_K rows."""
+    return _rows_q6_k_ir(NR, MT, prefetch, q2=True)
+
+
 rows2_q6_k, rows1_q6_k, rows4x2_q6_k = (_k_kernel(_rows_q6_k_ir, _slow_q6_k, n, t) for n, t in ((2, 1), (1, 1), (4, 2)))
 rows2_q3_k, rows1_q3_k, rows4x2_q3_k = (_k_kernel(_rows_q3_k_ir, _slow_q3_k, n, t) for n, t in ((2, 1), (1, 1), (4, 2)))
+rows2_q2_k, rows1_q2_k, rows4x2_q2_k = (_k_kernel(_rows_q2_k_ir, _slow_q2_k, n, t) for n, t in ((2, 1), (1, 1), (4, 2)))
 # four tokens a pass, 2 rows (kernels._rows_quad: one core, in L2, against two 4-row pairs Q4_K 1.16x, Q6_K 1.20x;
 # 4 rows 1.15x / 0.95x, 8 rows 0.95x / 0.89x)
 rows2x4_q4_k, rows2x4_q6_k = _k_kernel(_rows_q4_k_ir, _slow_q4_k, 2, 4), _k_kernel(_rows_q6_k_ir, _slow_q6_k, 2, 4)
 rows2x4_q5_k, rows2x4_q3_k = _k_kernel(_rows_q5_k_ir, _slow_q5_k, 2, 4), _k_kernel(_rows_q3_k_ir, _slow_q3_k, 2, 4)
+rows2x4_q2_k = _k_kernel(_rows_q2_k_ir, _slow_q2_k, 2, 4)
 # one row per call, no software prefetch: ggml's structure (calibration.bench_rowwise)
 row_q4_k_noprefetch = _k_kernel(_rows_q4_k_ir, _slow_q4_k, 1, 1, prefetch=False)
 row_q5_k_noprefetch = _k_kernel(_rows_q5_k_ir, _slow_q5_k, 1, 1, prefetch=False)
 row_q6_k_noprefetch = _k_kernel(_rows_q6_k_ir, _slow_q6_k, 1, 1, prefetch=False)
 row_q3_k_noprefetch = _k_kernel(_rows_q3_k_ir, _slow_q3_k, 1, 1, prefetch=False)
+row_q2_k_noprefetch = _k_kernel(_rows_q2_k_ir, _slow_q2_k, 1, 1, prefetch=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,7 +524,7 @@ def _deq_ir(fmt: str):
     gives them (Q4_K, Q5_K: (d sc) q - (dmin m); Q6_K: (d sc) (q - 32)). A chunk's bytes split into nibbles (and
     bit pairs, or Q5_K's fifth bits) as byte vectors, widened eight at a time (vpmovzxbd / vpmovsxbd), converted
     and scaled."""
-    bs = {"Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[fmt]
+    bs = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[fmt]
     q4k, q0 = fmt in ("Q4_K", "Q5_K"), 48 if fmt == "Q5_K" else 16
 
     def gen(context, builder, sig, args):
@@ -449,7 +534,7 @@ def _deq_ir(fmt: str):
         c8 = lambda v: ir.Constant(V(I8, 32), [v] * 32)  # noqa: E731
         wd = cgutils.create_struct_proxy(sig.args[0])(context, builder, value=wa).data
         bd = cgutils.create_struct_proxy(sig.args[2])(context, builder, value=ba).data
-        slot = builder.bitcast(cgutils.alloca_once(builder, V(F32, 16)), F32.as_pointer())
+        slot = builder.bitcast(cgutils.alloca_once(builder, V(F32, 32)), F32.as_pointer())
         half = ir.HalfType()
 
         def eight(v, g, signed):  # <8 x f32> of bytes 8g .. 8g + 7 of the <32 x i8> v
@@ -486,6 +571,28 @@ def _deq_ir(fmt: str):
                         for g in range(4):
                             put(_fsub(builder, _fmul(builder, f, eight(v, g, False)), m),
                                 builder.add(y0, i64(32 * c + 8 * g)))
+            elif fmt == "Q2_K":  # slot[0:16] = d sc, slot[16:32] = dmin m of the sixteen runs; values pair
+                sc = builder.load(builder.bitcast(p, V(I8, 16).as_pointer()), align=1)
+                sv = builder.bitcast(slot, V(F32, 8).as_pointer())
+                for u in range(2):
+                    v = builder.zext(builder.shuffle_vector(sc, sc, ir.Constant(V(I32, 8), list(range(8 * u, 8 * u + 8)))),
+                                     V(I32, 8))
+                    lo = builder.and_(v, ir.Constant(V(I32, 8), [15] * 8))
+                    hi = builder.lshr(v, ir.Constant(V(I32, 8), [4] * 8))
+                    builder.store(_fmul(builder, _splat(builder, ld16(80), 8), builder.sitofp(lo, V(F32, 8))),
+                                  builder.gep(sv, [i64(u)]), align=4)
+                    builder.store(_fmul(builder, _splat(builder, ld16(82), 8), builder.sitofp(hi, V(F32, 8))),
+                                  builder.gep(sv, [i64(2 + u)]), align=4)
+                for n in range(2):
+                    q = ld32(16 + 32 * n)
+                    for j in range(4):
+                        pair = builder.and_(builder.lshr(q, c8(2 * j)) if j else q, c8(3))
+                        for g in range(4):
+                            r = 8 * n + 2 * j + g // 2
+                            f = _splat(builder, builder.load(builder.gep(slot, [i32(r)]), align=4), 8)
+                            m = _splat(builder, builder.load(builder.gep(slot, [i32(16 + r)]), align=4), 8)
+                            put(_fsub(builder, _fmul(builder, f, eight(pair, g, False)), m),
+                                builder.add(y0, i64(128 * n + 32 * j + 8 * g)))
             elif fmt == "Q3_K":  # slot[0:16] = d (sc - 32) of the sixteen runs; values (pair | hmask bit << 2) - 4
                 d = _splat(builder, ld16(108), 8)
                 sv = builder.bitcast(slot, V(F32, 8).as_pointer())
@@ -531,7 +638,7 @@ def _deq_kernel(fmt: str):
         def kernel(typingctx, w, o, buf, nsb):
             return types.none(w, o, buf, nsb), _deq_ir(fmt)
     else:
-        bs, q5 = {"Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[fmt], fmt == "Q5_K"
+        bs, q5 = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[fmt], fmt == "Q5_K"
 
         @njit
         def kernel(w, o, buf, nsb):
@@ -540,9 +647,12 @@ def _deq_kernel(fmt: str):
                     _q6_k_block(w, _U(o + 210 * b), buf, 256 * b, _U(32))
                 elif bs == 110:
                     _q3_k_block(w, _U(o + 110 * b), buf, 256 * b, _U(32))
+                elif bs == 84:
+                    _q2_k_block(w, _U(o + 84 * b), buf, 256 * b, _U(32))
                 else:
                     _q4_k_block(w, _U(o + bs * b), buf, 256 * b, _U(32), q5)
     return kernel
 
 
-deq_q3_k_row, deq_q4_k_row, deq_q5_k_row, deq_q6_k_row = (_deq_kernel(f) for f in ("Q3_K", "Q4_K", "Q5_K", "Q6_K"))
+deq_q2_k_row, deq_q3_k_row, deq_q4_k_row, deq_q5_k_row, deq_q6_k_row = (_deq_kernel(f) for f in
+                                                                        ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"))

@@ -37,7 +37,7 @@ class Preset:
     eps: float = 1e-6
     dense_type: str = "F16"  # attention projections
     embd_type: str = "Q8_0"  # token_embd and output
-    # expert types per layer (cycled): "Q8_0", "Q4_0", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F16", or "gate_up/down" e.g.
+    # expert types per layer (cycled): "Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F16", or "gate_up/down" e.g.
     # "Q4_0/Q8_0"
     expert_types: tuple[str, ...] = ("Q8_0",)
     # Engram: layers that add rows, n-gram orders, heads per order, rows, row type
@@ -67,9 +67,11 @@ PRESETS["small-q4k"] = replace(PRESETS["small"], expert_types=("Q4_K/Q6_K", "Q4_
 # llama.cpp's Q5_K_M files: gate / up Q5_K, down Q6_K or Q5_K (and Q5_K beside the other kernels' types in `tiny-k5`)
 PRESETS["tiny-k5"] = replace(PRESETS["tiny"], expert_ff=256, expert_types=("Q5_K/Q6_K", "Q5_K", "Q4_K/Q5_K", "Q8_0/Q5_K"))
 PRESETS["small-q5k"] = replace(PRESETS["small"], expert_types=("Q5_K/Q6_K", "Q5_K"))
-# llama.cpp's Q3_K_M files: gate / up Q3_K, down Q4_K or Q5_K (Q3_K beside the other types in `tiny-k3`)
-PRESETS["tiny-k3"] = replace(PRESETS["tiny"], expert_ff=256, expert_types=("Q3_K/Q4_K", "Q3_K", "Q3_K/Q5_K", "Q8_0/Q3_K"))
+# llama.cpp's Q3_K_M files: gate / up Q3_K, down Q4_K or Q5_K; its Q2_K files: gate / up Q2_K, down Q3_K or Q4_K
+# (`tiny-k3` has both beside the other types)
+PRESETS["tiny-k3"] = replace(PRESETS["tiny"], expert_ff=256, expert_types=("Q3_K/Q4_K", "Q2_K/Q3_K", "Q3_K/Q5_K", "Q8_0/Q2_K"))
 PRESETS["small-q3k"] = replace(PRESETS["small"], expert_types=("Q3_K/Q5_K", "Q3_K/Q4_K"))
+PRESETS["small-q2k"] = replace(PRESETS["small"], expert_types=("Q2_K/Q4_K", "Q2_K/Q3_K"))
 
 
 def _byte_table() -> list[str]:
@@ -123,7 +125,7 @@ def _rand_tensor(rng: np.random.Generator, shape: tuple[int, ...], qt: QT, std: 
         q_std = 73.6  # std of uniform int8
     elif qt == QT.Q4_0:
         q_std = 4.6  # std of uniform nibble - 8
-    elif qt in (QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K):
+    elif qt in (QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K):
         _k_scales(rng, raw, qt, std)
         return raw.reshape(gguf.quant_shape_to_byte_shape(shape, qt))
     else:  # other types: random bytes (enough for load / rejection tests)
@@ -139,7 +141,8 @@ def _k_scales(rng: np.random.Generator, raw: np.ndarray, qt: QT, std: float) -> 
     Q4_K: 6-bit sub-block scales sc in [32, 63] and mins m = sc, with dmin = 7.5 d, so each sub-block's
     values d sc (q - 7.5) are centred on zero (q uniform in 0..15); Q5_K the same with dmin = 15.5 d (q
     uniform in 0..31: nibble and fifth bit both uniform); Q3_K: 6-bit scales in [40, 63] (8..31 once 32 is taken
-    off) times q in -4..3 (uniform: std 2.29, mean -0.5); Q6_K: int8 scales in [32, 127] times
+    off) times q in -4..3 (uniform: std 2.29, mean -0.5); Q2_K: 4-bit run scales in [8, 15], mins m = sc and
+    dmin = 1.5 d (q uniform in 0..3); Q6_K: int8 scales in [32, 127] times
     q - 32 (uniform 6-bit). d per super-block sets the weights' std to about `std`."""
     n = raw.shape[0]
     d = rng.uniform(0.5, 1.5, size=n).astype(np.float32)
@@ -155,6 +158,12 @@ def _k_scales(rng: np.random.Generator, raw: np.ndarray, qt: QT, std: float) -> 
         raw[:, 4:8] = lo | ((hi >> 4) << 6)
         raw[:, 8:12] = lo | ((hi >> 4) << 6)  # m = sc
         raw[:, 12:16] = (hi & 15) | ((hi & 15) << 4)
+    elif qt == QT.Q2_K:
+        d *= std / (11.5 * 1.118)  # mean scale x std of a uniform 2-bit value
+        sc = rng.integers(8, 16, size=(n, 16), dtype=np.uint8)
+        raw[:, 0:16] = sc | (sc << 4)
+        raw[:, 80:82] = d.astype(np.float16).view(np.uint8).reshape(n, 2)
+        raw[:, 82:84] = (1.5 * d.astype(np.float16).astype(np.float32)).astype(np.float16).view(np.uint8).reshape(n, 2)
     elif qt == QT.Q3_K:
         d *= std / (19.5 * 2.29)  # mean scale x std of a uniform 3-bit value
         sc = rng.integers(40, 64, size=(n, 16), dtype=np.uint8)

@@ -14,7 +14,7 @@ from executor.gguf_model import EXPERT_TYPES, ExpertTensor
 
 QT = gguf.GGMLQuantizationType
 TYPES = [QT.Q8_0, QT.Q4_0, QT.F16]
-KQUANTS = [QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K]  # 256-weight super-blocks (Q3_K_M .. Q5_K_M files)
+KQUANTS = [QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K]  # 256-weight super-blocks (Q2_K .. Q5_K_M files)
 
 
 @settings(max_examples=60, deadline=None)
@@ -48,7 +48,7 @@ def test_each_type_on_both_sides_of_its_fused_threshold_matches_dequantised(qk, 
 @given(qt=st.sampled_from(KQUANTS), rows=st.integers(1, 40), nsb=st.integers(1, 4),
        T=st.integers(1, 20), seed=st.integers(0, 2**31))
 def test_k_quant_matmul_matches_dequantised(qk, qt, rows, nsb, T, seed):
-    """Q3_K / Q4_K / Q5_K / Q6_K rows (256-weight super-blocks) read in place match gguf.dequantize then a float matmul:
+    """Q2_K / Q3_K / Q4_K / Q5_K / Q6_K rows (256-weight super-blocks) read in place match gguf.dequantize then a float matmul:
     up to kernels._FUSED tokens through the int16 kernels (kquants.py), more dequantised a row at a time (gemm.py)."""
     rng = np.random.default_rng(seed)
     w = qk.tensor(rng, qt, 2, rows, nsb * 256)
@@ -70,7 +70,7 @@ def test_k_quant_rows_dequantise_bitwise(qt, rows, nsb, seed):
     rng = np.random.default_rng(seed)
     size = gguf.GGML_QUANT_SIZES[qt][1]
     raw = rng.integers(0, 256, size=(rows, nsb, size), dtype=np.uint8)
-    at = {QT.Q6_K: [208], QT.Q3_K: [108]}.get(qt, [0, 2])  # the fp16 fields: d / d, dmin
+    at = {QT.Q6_K: [208], QT.Q3_K: [108], QT.Q2_K: [80, 82]}.get(qt, [0, 2])  # the fp16 fields: d / d, dmin
     for o in at:
         raw[..., o:o + 2] = rng.uniform(-0.1, 0.1, (rows, nsb, 1)).astype(np.float16).view(np.uint8)
     raw = raw.reshape(rows, -1)
