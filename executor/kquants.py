@@ -288,7 +288,8 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
     (the pairs at bits 0-1 and 8-9, the hmask bits moved to 2 and 10), then each byte minus 4.
     q2: Q2_K rows (84 bytes: 16 of run scales and mins, qs 64, d, dmin), block (n, j) the bit pairs j of qs bytes
     16 + 32n + l, each run's value (d sc) q - (dmin m): the mins' term is (dmin m dx) times the run's sum of x16, the
-    token's run sums (two `vpmaddwd` with ones a block) taken once for all the rows, in a second accumulator."""
+    token's sixteen run sums (`vpmaddwd` with ones, `vphaddd`) taken once a super-block for all the rows, and two fmas a
+    row and super-block into a second accumulator (one a block, the first version: one core in L2 0.7x)."""
     bs, d_at = (84, 80) if q2 else (110, 108) if q3 else (210, 208)
 
     def gen(context, builder, sig, args):
@@ -301,10 +302,11 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
         fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
         c16 = lambda v: ir.Constant(V(I16, 16), [v] * 16)  # noqa: E731
         vec16 = V(I16, 16).as_pointer()
-        if q2:  # dmin m dx per run, and the mins' accumulators
-            mslots = [[cgutils.alloca_once(builder, V(F32, 16)) for _ in range(MT)] for _ in range(NR)]
+        if q2:  # the mins' accumulators
             corr = [[cgutils.alloca_once_value(builder, ir.Constant(V(F32, 8), [0.0] * 8)) for _ in range(MT)]
                     for _ in range(NR)]
+            phadd = lambda a, b: builder.call(_fn(builder, "llvm.x86.avx2.phadd.d", V(I32, 8), [V(I32, 8)] * 2), [a, b])  # noqa: E731
+            odd_even = ir.Constant(V(I32, 8), [0, 2, 4, 6, 1, 3, 5, 7])  # runs in the order the run sums come
 
         def run_pair(fp, r):  # [f_r x 4, f_r+1 x 4] from a row's 16 per-run floats at fp
             f0, f1 = (_splat(builder, builder.load(builder.gep(fp, [i32(r + u)]), align=4), 8) for u in range(2))
@@ -319,6 +321,15 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
                 dxv = builder.load(builder.bitcast(builder.gep(dd, [blk0]), V(F32, 8).as_pointer()), align=4)
                 dxr.append([builder.shuffle_vector(dxv, dxv, ir.Constant(V(I32, 8), [b // 2 for b in range(8 * u, 8 * u + 8)]))
                             for u in range(2)])
+            if q2:  # each token's sixteen run sums of x16, once for all the rows: [8 x f32] runs 0 2 4 6 1 3 5 7, then + 8
+                rsums = []
+                for xd in xds:
+                    rs = []
+                    for b in range(8):
+                        xe, xo = x_halves(builder, xd, builder.add(blk0, i64(b)))
+                        rs.append(builder.add(_pmadd(builder, xe, c16(1)), _pmadd(builder, xo, c16(1))))  # lanes: 2 runs
+                    h = [phadd(rs[2 * i], rs[2 * i + 1]) for i in range(4)]
+                    rsums.append([builder.sitofp(phadd(h[2 * u], h[2 * u + 1]), V(F32, 8)) for u in range(2)])
             for k, p in enumerate(ps):
                 d = _splat(builder, builder.fpext(builder.load(builder.bitcast(builder.gep(p, [i64(d_at)]),
                                                                                ir.HalfType().as_pointer()), align=1), F32), 8)
@@ -331,10 +342,11 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
                     c32 = lambda v: ir.Constant(V(I32, 8), [v] * 8)  # noqa: E731
                     dsc = [_fmul(builder, d, builder.sitofp(builder.and_(v, c32(15)), V(F32, 8))) for v in half]
                     dmn = [_fmul(builder, dmin, builder.sitofp(builder.lshr(v, c32(4)), V(F32, 8))) for v in half]
-                    for t in range(MT):
-                        fs = builder.bitcast(mslots[k][t], V(F32, 8).as_pointer())
+                    for t in range(MT):  # the mins' term: (dmin m dx) . (run sums), a super-block at a time
                         for u in range(2):
-                            builder.store(_fmul(builder, dmn[u], dxr[t][u]), builder.gep(fs, [i64(u)]), align=4)
+                            g = _fmul(builder, dmn[u], dxr[t][u])
+                            g = builder.shuffle_vector(g, g, odd_even)
+                            builder.store(builder.call(fma, [rsums[t][u], g, builder.load(corr[k][t])]), corr[k][t])
                 elif q3:
                     dsc = [_fmul(builder, d, builder.sitofp(v, V(F32, 8))) for v in _q3_k_scales_ir(builder, p)]
                 else:
@@ -350,10 +362,6 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
                 for i in range(4):
                     xs = [x_halves(builder, xd, builder.add(blk0, i64(4 * h + i))) for xd in xds]
                     s = 4 * (i // 2)
-                    if q2:  # each token's two run sums of x16 (lanes 0-3 and 4-7), for the mins' term of every row
-                        ones = c16(1)
-                        rsum = [builder.sitofp(builder.add(_pmadd(builder, xe, ones), _pmadd(builder, xo, ones)), V(F32, 8))
-                                for xe, xo in xs]
                     for k, p in enumerate(ps):
                         if q2:
                             wq = builder.load(builder.bitcast(builder.gep(p, [i64(16 + 32 * h)]), vec16), align=1)
@@ -364,8 +372,6 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
                                 fv = run_pair(builder.bitcast(slots[k][t], F32.as_pointer()), 8 * h + 2 * i)
                                 builder.store(builder.call(fma, [builder.sitofp(m, V(F32, 8)), fv,
                                                                  builder.load(accs[k][t])]), accs[k][t])
-                                gv = run_pair(builder.bitcast(mslots[k][t], F32.as_pointer()), 8 * h + 2 * i)
-                                builder.store(builder.call(fma, [rsum[t], gv, builder.load(corr[k][t])]), corr[k][t])
                             continue
                         if q3:  # (n, j) = (h, i)
                             wq = builder.load(builder.bitcast(builder.gep(p, [i64(32 + 32 * h)]), vec16), align=1)
