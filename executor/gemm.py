@@ -132,24 +132,16 @@ def pack_tokens(X):
     return P
 
 
+# bytes a block of each type code holds (F16: a column; Q8_0 / Q4_0: 32 columns; the K-quants: 256)
+_BLOCK_BYTES = (0, 2, 34, 18, 144, 210, 176, 110, 84)
+
+
 @njit(fastmath=True, inline="always")
 def _col_bytes(code, c0):
     """Byte offset of column c0 (a block boundary) within a row of type `code`."""
     if code == F16:
         return 2 * c0
-    if code == Q8_0:
-        return c0 // 32 * 34
-    if code == Q4_0:
-        return c0 // 32 * 18
-    if code == Q4_K:
-        return c0 // 256 * 144
-    if code == Q5_K:
-        return c0 // 256 * 176
-    if code == Q3_K:
-        return c0 // 256 * 110
-    if code == Q2_K:
-        return c0 // 256 * 84
-    return c0 // 256 * 210  # Q6_K
+    return c0 // (32 if code <= Q4_0 else 256) * _BLOCK_BYTES[code]
 
 
 @njit(fastmath=True)

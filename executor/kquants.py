@@ -418,52 +418,51 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
     return gen
 
 
+@njit(fastmath=True, inline="always")
+def _block(bs, w, o, buf, y0):
+    """The K-quant super-block of bs bytes (Q2_K 84, Q3_K 110, Q4_K 144, Q5_K 176, Q6_K 210) at o into buf[y0:y0 + 256]."""
+    if bs == 210:
+        _q6_k_block(w, o, buf, y0, _U(32))
+    elif bs == 110:
+        _q3_k_block(w, o, buf, y0, _U(32))
+    elif bs == 84:
+        _q2_k_block(w, o, buf, y0, _U(32))
+    else:
+        _q4_k_block(w, o, buf, y0, _U(32), bs == 176)
+
+
 @njit(fastmath=True)
-def _slow_q6_k(n, w, wo, rb, X16, DX, k0, nb, res, ro):
-    """The Q6_K kernels' products without AVX2 (_q6_k_block's values against x16 dx)."""
+def _slow_runs(bs, n, w, wo, rb, X16, DX, k0, nb, res, ro):
+    """The products of n rows of bs-byte super-blocks without AVX2 (_block's values against x16 dx)."""
     x16, dx = X16[k0], DX[k0]
     buf = np.empty(256, np.float32)
     for k in range(n):
         acc = np.float32(0.0)
         for sb in range(nb // 8):
-            _q6_k_block(w, _U(wo + k * rb + sb * 210), buf, 0, _U(32))
+            _block(bs, w, _U(wo + k * rb + sb * bs), buf, 0)
             for blk in range(8):
                 for i in range(32):
                     acc += buf[32 * blk + i] * np.float32(x16[32 * (8 * sb + blk) + (i % 2) * 16 + i // 2]) \
                         * dx[8 * sb + blk]
         res[k0, ro + k] = acc
+
+
+@njit(fastmath=True)
+def _slow_q6_k(n, w, wo, rb, X16, DX, k0, nb, res, ro):
+    """The Q6_K kernels' products without AVX2."""
+    _slow_runs(210, n, w, wo, rb, X16, DX, k0, nb, res, ro)
 
 
 @njit(fastmath=True)
 def _slow_q3_k(n, w, wo, rb, X16, DX, k0, nb, res, ro):
-    """The Q3_K kernels' products without AVX2 (_q3_k_block's values against x16 dx)."""
-    x16, dx = X16[k0], DX[k0]
-    buf = np.empty(256, np.float32)
-    for k in range(n):
-        acc = np.float32(0.0)
-        for sb in range(nb // 8):
-            _q3_k_block(w, _U(wo + k * rb + sb * 110), buf, 0, _U(32))
-            for blk in range(8):
-                for i in range(32):
-                    acc += buf[32 * blk + i] * np.float32(x16[32 * (8 * sb + blk) + (i % 2) * 16 + i // 2]) \
-                        * dx[8 * sb + blk]
-        res[k0, ro + k] = acc
+    """The Q3_K kernels' products without AVX2."""
+    _slow_runs(110, n, w, wo, rb, X16, DX, k0, nb, res, ro)
 
 
 @njit(fastmath=True)
 def _slow_q2_k(n, w, wo, rb, X16, DX, k0, nb, res, ro):
-    """The Q2_K kernels' products without AVX2 (_q2_k_block's values against x16 dx)."""
-    x16, dx = X16[k0], DX[k0]
-    buf = np.empty(256, np.float32)
-    for k in range(n):
-        acc = np.float32(0.0)
-        for sb in range(nb // 8):
-            _q2_k_block(w, _U(wo + k * rb + sb * 84), buf, 0, _U(32))
-            for blk in range(8):
-                for i in range(32):
-                    acc += buf[32 * blk + i] * np.float32(x16[32 * (8 * sb + blk) + (i % 2) * 16 + i // 2]) \
-                        * dx[8 * sb + blk]
-        res[k0, ro + k] = acc
+    """The Q2_K kernels' products without AVX2."""
+    _slow_runs(84, n, w, wo, rb, X16, DX, k0, nb, res, ro)
 
 
 def _k_kernel(codegen, slow, NR: int, MT: int = 1, prefetch: bool = True):
@@ -644,19 +643,12 @@ def _deq_kernel(fmt: str):
         def kernel(typingctx, w, o, buf, nsb):
             return types.none(w, o, buf, nsb), _deq_ir(fmt)
     else:
-        bs, q5 = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[fmt], fmt == "Q5_K"
+        bs = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[fmt]
 
         @njit
         def kernel(w, o, buf, nsb):
             for b in range(nsb):
-                if bs == 210:
-                    _q6_k_block(w, _U(o + 210 * b), buf, 256 * b, _U(32))
-                elif bs == 110:
-                    _q3_k_block(w, _U(o + 110 * b), buf, 256 * b, _U(32))
-                elif bs == 84:
-                    _q2_k_block(w, _U(o + 84 * b), buf, 256 * b, _U(32))
-                else:
-                    _q4_k_block(w, _U(o + bs * b), buf, 256 * b, _U(32), q5)
+                _block(bs, w, _U(o + bs * b), buf, 256 * b)
     return kernel
 
 

@@ -175,3 +175,25 @@ def test_q8_0_two_rows_a_pass_give_the_bits_of_eight(qk, rows, nb, seed):
     K._rows_token(K.Q8_0, w, 0, rows, w.shape[0] // rows, x16, dx, 0, got, 0)
     _q8_eight_rows_a_pass(w, rows, x16, dx, want)
     assert np.array_equal(got, want) and np.abs(want).max() > 0
+
+
+@pytest.mark.parametrize("qt", KQUANTS, ids=lambda q: q.name)
+def test_k_quant_portable_loops_match_dequantised(qk, qt):
+    """The loops the K-quant kernels fall back to without AVX2 (kquants._slow_*, and kquants._block for rows
+    dequantised) match gguf.dequantize: the products within the int16 kernels' tolerance, the values bit for bit."""
+    from executor import kquants
+    rng = np.random.default_rng(int(qt))
+    rows, cols = 3, 512
+    w = qk.tensor(rng, qt, 1, rows, cols)
+    W = qk.deq(w, 0)
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    X16, DX = K._quant_rows(x)
+    flat = K.flat(w)[0]
+    got = np.zeros((1, rows), np.float32)
+    slow = getattr(kquants, f"_slow_{qt.name.lower()}")
+    slow(rows, flat, 0, flat.shape[0] // rows, X16, DX, 0, cols // 32, got, 0)
+    qk.close(got, x @ W.T, np.abs(x) @ np.abs(W).T)
+    bs = gguf.GGML_QUANT_SIZES[qt][1]
+    buf = np.empty(256, np.float32)
+    kquants._block(bs, flat, np.uint64(bs), buf, 0)  # row 0's second super-block
+    assert np.array_equal(buf, W[0, 256:512])
