@@ -5,8 +5,8 @@ Weights are uint8 views of the file mapping (no copies). One-token products use 
 intrinsics of simd.py (Q8_0 / Q4_0 with int16 activations, F16 with float32 ones; Q4_0 with AVX-512
 VNNI those of vnni.py, the same results); more than
 _FUSED tokens per expert dequantise each row once (gemm.py: dot blocks, from GEMM_TOKENS a packed
-register-tile GEMM in few large items). The K-quants of llama.cpp's Q4_K_M files have
-kernels of their own (kquants.py, int16 activations too). Kernels release the GIL (nogil)
+register-tile GEMM in few large items). The K-quants of llama.cpp's Q2_K .. Q5_K_M files (Q2_K,
+Q3_K, Q4_K, Q5_K, Q6_K) have kernels of their own (kquants.py, int16 activations too). Kernels release the GIL (nogil)
 and split rows across threads (prange); little work runs serially. Type codes: 1 = F16, 2 = Q8_0,
 3 = Q4_0, 4 = Q4_K, 5 = Q6_K, 6 = Q5_K (Q5_K_M files: Q5_K with Q6_K), 7 = Q3_K, 8 = Q2_K (Q3_K_M and Q2_K files).
 """

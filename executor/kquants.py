@@ -1,12 +1,11 @@
-"""One-token products with llama.cpp's K-quant rows read in place (Q4_K, Q6_K: the types of its
-Q4_K_M files; Q5_K, with Q6_K those of its Q5_K_M files; Q3_K and Q2_K, of its Q3_K_M and Q2_K files), as AVX2
-numba intrinsics on simd.py's scheme: int16 activations (simd.quant16, one
-32-block of x per Q4_K sub-block, per two Q6_K 16-value runs), the weights' integers made int16 words
-with in-lane shifts and masks, `vpmaddwd`, each run's int32 sums scaled in float. Layouts:
-_q4_k_block / _q6_k_block / _q3_k_block / _q2_k_block (ggml-quants.c dequantize_row_q4_K / _q5_K / _q6_K / _q3_K /
-_q2_K; Q5_K is Q4_K with a fifth bit per weight in 32 bytes before the nibbles; Q3_K and Q2_K take Q6_K's 16-value
-runs); tokens in pairs as
-simd._rows. Also whole super-blocks to float32 (deq_q*_k_row), for dequantise-then-GEMM (gemm.py).
+"""One-token products with llama.cpp's K-quant rows read in place (Q4_K, Q6_K: the types of its Q4_K_M files;
+Q5_K, with Q6_K those of its Q5_K_M files; Q3_K and Q2_K, of its Q3_K_M and Q2_K files), as AVX2 numba intrinsics
+on simd.py's scheme: int16 activations (simd.quant16, one 32-block of x per Q4_K / Q5_K sub-block, per two 16-value
+runs of Q6_K, Q3_K, Q2_K), the weights' integers made int16 words with in-lane shifts and masks, `vpmaddwd`, each
+run's int32 sums scaled in float. Layouts: _q4_k_block / _q6_k_block / _q3_k_block / _q2_k_block (ggml-quants.c
+dequantize_row_q4_K / _q5_K / _q6_K / _q3_K / _q2_K; Q5_K is Q4_K with a fifth bit per weight in 32 bytes before the
+nibbles); tokens in pairs as simd._rows. Also whole super-blocks to float32 (deq_q*_k_row), for dequantise-then-GEMM
+(gemm.py).
 One core, in cache, one token (`benchmarks/bench_token_pairs.py --presets small-q4k --parts gate down`):
 Q4_K 20-21 G weights/s, Q6_K 14, against simd.py's Q4_0 at 24-25; the same products in float
 (LLVM-vectorised loops) ran at 6.6 and 4.2. Without AVX2: plain numba loops of the same signatures.
@@ -363,17 +362,11 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
                     xs = [x_halves(builder, xd, builder.add(blk0, i64(4 * h + i))) for xd in xds]
                     s = 4 * (i // 2)
                     for k, p in enumerate(ps):
-                        if q2:
+                        if q2:  # bit pairs j of both bytes of a word
                             wq = builder.load(builder.bitcast(builder.gep(p, [i64(16 + 32 * h)]), vec16), align=1)
                             v = builder.and_(builder.lshr(wq, c16(2 * i)) if i else wq, c16(0x0303))
                             we, wo = builder.and_(v, c16(0xFF)), builder.lshr(v, c16(8))
-                            for t, (xe, xo) in enumerate(xs):
-                                m = builder.add(_pmadd(builder, we, xe), _pmadd(builder, wo, xo))  # [8] int32: two runs
-                                fv = run_pair(builder.bitcast(slots[k][t], F32.as_pointer()), 8 * h + 2 * i)
-                                builder.store(builder.call(fma, [builder.sitofp(m, V(F32, 8)), fv,
-                                                                 builder.load(accs[k][t])]), accs[k][t])
-                            continue
-                        if q3:  # (n, j) = (h, i)
+                        elif q3:  # (n, j) = (h, i)
                             wq = builder.load(builder.bitcast(builder.gep(p, [i64(32 + 32 * h)]), vec16), align=1)
                             b = 4 * h + i  # the hmask bit, to bit 2 (and 8 + b to 10)
                             hb = builder.shl(hm[k], c16(2 - b)) if b < 2 else builder.lshr(hm[k], c16(b - 2)) if b > 2 else hm[k]
@@ -381,30 +374,19 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
                                             builder.and_(hb, c16(0x0404)))
                             we = builder.sub(builder.and_(v, c16(0xFF)), c16(4))
                             wo = builder.sub(builder.lshr(v, c16(8)), c16(4))
-                            for t, (xe, xo) in enumerate(xs):
-                                m = builder.add(_pmadd(builder, we, xe), _pmadd(builder, wo, xo))  # [8] int32: two runs
-                                fp = builder.bitcast(slots[k][t], F32.as_pointer())
-                                f0, f1 = (_splat(builder, builder.load(builder.gep(fp, [i32(8 * h + 2 * i + u)]), align=4), 8)
-                                          for u in range(2))
-                                fv = builder.shuffle_vector(f0, f1, ir.Constant(V(I32, 8), [0, 1, 2, 3, 12, 13, 14, 15]))
-                                builder.store(builder.call(fma, [builder.sitofp(m, V(F32, 8)), fv,
-                                                                 builder.load(accs[k][t])]), accs[k][t])
-                            continue
-                        wl = builder.load(builder.bitcast(builder.gep(p, [i64(64 * h + 32 * (i % 2))]), vec16), align=1)
-                        wh = builder.load(builder.bitcast(builder.gep(p, [i64(128 + 32 * h)]), vec16), align=1)
-                        lo_e = builder.and_(builder.lshr(wl, c16(s)) if s else wl, c16(15))
-                        lo_o = builder.and_(builder.lshr(wl, c16(8 + s)), c16(15))
-                        hi_e = builder.and_(builder.shl(wh, c16(4 - 2 * i)) if i < 2 else
-                                            (builder.lshr(wh, c16(2 * i - 4)) if i > 2 else wh), c16(0x30))
-                        hi_o = builder.and_(builder.lshr(wh, c16(4 + 2 * i)), c16(0x30))
-                        we = builder.sub(builder.or_(lo_e, hi_e), c16(32))
-                        wo = builder.sub(builder.or_(lo_o, hi_o), c16(32))
+                        else:
+                            wl = builder.load(builder.bitcast(builder.gep(p, [i64(64 * h + 32 * (i % 2))]), vec16), align=1)
+                            wh = builder.load(builder.bitcast(builder.gep(p, [i64(128 + 32 * h)]), vec16), align=1)
+                            lo_e = builder.and_(builder.lshr(wl, c16(s)) if s else wl, c16(15))
+                            lo_o = builder.and_(builder.lshr(wl, c16(8 + s)), c16(15))
+                            hi_e = builder.and_(builder.shl(wh, c16(4 - 2 * i)) if i < 2 else
+                                                (builder.lshr(wh, c16(2 * i - 4)) if i > 2 else wh), c16(0x30))
+                            hi_o = builder.and_(builder.lshr(wh, c16(4 + 2 * i)), c16(0x30))
+                            we = builder.sub(builder.or_(lo_e, hi_e), c16(32))
+                            wo = builder.sub(builder.or_(lo_o, hi_o), c16(32))
                         for t, (xe, xo) in enumerate(xs):
                             m = builder.add(_pmadd(builder, we, xe), _pmadd(builder, wo, xo))  # [8] int32: two runs
-                            fp = builder.bitcast(slots[k][t], F32.as_pointer())
-                            f0, f1 = (_splat(builder, builder.load(builder.gep(fp, [i32(8 * h + 2 * i + u)]), align=4), 8)
-                                      for u in range(2))
-                            fv = builder.shuffle_vector(f0, f1, ir.Constant(V(I32, 8), [0, 1, 2, 3, 12, 13, 14, 15]))
+                            fv = run_pair(builder.bitcast(slots[k][t], F32.as_pointer()), 8 * h + 2 * i)
                             builder.store(builder.call(fma, [builder.sitofp(m, V(F32, 8)), fv,
                                                              builder.load(accs[k][t])]), accs[k][t])
         for t in range(MT):
