@@ -237,29 +237,6 @@ def _rows_q4_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q5: bool = False)
     return gen
 
 
-@njit(fastmath=True)
-def _slow_q4_k(n, w, wo, rb, X16, DX, k0, nb, res, ro, q5=False):
-    """The Q4_K (q5: Q5_K) kernels' products without AVX2: each sub-block's integer sum, then its two scales."""
-    x16, dx = X16[k0], DX[k0]
-    bs, q0 = (176, 48) if q5 else (144, 16)
-    for k in range(n):
-        acc = np.float32(0.0)
-        for sb in range(nb // 8):
-            o = _U(wo + k * rb + sb * bs)
-            d, dmin = h2f(w[o], w[o + _U(1)]), h2f(w[o + _U(2)], w[o + _U(3)])
-            for c in range(8):
-                sc, mn = _q4_k_scale_min(w, o + _U(4), c)
-                blk = 8 * sb + c
-                s = 0
-                for i in range(32):  # value i of the sub-block against x16's even-first layout
-                    q = (np.int32(w[o + _U(q0 + 32 * (c // 2) + i)]) >> (4 * (c % 2))) & 15
-                    if q5:
-                        q |= ((np.int32(w[o + _U(16 + i)]) >> c) & 1) << 4
-                    s += q * np.int32(x16[32 * blk + (i % 2) * 16 + i // 2])
-                acc += d * np.float32(sc) * dx[blk] * np.float32(s) - dmin * np.float32(mn) * dx[blk] * dx[nb + blk] / 8
-        res[k0, ro + k] = acc
-
-
 def _q3_k_scales_ir(builder, p):
     """Codegen: the sixteen 6-bit run scales of the Q3_K super-block at p, minus 32, as two <8 x i32> (runs 0-7,
     8-15; _q3_k_scale on eight lanes: byte shuffles and lane shifts), from the 16 bytes at 94 (the scales at 96..107:
@@ -430,6 +407,12 @@ def _slow_runs(bs, n, w, wo, rb, X16, DX, k0, nb, res, ro):
 
 
 @njit(fastmath=True)
+def _slow_q4_k(n, w, wo, rb, X16, DX, k0, nb, res, ro):
+    """The Q4_K kernels' products without AVX2."""
+    _slow_runs(144, n, w, wo, rb, X16, DX, k0, nb, res, ro)
+
+
+@njit(fastmath=True)
 def _slow_q6_k(n, w, wo, rb, X16, DX, k0, nb, res, ro):
     """The Q6_K kernels' products without AVX2."""
     _slow_runs(210, n, w, wo, rb, X16, DX, k0, nb, res, ro)
@@ -469,8 +452,8 @@ def _rows_q5_k_ir(NR: int, MT: int = 1, prefetch: bool = True):
 
 @njit(fastmath=True)
 def _slow_q5_k(n, w, wo, rb, X16, DX, k0, nb, res, ro):
-    """_slow_q4_k for Q5_K rows."""
-    _slow_q4_k(n, w, wo, rb, X16, DX, k0, nb, res, ro, True)
+    """The Q5_K kernels' products without AVX2."""
+    _slow_runs(176, n, w, wo, rb, X16, DX, k0, nb, res, ro)
 
 
 rows2_q4_k, rows1_q4_k, rows4x2_q4_k = (_k_kernel(_rows_q4_k_ir, _slow_q4_k, n, t) for n, t in ((2, 1), (1, 1), (4, 2)))
