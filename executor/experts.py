@@ -23,6 +23,7 @@ from specs.plan import Plan
 from . import cpu_experts as CE
 from . import kernels as K
 from .gguf_model import GGUFModel, ExpertTensor
+from .iquants import KVALUES
 
 THREAD_ALWAYS = False  # CPU experts always on the worker thread (else inline when nothing overlaps)
 
@@ -42,6 +43,11 @@ def torch_dequant(b: torch.Tensor, code: int, cols: int) -> torch.Tensor:
         return _torch_q3_k(b.reshape(R, cols // 256, 110)).reshape(R, cols)
     if code == K.Q2_K:
         return _torch_q2_k(b.reshape(R, cols // 256, 84)).reshape(R, cols)
+    if code == K.IQ4_XS:
+        return _torch_iq4_xs(b.reshape(R, cols // 256, 136)).reshape(R, cols)
+    if code == K.IQ4_NL:
+        blk = b.reshape(R, cols // 32, 18)
+        return (_iq4_values(blk[..., 2:]) * _f16(blk[..., :2])).reshape(R, cols)
     nb = cols // 32
     if code == K.Q8_0:
         blk = b.reshape(R, nb, 34)
@@ -53,6 +59,23 @@ def torch_dequant(b: torch.Tensor, code: int, cols: int) -> torch.Tensor:
     q = blk[..., 2:].to(torch.int16)  # [R, nb, 16]
     v = torch.cat([(q & 15) - 8, (q >> 4) - 8], dim=-1).float()  # [R, nb, 32]
     return (v * d).reshape(R, cols)
+
+
+def _iq4_values(qs: torch.Tensor) -> torch.Tensor:
+    """IQ4 nibble bytes uint8 [..., 16] -> their codebook values f32 [..., 32] (low nibbles first: iquants.py)."""
+    kv = torch.tensor(KVALUES, dtype=torch.float32, device=qs.device)
+    return kv[torch.cat([qs & 15, qs >> 4], dim=-1).long()]
+
+
+def _torch_iq4_xs(blk: torch.Tensor) -> torch.Tensor:
+    """IQ4_XS super-blocks uint8 [R, n, 136] -> f32 [R, n, 256] (iquants.iq4_xs_scale's scales)."""
+    c = torch.arange(8, device=blk.device)
+    sl = blk[..., 4:8].long()[..., c // 2] >> (4 * (c % 2))  # [R, n, 8]
+    sh = (blk[..., 2].long() | (blk[..., 3].long() << 8))[..., None] >> (2 * c)
+    ls = (sl & 15) | ((sh & 3) << 4)
+    dl = _f16(blk[..., 0:2]) * (ls - 32).float()  # [R, n, 8]
+    v = _iq4_values(blk[..., 8:].reshape(*blk.shape[:2], 8, 16))  # [R, n, 8, 32]
+    return (v * dl[..., None]).reshape(*blk.shape[:2], 256)
 
 
 def _f16(b: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,8 @@ broadcasts per 12 FMAs). On one Zen 3 core, in cache: 73-83 GFLOP/s of a 97 GFLO
 4-row x 3-token dot-product blocks before it ran 59-64 (benchmarks/bench_gemm.py, session 18). Below
 GEMM_TOKENS tokens those blocks stay (deq_dots): there the tile's 16-token blocks would idle lanes.
 Type codes as in kernels.py: 1 = F16, 2 = Q8_0, 3 = Q4_0, 4 = Q4_K, 5 = Q6_K, 6 = Q5_K, 7 = Q3_K, 8 = Q2_K (the
-K-quants' 256-weight super-blocks as ggml lays them out: ggml-quants.c dequantize_row_q*_K)."""
+K-quants' 256-weight super-blocks as ggml lays them out: ggml-quants.c dequantize_row_q*_K), 9 = IQ4_NL (32-weight
+blocks), 10 = IQ4_XS (256-weight super-blocks)."""
 from __future__ import annotations
 
 import numpy as np
@@ -15,13 +16,14 @@ from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from .iquants import deq_iq4_nl_row, deq_iq4_xs_row
 from .kquants import deq_q2_k_row, deq_q3_k_row, deq_q4_k_row, deq_q5_k_row, deq_q6_k_row
 from .nbcache import drop_stale_cache
 from .simd import h2f
 
-drop_stale_cache("gemm", ("simd.py", "kquants.py"))
+drop_stale_cache("gemm", ("simd.py", "kquants.py", "iquants.py"))
 
-F16, Q8_0, Q4_0, Q4_K, Q6_K, Q5_K, Q3_K, Q2_K = 1, 2, 3, 4, 5, 6, 7, 8
+F16, Q8_0, Q4_0, Q4_K, Q6_K, Q5_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 _U = np.uint64
 MR, NT, KC = 6, 16, 256  # rows a panel, tokens a block, columns a slice (a K-quant super-block multiple)
 # Tokens from which deq_matmul runs (below, deq_dots): one core, `small-q4k`'s gate / down in cache, against the
@@ -55,6 +57,10 @@ def deq_row(code, w, o0, buf, qk):
         deq_q3_k_row(w, np.int64(o0), buf, np.int64(n // _U(256)))
     elif code == Q2_K:
         deq_q2_k_row(w, np.int64(o0), buf, np.int64(n // _U(256)))
+    elif code == IQ4_NL:
+        deq_iq4_nl_row(w, np.int64(o0), buf, np.int64(n // _U(32)))
+    elif code == IQ4_XS:
+        deq_iq4_xs_row(w, np.int64(o0), buf, np.int64(n // _U(256)))
     else:  # low nibbles are values 0..15 of the block, high ones 16..31: two unit-stride loops
         for b in range(n // _U(32)):
             o = o0 + _U(b) * _U(18)
@@ -133,7 +139,8 @@ def pack_tokens(X):
 
 
 # bytes a block of each type code holds (F16: a column; Q8_0 / Q4_0: 32 columns; the K-quants: 256)
-_BLOCK_BYTES = (0, 2, 34, 18, 144, 210, 176, 110, 84)
+_BLOCK_BYTES = (0, 2, 34, 18, 144, 210, 176, 110, 84, 18, 136)  # bytes of a block, by type code
+_BLOCK_VALUES = (1, 1, 32, 32, 256, 256, 256, 256, 256, 32, 256)  # its weights
 
 
 @njit(fastmath=True, inline="always")
@@ -141,7 +148,7 @@ def _col_bytes(code, c0):
     """Byte offset of column c0 (a block boundary) within a row of type `code`."""
     if code == F16:
         return 2 * c0
-    return c0 // (32 if code <= Q4_0 else 256) * _BLOCK_BYTES[code]
+    return c0 // _BLOCK_VALUES[code] * _BLOCK_BYTES[code]
 
 
 @njit(fastmath=True)

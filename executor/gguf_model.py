@@ -19,7 +19,8 @@ from specs.errors import SpecError
 # arch -> (rope style, has Q/K norm)
 ARCHS = {"qwen3moe": ("neox", True), "qwen2moe": ("neox", False), "llama": ("norm", False)}
 # expert weight types the CPU kernels read in place -> kernel type code
-EXPERT_TYPES = {QT.F16: 1, QT.Q8_0: 2, QT.Q4_0: 3, QT.Q4_K: 4, QT.Q6_K: 5, QT.Q5_K: 6, QT.Q3_K: 7, QT.Q2_K: 8}
+EXPERT_TYPES = {QT.F16: 1, QT.Q8_0: 2, QT.Q4_0: 3, QT.Q4_K: 4, QT.Q6_K: 5, QT.Q5_K: 6, QT.Q3_K: 7, QT.Q2_K: 8,
+                QT.IQ4_NL: 9, QT.IQ4_XS: 10}
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,10 @@ intrinsics of simd.py (Q8_0 / Q4_0 with int16 activations, F16 with float32 ones
 VNNI those of vnni.py, the same results); more than
 _FUSED tokens per expert dequantise each row once (gemm.py: dot blocks, from GEMM_TOKENS a packed
 register-tile GEMM in few large items). The K-quants of llama.cpp's Q2_K .. Q5_K_M files (Q2_K,
-Q3_K, Q4_K, Q5_K, Q6_K) have kernels of their own (kquants.py, int16 activations too). Kernels release the GIL (nogil)
-and split rows across threads (prange); little work runs serially. Type codes: 1 = F16, 2 = Q8_0,
-3 = Q4_0, 4 = Q4_K, 5 = Q6_K, 6 = Q5_K (Q5_K_M files: Q5_K with Q6_K), 7 = Q3_K, 8 = Q2_K (Q3_K_M and Q2_K files).
+Q3_K, Q4_K, Q5_K, Q6_K) have kernels of their own (kquants.py, int16 activations too), as have the codebook types
+of its IQ4_NL / IQ4_XS files (iquants.py). Kernels release the GIL (nogil) and split rows across threads (prange);
+little work runs serially. Type codes: 1 = F16, 2 = Q8_0, 3 = Q4_0, 4 = Q4_K, 5 = Q6_K, 6 = Q5_K (Q5_K_M files: Q5_K
+with Q6_K), 7 = Q3_K, 8 = Q2_K (Q3_K_M and Q2_K files), 9 = IQ4_NL, 10 = IQ4_XS.
 """
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .gemm import (F16, GEMM_TOKENS, MR, NT, Q2_K, Q3_K, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0,  # noqa: F401  (type codes, re-exported)
-                   deq_dots, deq_matmul, pack_tokens)
+from .gemm import (F16, GEMM_TOKENS, IQ4_NL, IQ4_XS, MR, NT, Q2_K, Q3_K, Q4_0, Q4_K, Q5_K, Q6_K,  # noqa: F401
+                   Q8_0, deq_dots, deq_matmul, pack_tokens)  # (the type codes are re-exported)
+from .iquants import (rows1_iq4_nl, rows1_iq4_xs, rows2_iq4_nl, rows2_iq4_xs, rows2x4_iq4_nl, rows2x4_iq4_xs,
+                      rows4x2_iq4_nl, rows4x2_iq4_xs)
 from .kquants import (rows1_q2_k, rows1_q3_k, rows1_q4_k, rows1_q5_k, rows1_q6_k, rows2_q2_k, rows2_q3_k, rows2_q4_k,
                       rows2_q5_k, rows2_q6_k, rows2x4_q2_k, rows2x4_q3_k, rows2x4_q4_k, rows2x4_q5_k, rows2x4_q6_k,
                       rows4x2_q2_k, rows4x2_q3_k, rows4x2_q4_k, rows4x2_q5_k, rows4x2_q6_k)
@@ -28,7 +31,7 @@ from . import simd
 from .simd import quant16, rows1_f16, rows1_q8, rows2_q8, rows4_f16, rows4x2_q8
 from .vnni import HAVE_VNNI512, SPLIT_FLOATS, split8, vnni_kernel
 
-drop_stale_cache("kernels", ("simd.py", "gemm.py", "kquants.py", "vnni.py"))
+drop_stale_cache("kernels", ("simd.py", "gemm.py", "kquants.py", "iquants.py", "vnni.py"))
 
 # Q4_0 rows: with AVX-512 VNNI two rows a 512-bit register (vnni.py: one core in L2 1.15-1.19x simd.py's 256-bit
 # loop, from DRAM on 2 threads 1.05-1.10x; the same integer sums and float ops, so the same results bit for bit),
@@ -52,7 +55,7 @@ def prange_only() -> dict:
 
 _ROWS = 32  # rows per parallel work item (16 -> 32: ~5% on Q4_0 expert GB/s, fewer item switches)
 # Tokens per expert up to which each token gets fused in-place dots, by type code (-, F16, Q8_0, Q4_0, Q4_K, Q6_K, Q5_K,
-# Q3_K, Q2_K);
+# Q3_K, Q2_K, IQ4_NL, IQ4_XS);
 # more dequantise each row once for a GEMM (gemm.deq_matmul). Dequantise-then-GEMM against the fused path, one core,
 # an expert's rows in cache (bench_token_pairs.py --presets small small-q4, --presets small-q4k --parts gate down):
 # - Q4_0, four tokens a row group (session 17, two runs): 1.23-1.26 at 16 tokens, 1.10-1.16 at 24, 1.07-1.13 at 32;
@@ -68,7 +71,87 @@ _ROWS = 32  # rows per parallel work item (16 -> 32: ~5% on Q4_0 expert GB/s, fe
 # Session 18's packed GEMM in their place would have moved no crossover, two runs: Q8_0 1.30-1.32 at 12, 0.88-0.97
 # at 16; Q4_0 1.14-1.17 at 16, 0.99-1.15 at 24, 0.93-1.01 at 32; Q4_K 0.88-1.14 at 12; Q6_K 1.47-1.50 at 6, 0.59-0.93
 # at 8; it wins where an expert has many tokens and its packed tokens are reused (prefill, from GEMM_TOKENS).
-_FUSED = (0, 16, 16, 32, 12, 6, 6, 8, 4)
+_FUSED = (0, 16, 16, 32, 12, 6, 6, 8, 4, 12, 12)
+
+
+@njit(fastmath=True, inline="always")
+def _rows2_k(code, w, o, rb, X16, DX, k, nb, res, ro):
+    """res[k, ro:ro + 2] for the two K-quant / IQ4 rows at byte o (kquants.py, iquants.py)."""
+    if code == Q4_K:
+        rows2_q4_k(w, o, rb, X16, DX, k, nb, res, ro)
+    elif code == Q5_K:
+        rows2_q5_k(w, o, rb, X16, DX, k, nb, res, ro)
+    elif code == Q3_K:
+        rows2_q3_k(w, o, rb, X16, DX, k, nb, res, ro)
+    elif code == Q2_K:
+        rows2_q2_k(w, o, rb, X16, DX, k, nb, res, ro)
+    elif code == IQ4_NL:
+        rows2_iq4_nl(w, o, rb, X16, DX, k, nb, res, ro)
+    elif code == IQ4_XS:
+        rows2_iq4_xs(w, o, rb, X16, DX, k, nb, res, ro)
+    else:
+        rows2_q6_k(w, o, rb, X16, DX, k, nb, res, ro)
+
+
+@njit(fastmath=True, inline="always")
+def _rows1_k(code, w, o, rb, X16, DX, k, nb, res, ro):
+    """res[k, ro] for the K-quant / IQ4 row at byte o."""
+    if code == Q4_K:
+        rows1_q4_k(w, o, rb, X16, DX, k, nb, res, ro)
+    elif code == Q5_K:
+        rows1_q5_k(w, o, rb, X16, DX, k, nb, res, ro)
+    elif code == Q3_K:
+        rows1_q3_k(w, o, rb, X16, DX, k, nb, res, ro)
+    elif code == Q2_K:
+        rows1_q2_k(w, o, rb, X16, DX, k, nb, res, ro)
+    elif code == IQ4_NL:
+        rows1_iq4_nl(w, o, rb, X16, DX, k, nb, res, ro)
+    elif code == IQ4_XS:
+        rows1_iq4_xs(w, o, rb, X16, DX, k, nb, res, ro)
+    else:
+        rows1_q6_k(w, o, rb, X16, DX, k, nb, res, ro)
+
+
+@njit(fastmath=True, inline="always")
+def _rows4x2(code, w, o, rb, X16, DX, k, nb, res, ro):
+    """res[k:k + 2, ro:ro + 4] for four rows at byte o and tokens k, k + 1 (each row decoded once)."""
+    if code == Q8_0:
+        rows4x2_q8(w, o, rb, X16, DX, k, nb, res, ro)
+    elif code == Q4_0:
+        rows4x2_q4(w, o, rb, X16, DX, k, nb, res, ro)
+    elif code == Q4_K:
+        rows4x2_q4_k(w, o, rb, X16, DX, k, nb, res, ro)
+    elif code == Q5_K:
+        rows4x2_q5_k(w, o, rb, X16, DX, k, nb, res, ro)
+    elif code == Q3_K:
+        rows4x2_q3_k(w, o, rb, X16, DX, k, nb, res, ro)
+    elif code == Q2_K:
+        rows4x2_q2_k(w, o, rb, X16, DX, k, nb, res, ro)
+    elif code == IQ4_NL:
+        rows4x2_iq4_nl(w, o, rb, X16, DX, k, nb, res, ro)
+    elif code == IQ4_XS:
+        rows4x2_iq4_xs(w, o, rb, X16, DX, k, nb, res, ro)
+    else:
+        rows4x2_q6_k(w, o, rb, X16, DX, k, nb, res, ro)
+
+
+@njit(fastmath=True, inline="always")
+def _rows2x4_k(code, w, o, rb, X16, DX, k, nb, res, ro):
+    """res[k:k + 4, ro:ro + 2] for two K-quant / IQ4 rows at byte o and tokens k .. k + 3."""
+    if code == Q4_K:
+        rows2x4_q4_k(w, o, rb, X16, DX, k, nb, res, ro)
+    elif code == Q5_K:
+        rows2x4_q5_k(w, o, rb, X16, DX, k, nb, res, ro)
+    elif code == Q3_K:
+        rows2x4_q3_k(w, o, rb, X16, DX, k, nb, res, ro)
+    elif code == Q2_K:
+        rows2x4_q2_k(w, o, rb, X16, DX, k, nb, res, ro)
+    elif code == IQ4_NL:
+        rows2x4_iq4_nl(w, o, rb, X16, DX, k, nb, res, ro)
+    elif code == IQ4_XS:
+        rows2x4_iq4_xs(w, o, rb, X16, DX, k, nb, res, ro)
+    else:
+        rows2x4_q6_k(w, o, rb, X16, DX, k, nb, res, ro)
 
 
 @njit(fastmath=True)
@@ -84,30 +167,12 @@ def _rows_token(code, w, r0, r1, rb, X16, DX, k, res, off):
     Q4_K|Q6_K: from DRAM Q4_K 1.00-1.05x, Q6_K 1.02-1.20x; --l2, one core, 1.00-1.13x)."""
     nb = np.int64(X16.shape[1] // 32)
     r = r0
-    if code >= Q4_K:  # K-quants: 2-row groups, then single rows
+    if code >= Q4_K:  # K-quants and IQ4s: 2-row groups, then single rows
         while r + 2 <= r1:
-            if code == Q4_K:
-                rows2_q4_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-            elif code == Q5_K:
-                rows2_q5_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-            elif code == Q3_K:
-                rows2_q3_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-            elif code == Q2_K:
-                rows2_q2_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-            else:
-                rows2_q6_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+            _rows2_k(code, w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
             r += 2
         while r < r1:
-            if code == Q4_K:
-                rows1_q4_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-            elif code == Q5_K:
-                rows1_q5_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-            elif code == Q3_K:
-                rows1_q3_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-            elif code == Q2_K:
-                rows1_q2_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-            else:
-                rows1_q6_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+            _rows1_k(code, w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
             r += 1
     elif code == Q8_0:
         while r + 2 <= r1:
@@ -135,20 +200,7 @@ def _rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off):
     nb = np.int64(X16.shape[1] // 32)
     r = r0
     while r + 4 <= r1:
-        if code == Q8_0:
-            rows4x2_q8(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-        elif code == Q4_0:
-            rows4x2_q4(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-        elif code == Q4_K:
-            rows4x2_q4_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-        elif code == Q5_K:
-            rows4x2_q5_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-        elif code == Q3_K:
-            rows4x2_q3_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-        elif code == Q2_K:
-            rows4x2_q2_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-        else:
-            rows4x2_q6_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+        _rows4x2(code, w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
         r += 4
     if r < r1:
         _rows_token(code, w, r, r1, rb, X16, DX, k, res, off + r - r0)
@@ -167,16 +219,8 @@ def _rows_quad(code, w, r0, r1, rb, X16, DX, k, res, off):
     while r + g <= r1:
         if code == Q4_0:
             rows8x4_q4(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-        elif code == Q4_K:
-            rows2x4_q4_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-        elif code == Q5_K:
-            rows2x4_q5_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-        elif code == Q3_K:
-            rows2x4_q3_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-        elif code == Q2_K:
-            rows2x4_q2_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
         else:
-            rows2x4_q6_k(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
+            _rows2x4_k(code, w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
         r += g
     if r < r1:
         _rows_pair(code, w, r, r1, rb, X16, DX, k, res, off + r - r0)

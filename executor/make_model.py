@@ -37,8 +37,8 @@ class Preset:
     eps: float = 1e-6
     dense_type: str = "F16"  # attention projections
     embd_type: str = "Q8_0"  # token_embd and output
-    # expert types per layer (cycled): "Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F16", or "gate_up/down" e.g.
-    # "Q4_0/Q8_0"
+    # expert types per layer (cycled): "Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "F16",
+    # or "gate_up/down" e.g. "Q4_0/Q8_0"
     expert_types: tuple[str, ...] = ("Q8_0",)
     # Engram: layers that add rows, n-gram orders, heads per order, rows, row type
     engram_layers: tuple[int, ...] = (1,)
@@ -72,6 +72,10 @@ PRESETS["small-q5k"] = replace(PRESETS["small"], expert_types=("Q5_K/Q6_K", "Q5_
 PRESETS["tiny-k3"] = replace(PRESETS["tiny"], expert_ff=256, expert_types=("Q3_K/Q4_K", "Q2_K/Q3_K", "Q3_K/Q5_K", "Q8_0/Q2_K"))
 PRESETS["small-q3k"] = replace(PRESETS["small"], expert_types=("Q3_K/Q5_K", "Q3_K/Q4_K"))
 PRESETS["small-q2k"] = replace(PRESETS["small"], expert_types=("Q2_K/Q4_K", "Q2_K/Q3_K"))
+# llama.cpp's IQ4_XS and IQ4_NL files (codebook nibbles: iquants.py); `tiny-iq4` holds both, beside Q4_K and Q8_0
+PRESETS["tiny-iq4"] = replace(PRESETS["tiny"], expert_ff=256, expert_types=("IQ4_XS", "IQ4_NL", "IQ4_XS/Q4_K", "Q8_0/IQ4_NL"))
+PRESETS["small-iq4xs"] = replace(PRESETS["small"], expert_types=("IQ4_XS",))
+PRESETS["small-iq4nl"] = replace(PRESETS["small"], expert_types=("IQ4_NL",))
 
 
 def _byte_table() -> list[str]:
@@ -125,7 +129,9 @@ def _rand_tensor(rng: np.random.Generator, shape: tuple[int, ...], qt: QT, std: 
         q_std = 73.6  # std of uniform int8
     elif qt == QT.Q4_0:
         q_std = 4.6  # std of uniform nibble - 8
-    elif qt in (QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K):
+    elif qt == QT.IQ4_NL:
+        q_std = 67.2  # std of the codebook's 16 values (iquants.KVALUES), nibbles uniform
+    elif qt in (QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS):
         _k_scales(rng, raw, qt, std)
         return raw.reshape(gguf.quant_shape_to_byte_shape(shape, qt))
     else:  # other types: random bytes (enough for load / rejection tests)
@@ -143,7 +149,8 @@ def _k_scales(rng: np.random.Generator, raw: np.ndarray, qt: QT, std: float) -> 
     uniform in 0..31: nibble and fifth bit both uniform); Q3_K: 6-bit scales in [40, 63] (8..31 once 32 is taken
     off) times q in -4..3 (uniform: std 2.29, mean -0.5); Q2_K: 4-bit run scales in [8, 15], mins m = sc and
     dmin = 1.5 d (q uniform in 0..3); Q6_K: int8 scales in [32, 127] times
-    q - 32 (uniform 6-bit). d per super-block sets the weights' std to about `std`."""
+    q - 32 (uniform 6-bit); IQ4_XS: 6-bit sub-block scales in [40, 63] (8..31 once 32 is taken off) times the
+    codebook values of uniform nibbles. d per super-block sets the weights' std to about `std`."""
     n = raw.shape[0]
     d = rng.uniform(0.5, 1.5, size=n).astype(np.float32)
     if qt in (QT.Q4_K, QT.Q5_K):
@@ -164,6 +171,15 @@ def _k_scales(rng: np.random.Generator, raw: np.ndarray, qt: QT, std: float) -> 
         raw[:, 0:16] = sc | (sc << 4)
         raw[:, 80:82] = d.astype(np.float16).view(np.uint8).reshape(n, 2)
         raw[:, 82:84] = (1.5 * d.astype(np.float16).astype(np.float32)).astype(np.float16).view(np.uint8).reshape(n, 2)
+    elif qt == QT.IQ4_XS:
+        d *= std / (19.5 * 67.2)  # mean scale x std of the codebook's values
+        ls = rng.integers(40, 64, size=(n, 8), dtype=np.uint16)
+        raw[:, 0:2] = d.astype(np.float16).view(np.uint8).reshape(n, 2)
+        # ggml's packing: bits 4-5 of sub-block c's scale at bit pair c of the u16 at 2, its low nibble at nibble
+        # c % 2 of byte 4 + c // 2
+        hi = ((ls >> 4) << (2 * np.arange(8, dtype=np.uint16))).sum(axis=1).astype(np.uint16)
+        raw[:, 2:4] = hi.view(np.uint8).reshape(n, 2)
+        raw[:, 4:8] = ((ls[:, 0::2] & 15) | ((ls[:, 1::2] & 15) << 4)).astype(np.uint8)
     elif qt == QT.Q3_K:
         d *= std / (19.5 * 2.29)  # mean scale x std of a uniform 3-bit value
         sc = rng.integers(40, 64, size=(n, 16), dtype=np.uint8)

@@ -208,8 +208,8 @@ def test_real_sigint_mid_run(tmp_path):
                       disk_dir={str(tmp_path)!r})
     """)
     p = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    t0 = time.time()
-    while not marker.exists() and p.poll() is None and time.time() - t0 < 60:
+    t0 = time.time()  # the wait ends at the marker; its bound only covers numba compiling on a cold cache (minutes)
+    while not marker.exists() and p.poll() is None and time.time() - t0 < 400:
         time.sleep(0.05)
     assert marker.exists(), p.communicate()[1].decode()[-2000:]
     p.send_signal(signal.SIGINT)

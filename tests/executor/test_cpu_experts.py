@@ -40,7 +40,8 @@ def test_moe_matches_dequantised(qk, types, H32, F32, T, k, seed):
 
 @pytest.mark.parametrize("types", [(QT.Q4_0, QT.Q4_0, QT.Q8_0), (QT.Q4_K, QT.Q4_K, QT.Q6_K), (QT.Q5_K, QT.Q5_K, QT.Q6_K),
                                    (QT.Q3_K, QT.Q3_K, QT.Q5_K),
-                                   (QT.Q2_K, QT.Q2_K, QT.Q3_K)], ids=["Q4_0", "Q4_K_M", "Q5_K_M", "Q3_K_M", "Q2_K"])
+                                   (QT.Q2_K, QT.Q2_K, QT.Q3_K), (QT.IQ4_XS, QT.IQ4_XS, QT.IQ4_NL)],
+                         ids=["Q4_0", "Q4_K_M", "Q5_K_M", "Q3_K_M", "Q2_K", "IQ4"])
 def test_prefill_sized_job_takes_the_gemm_and_matches_dequantised(qk, types):
     """60 tokens, each routed to all 3 experts: 60 tokens an expert, over gemm.GEMM_TOKENS, so gate, up and down
     run the packed-panel GEMM in few large items; the parallel and the serial kernel match dequantise-then-matmul."""

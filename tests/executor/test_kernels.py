@@ -13,8 +13,9 @@ from executor import simd
 from executor.gguf_model import EXPERT_TYPES, ExpertTensor
 
 QT = gguf.GGMLQuantizationType
-TYPES = [QT.Q8_0, QT.Q4_0, QT.F16]
-KQUANTS = [QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K]  # 256-weight super-blocks (Q2_K .. Q5_K_M files)
+TYPES = [QT.Q8_0, QT.Q4_0, QT.F16, QT.IQ4_NL]  # 32-weight blocks
+KQUANTS = [QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS]  # 256-weight super-blocks (Q2_K .. Q5_K_M, IQ4_XS files)
+FP16_AT = {QT.Q6_K: [208], QT.Q3_K: [108], QT.Q2_K: [80, 82], QT.IQ4_XS: [0], QT.IQ4_NL: [0]}  # d / d, dmin in a block
 
 
 @settings(max_examples=60, deadline=None)
@@ -58,28 +59,27 @@ def test_k_quant_matmul_matches_dequantised(qk, qt, rows, nsb, T, seed):
 
 
 @settings(max_examples=30, deadline=None)
-@given(qt=st.sampled_from(KQUANTS), rows=st.integers(1, 6), nsb=st.integers(1, 3),
+@given(qt=st.sampled_from(KQUANTS + [QT.IQ4_NL]), rows=st.integers(1, 6), nsb=st.integers(1, 3),
        seed=st.integers(0, 2**31))
 def test_k_quant_rows_dequantise_bitwise(qt, rows, nsb, seed):
-    """Arbitrary K-quant super-blocks (every scale, min and quant bit pattern; finite fp16 d / dmin) decode to
-    gguf.dequantize's values bit for bit, both in numba (gemm.deq_rows: embeddings, prefill) and in torch
+    """Arbitrary K-quant and IQ4 (super-)blocks (every scale, min and quant bit pattern; finite fp16 d / dmin)
+    decode to gguf.dequantize's values bit for bit, both in numba (gemm.deq_rows: embeddings, prefill) and in torch
     (experts.torch_dequant: the device tier's slots)."""
     import torch
     from executor.experts import torch_dequant
     from executor.gemm import deq_rows
     rng = np.random.default_rng(seed)
-    size = gguf.GGML_QUANT_SIZES[qt][1]
+    width, size = gguf.GGML_QUANT_SIZES[qt]
     raw = rng.integers(0, 256, size=(rows, nsb, size), dtype=np.uint8)
-    at = {QT.Q6_K: [208], QT.Q3_K: [108], QT.Q2_K: [80, 82]}.get(qt, [0, 2])  # the fp16 fields: d / d, dmin
-    for o in at:
+    for o in FP16_AT.get(qt, [0, 2]):  # the fp16 fields
         raw[..., o:o + 2] = rng.uniform(-0.1, 0.1, (rows, nsb, 1)).astype(np.float16).view(np.uint8)
     raw = raw.reshape(rows, -1)
-    want = gguf.dequantize(raw, qt).reshape(rows, nsb * 256)
+    want = gguf.dequantize(raw, qt).reshape(rows, nsb * width)
     got = np.empty_like(want)
     code = EXPERT_TYPES[qt]
     deq_rows(code, raw, got)
     assert np.array_equal(got, want)
-    assert np.array_equal(torch_dequant(torch.from_numpy(raw), code, nsb * 256).numpy(), want)
+    assert np.array_equal(torch_dequant(torch.from_numpy(raw), code, nsb * width).numpy(), want)
 
 
 def test_fp16_special_values_exact():
@@ -106,7 +106,7 @@ def test_kernels_read_in_place(tiny):
 
 
 @settings(max_examples=40, deadline=None)
-@given(qt=st.sampled_from(TYPES[:2] + KQUANTS), rows=st.integers(1, 40), nb=st.integers(1, 12),
+@given(qt=st.sampled_from(TYPES[:2] + TYPES[3:] + KQUANTS), rows=st.integers(1, 40), nb=st.integers(1, 12),
        seed=st.integers(0, 2**31))
 def test_token_pairs_give_each_tokens_bits(qk, qt, rows, nb, seed):
     """Two tokens through one 4-row group (each row decoded once, kernels._rows_pair) give the bits of
@@ -127,11 +127,11 @@ def test_token_pairs_give_each_tokens_bits(qk, qt, rows, nb, seed):
 
 
 @settings(max_examples=40, deadline=None)
-@given(qt=st.sampled_from(TYPES[:2] + KQUANTS), rows=st.integers(1, 40), nb=st.integers(1, 6),
+@given(qt=st.sampled_from(TYPES[:2] + TYPES[3:] + KQUANTS), rows=st.integers(1, 40), nb=st.integers(1, 6),
        m=st.integers(4, 11), seed=st.integers(0, 2**31))
 def test_tokens_four_at_a_time_give_each_tokens_bits(qk, qt, rows, nb, m, seed):
     """m tokens through the fused path (kernels._rows_fused: four tokens a row group, 8 rows for Q4_0, 2 for the
-    K-quants; Q8_0 in pairs; then a pair, then one) give the bits of each token alone (_rows_token)."""
+    K-quants and IQ4s; Q8_0 in pairs; then a pair, then one) give the bits of each token alone (_rows_token)."""
     rng = np.random.default_rng(seed)
     cols = nb * (256 if qt in KQUANTS else 32)
     w = qk.tensor(rng, qt, 2, rows, cols)
@@ -177,7 +177,7 @@ def test_q8_0_two_rows_a_pass_give_the_bits_of_eight(qk, rows, nb, seed):
     assert np.array_equal(got, want) and np.abs(want).max() > 0
 
 
-@pytest.mark.parametrize("qt", KQUANTS, ids=lambda q: q.name)
+@pytest.mark.parametrize("qt", KQUANTS[:5], ids=lambda q: q.name)
 def test_k_quant_portable_loops_match_dequantised(qk, qt):
     """The loops the K-quant kernels fall back to without AVX2 (kquants._slow_*, and kquants._block for rows
     dequantised) match gguf.dequantize: the products within the int16 kernels' tolerance, the values bit for bit."""
@@ -197,3 +197,24 @@ def test_k_quant_portable_loops_match_dequantised(qk, qt):
     buf = np.empty(256, np.float32)
     kquants._block(bs, flat, np.uint64(bs), buf, 0)  # row 0's second super-block
     assert np.array_equal(buf, W[0, 256:512])
+
+
+@pytest.mark.parametrize("qt", [QT.IQ4_NL, QT.IQ4_XS], ids=lambda q: q.name)
+def test_iq4_portable_loops_match_dequantised(qk, qt):
+    """The loops the IQ4 kernels fall back to without AVX2 (iquants._slow_iq4_*, and iquants.iq4_unit for rows
+    dequantised) match gguf.dequantize: the products within the int16 kernels' tolerance, the values bit for bit."""
+    from executor import iquants
+    rng = np.random.default_rng(int(qt))
+    rows, cols = 3, 512
+    w = qk.tensor(rng, qt, 1, rows, cols)
+    W = qk.deq(w, 0)
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    X16, DX = K._quant_rows(x)
+    flat = K.flat(w)[0]
+    got = np.zeros((1, rows), np.float32)
+    getattr(iquants, f"_slow_{qt.name.lower()}")(rows, flat, 0, flat.shape[0] // rows, X16, DX, 0, cols // 32, got, 0)
+    qk.close(got, x @ W.T, np.abs(x) @ np.abs(W).T)
+    width, size = gguf.GGML_QUANT_SIZES[qt]
+    buf = np.empty(width, np.float32)
+    iquants.iq4_unit(qt == QT.IQ4_XS, flat, np.uint64(size), buf, 0)  # row 0's second (super-)block
+    assert np.array_equal(buf, W[0, width:2 * width])

@@ -56,11 +56,12 @@ def test_mixtral_style_llama_arch(tmp_path, reference):
     Plan(placement=Placement(engram="none")),
     Plan(placement=Placement(engram="none", gpu_expert_layers=[0, 1, 2, 3])),
 ], ids=["cpu-tier", "device-tier"])
-@pytest.mark.parametrize("preset", ["tiny-k", "tiny-k5", "tiny-k3"])
+@pytest.mark.parametrize("preset", ["tiny-k", "tiny-k5", "tiny-k3", "tiny-iq4"])
 def test_k_quant_experts_match_reference(tmp_path_factory, reference, plan, preset):
     """A model whose experts are llama.cpp's Q4_K_M types (Q4_K, Q6_K, and mixed with Q8_0: PRESETS["tiny-k"]) or its
-    Q5_K_M ones (Q5_K, Q6_K, and mixed with Q4_K and Q8_0: "tiny-k5") or Q3_K and Q2_K beside Q4_K, Q5_K and Q8_0 ("tiny-k3") gives the reference's logits within 1e-3 on the
-    CPU kernels (dequantised in place) and the device tier."""
+    Q5_K_M ones (Q5_K, Q6_K, and mixed with Q4_K and Q8_0: "tiny-k5"), Q3_K and Q2_K beside Q4_K, Q5_K and Q8_0
+    ("tiny-k3"), or IQ4_XS and IQ4_NL beside Q4_K and Q8_0 ("tiny-iq4") gives the reference's logits within 1e-3 on
+    the CPU kernels (dequantised in place) and the device tier."""
     path = tmp_path_factory.getbasetemp() / f"{preset}.gguf"
     if not path.exists():
         write_model(PRESETS[preset], path, seed=5)
