@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import executor  # noqa: E402,F401  (first: sets OMP_WAIT_POLICY before torch loads OpenMP)
 from calibration.bench_kernel import _ROW_BYTES, _synth_tensor  # noqa: E402
 from executor import kernels as K  # noqa: E402
-from executor import kquants, simd, vnni  # noqa: E402
+from executor import iquants, kquants, simd, vnni  # noqa: E402
 
 THREADS = 2
 
@@ -145,7 +145,8 @@ def l2_rates(kernels: dict, w: np.ndarray, rows: int, x16, dx, rounds: int) -> d
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--fmt", choices=("Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"), default="Q8_0")
+    ap.add_argument("--fmt", choices=("Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"),
+                    default="Q8_0")
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--ffn", type=int, default=768)
     ap.add_argument("--top-k", type=int, default=8)
@@ -178,6 +179,10 @@ def main() -> int:
                      "Q4_K": (kquants._rows_q4_k_ir, kquants._slow_q4_k),
                      "Q5_K": (kquants._rows_q5_k_ir, kquants._slow_q5_k),
                      "Q6_K": (kquants._rows_q6_k_ir, kquants._slow_q6_k)}[a.fmt]
+        kernels = {f"{nr} rows": (kquants._k_kernel(gen, slow, nr, 1), nr) for nr in (4, 2, 1)}
+    elif a.fmt in ("IQ4_NL", "IQ4_XS"):
+        gen, slow = {"IQ4_NL": (iquants._rows_iq4_ir, iquants._slow_iq4_nl),
+                     "IQ4_XS": (iquants._rows_iq4_xs_ir, iquants._slow_iq4_xs)}[a.fmt]
         kernels = {f"{nr} rows": (kquants._k_kernel(gen, slow, nr, 1), nr) for nr in (4, 2, 1)}
     elif a.fmt == "Q4_0" and vnni.HAVE_VNNI512:  # the executor's VNNI rows, beside simd.py's int16 ones
         kernels = {f"{nr} rows (VNNI)": (vnni.vnni_kernel(nr, 1), nr) for nr in (8, 4, 2, 1)}

@@ -159,7 +159,8 @@ def toy_expert_job(rows: int = 256, cols: int = 256, pool: int = 16):
 # executor kernel formats this module can synthesise: name -> (row bytes for `cols` weights)
 _ROW_BYTES = {"F16": lambda c: 2 * c, "Q8_0": lambda c: c // 32 * 34, "Q4_0": lambda c: c // 32 * 18,
               "Q2_K": lambda c: c // 256 * 84, "Q3_K": lambda c: c // 256 * 110,
-              "Q4_K": lambda c: c // 256 * 144, "Q5_K": lambda c: c // 256 * 176, "Q6_K": lambda c: c // 256 * 210}
+              "Q4_K": lambda c: c // 256 * 144, "Q5_K": lambda c: c // 256 * 176, "Q6_K": lambda c: c // 256 * 210,
+              "IQ4_NL": lambda c: c // 32 * 18, "IQ4_XS": lambda c: c // 256 * 136}
 
 
 def kernel_version() -> str:

@@ -26,7 +26,8 @@ import numpy as np
 from numba import njit, prange
 from numba.typed import List
 
-from executor.gemm import Q2_K, Q3_K, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0
+from executor.gemm import IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0
+from executor.iquants import row_iq4_nl_noprefetch, row_iq4_xs_noprefetch
 from executor.kernels import _quant_rows
 from executor.kquants import row_q2_k_noprefetch, row_q3_k_noprefetch, row_q4_k_noprefetch, row_q5_k_noprefetch, row_q6_k_noprefetch
 from executor.nbcache import drop_stale_cache
@@ -35,11 +36,12 @@ from executor.simd import HAVE_AVX2, row_f16_noprefetch, row_q4_noprefetch, row_
 from .bench_kernel import ExpertPool, expert_pool
 
 # the kernels compiled in here live in the executor: a change there drops this module's cached kernels
-drop_stale_cache("bench_rowwise", tuple(f"../executor/{m}.py" for m in ("kernels", "simd", "kquants", "gemm", "vnni")),
+drop_stale_cache("bench_rowwise", tuple(f"../executor/{m}.py" for m in ("kernels", "simd", "kquants", "iquants", "gemm",
+                                                                         "vnni")),
                  Path(__file__).parent)
 
 CHUNK_ROWS = 64  # ggml's chunk for a one-token product (`chunk_size = 64` when nr1 == 1)
-FORMATS = ("Q8_0", "Q4_0", "F16", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")  # the formats with a single-row kernel here
+FORMATS = ("Q8_0", "Q4_0", "F16", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")  # with a single-row kernel here
 # the formats with a kernel in llama.cpp's repacked layout here: its x86 layout (8 rows; ARM's is 4)
 # (llama.cpp repacks Q4_K too, but the executor's Q4_K arithmetic 8 rows a pass is slower than a row at a time,
 # 8.2 against 12.7 GB/s on 2 threads, where llama.cpp's q4_K_8x8 is its fastest Q4_K path; Q4_K keeps rowwise)
@@ -65,6 +67,10 @@ def _row(code, w, off, rb, x16, dx, xf, out, r):
         row_q2_k_noprefetch(w, off, rb, x16, dx, 0, nb, out, r)
     elif code == Q6_K:
         row_q6_k_noprefetch(w, off, rb, x16, dx, 0, nb, out, r)
+    elif code == IQ4_NL:
+        row_iq4_nl_noprefetch(w, off, rb, x16, dx, 0, nb, out, r)
+    elif code == IQ4_XS:
+        row_iq4_xs_noprefetch(w, off, rb, x16, dx, 0, nb, out, r)
     else:
         row_f16_noprefetch(w, off, rb, xf[0], dx[0], np.int64(xf.shape[1] // 16), out[0], r)
 

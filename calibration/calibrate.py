@@ -83,7 +83,8 @@ class Settings:
     disk_seq_passes: int = 5
     disk_qd_passes: int = 5
     handover_iters: int = 2000
-    kernel_formats: tuple[str, ...] = ("Q4_0", "Q8_0", "F16", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")  # K-quants: Q2_K .. Q5_K_M
+    kernel_formats: tuple[str, ...] = ("Q4_0", "Q8_0", "F16", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",  # K-quants: Q2_K .. Q5_K_M
+                                       "IQ4_NL", "IQ4_XS")
     kernel_hidden: int = 2048
     kernel_ffn: int = 768
     kernel_pool_bytes: int = 128 << 20

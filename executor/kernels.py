@@ -66,12 +66,15 @@ _ROWS = 32  # rows per parallel work item (16 -> 32: ~5% on Q4_0 expert GB/s, fe
 #   group: Q4_K 1.07 / 0.93 at 12 tokens (two runs), 0.81-0.90 at 16; Q6_K 1.04 at 6, 0.99-1.00 at 8 (pairs only: 10 and
 #   4 tokens); Q5_K (session 28, `--presets small-q5k`, its rows dequantised at 6.0 G weights/s, Q4_K's 6.5): 1.29 at
 #   4, 0.99 at 6, 0.84 at 8, 0.66 at 12; Q3_K (`--presets small-q3k`, rows dequantised at 6.1): 1.42 at 4, 1.03 at 6,
-#   1.07 at 8, 0.86 at 12; Q2_K (`--presets small-q2k`, rows dequantised at 5.0): 1.03 at 4, 0.73 at 6, 0.67 at 8.
+#   1.07 at 8, 0.86 at 12; Q2_K (`--presets small-q2k`, rows dequantised at 5.0): 1.03 at 4, 0.73 at 6, 0.67 at 8;
+#   IQ4_NL (session 29, `--presets small-iq4nl`, gate / down, rows dequantised at 5.0-5.6): 1.53 / 1.39 at 4, 1.09 / 1.20
+#   at 6, 1.18 / 1.12 at 8, 0.94 / 0.91 at 12; IQ4_XS (`small-iq4xs`, 5.0-5.4): 1.46 / 1.42 at 4, 0.97 / 0.88 at 6,
+#   0.88 / 1.26 at 8, 0.77 / 0.86 at 12.
 # These ratios are against the 4 x 3 dot blocks (gemm.deq_dots), which still run above _FUSED up to gemm.GEMM_TOKENS.
 # Session 18's packed GEMM in their place would have moved no crossover, two runs: Q8_0 1.30-1.32 at 12, 0.88-0.97
 # at 16; Q4_0 1.14-1.17 at 16, 0.99-1.15 at 24, 0.93-1.01 at 32; Q4_K 0.88-1.14 at 12; Q6_K 1.47-1.50 at 6, 0.59-0.93
 # at 8; it wins where an expert has many tokens and its packed tokens are reused (prefill, from GEMM_TOKENS).
-_FUSED = (0, 16, 16, 32, 12, 6, 6, 8, 4, 12, 12)
+_FUSED = (0, 16, 16, 32, 12, 6, 6, 8, 4, 8, 4)
 
 
 @njit(fastmath=True, inline="always")

@@ -72,8 +72,10 @@ PRESETS["small-q5k"] = replace(PRESETS["small"], expert_types=("Q5_K/Q6_K", "Q5_
 PRESETS["tiny-k3"] = replace(PRESETS["tiny"], expert_ff=256, expert_types=("Q3_K/Q4_K", "Q2_K/Q3_K", "Q3_K/Q5_K", "Q8_0/Q2_K"))
 PRESETS["small-q3k"] = replace(PRESETS["small"], expert_types=("Q3_K/Q5_K", "Q3_K/Q4_K"))
 PRESETS["small-q2k"] = replace(PRESETS["small"], expert_types=("Q2_K/Q4_K", "Q2_K/Q3_K"))
-# llama.cpp's IQ4_XS and IQ4_NL files (codebook nibbles: iquants.py); `tiny-iq4` holds both, beside Q4_K and Q8_0
-PRESETS["tiny-iq4"] = replace(PRESETS["tiny"], expert_ff=256, expert_types=("IQ4_XS", "IQ4_NL", "IQ4_XS/Q4_K", "Q8_0/IQ4_NL"))
+# llama.cpp's IQ4_XS and IQ4_NL files (codebook nibbles: iquants.py); `tiny-iq4` holds both, beside Q4_K and Q8_0, in its
+# experts, its attention (IQ4_NL: attn_output's rows of 384 weights are no whole super-blocks) and its embeddings and head
+PRESETS["tiny-iq4"] = replace(PRESETS["tiny"], expert_ff=256, expert_types=("IQ4_XS", "IQ4_NL", "IQ4_XS/Q4_K", "Q8_0/IQ4_NL"),
+                              dense_type="IQ4_NL", embd_type="IQ4_XS")
 PRESETS["small-iq4xs"] = replace(PRESETS["small"], expert_types=("IQ4_XS",))
 PRESETS["small-iq4nl"] = replace(PRESETS["small"], expert_types=("IQ4_NL",))
 

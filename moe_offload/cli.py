@@ -394,9 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_calibrate)
 
     p = sub.add_parser("make-model", help="write a synthetic MoE GGUF (llama.cpp loads it too)")
-    p.add_argument("--preset", required=True, help="tiny, tiny-q8, tiny-k, tiny-k3, tiny-k5, small, small-q4, small-q2k, "
-                   "small-q3k, small-q4k, small-q5k (K-quants: -k / -q4k Q4_K / Q6_K experts, -k3 Q2_K / Q3_K, "
-                   "-q2k Q2_K, -q3k Q3_K, -k5 / -q5k Q5_K)")
+    p.add_argument("--preset", required=True, help="tiny, tiny-q8, tiny-k, tiny-k3, tiny-k5, tiny-iq4, small, small-q4, "
+                   "small-q2k, small-q3k, small-q4k, small-q5k, small-iq4xs, small-iq4nl (K-quants: -k / -q4k Q4_K / Q6_K "
+                   "experts, -k3 Q2_K / Q3_K, -q2k Q2_K, -q3k Q3_K, -k5 / -q5k Q5_K; -iq4 IQ4_XS / IQ4_NL)")
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--engram", action="store_true", help="also write an n-gram table beside it")
