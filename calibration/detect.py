@@ -168,7 +168,7 @@ def parse_smbios(raw: bytes) -> list[dict]:
 # Without AVX2, half the AVX2 rates (assumed).
 GWEIGHTS_PER_CORE = {"vnni": {"block": 22.0, "codebook": 9.3}, "avx2": {"block": 11.9, "codebook": 7.5},
                      "other": {"block": 6.0, "codebook": 3.7}}
-_BLOCK_FORMATS = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "F16", "BF16")
+_BLOCK_FORMATS = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "F16", "BF16")
 
 
 def isa_class(isa: list[str]) -> str:

@@ -49,7 +49,14 @@ def gguf_format_from_type(type_id: int) -> WeightFormat:
     qt = gguf.GGMLQuantizationType(type_id)
     block, size = gguf.GGML_QUANT_SIZES[qt]
     return WeightFormat(name=qt.name, block_weights=block, block_bytes=size, bits=size * 8 / block,
-                        gguf_type=int(qt), codebook=qt.name.startswith("IQ"))
+                        gguf_type=int(qt), codebook=qt.name.startswith("IQ") and qt.name not in NIBBLE_TABLE_TYPES)
+
+
+# i-quants whose nibbles index one 16-entry table: one byte shuffle decodes 32 of them, so they compute like the
+# plain block formats (llama.cpp's ggml_vec_dot_iq4_xs_q8_K is Q4_K's loop with a vpshufb; the executor's
+# iquants.py, one core in L2: 12-16 G weights/s against Q4_K's 17-19). IQ1 .. IQ3 index lattice grids of 256-2048
+# entries, with sign masks: codebooks.
+NIBBLE_TABLE_TYPES = ("IQ4_NL", "IQ4_XS")
 
 
 _BPW = re.compile(r"^(?P<kind>EXL3|BPW|IQMIX|MIX)[:@-]?(?P<bits>\d+(\.\d+)?)$", re.IGNORECASE)

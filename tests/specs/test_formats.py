@@ -22,3 +22,12 @@ def test_llamacpp_prefill_path_follows_ggml_mul_mat_id():
     assert llamacpp_prefill_path(q4, True, 128, ["avx2"]) == "repacked"
     assert [llamacpp_prefill_key("Q4_K", p) for p in ("vecdot", "tiled", "repacked")] == \
         ["Q4_K", "Q4_K:tiled", "Q4_K:repacked"]
+
+
+def test_iq4_types_decode_like_block_formats_and_lattice_iquants_like_codebooks():
+    """IQ4_NL / IQ4_XS nibbles index one 16-entry table (a byte shuffle: the executor's iquants.py runs them at
+    Q4_K's pace), so the simulator gives them block-format rates; IQ1 .. IQ3 index lattice grids: codebook rates."""
+    from specs.formats import parse_format
+    assert not parse_format("IQ4_XS").codebook and not parse_format("IQ4_NL").codebook
+    assert all(parse_format(f).codebook for f in ("IQ3_S", "IQ3_XXS", "IQ2_XXS", "IQ1_M"))
+    assert parse_format("IQ4_XS").bits == 4.25 and parse_format("IQ4_NL").bits == 4.5
