@@ -60,3 +60,76 @@ def moe_gguf(tmp_path_factory):
 def write_gguf():
     """write_moe_gguf, for tests that write the same tensors under another architecture or metadata."""
     return write_moe_gguf
+
+
+# ---------------------------------------------------------------------------------------------
+# A cold executor run: what numba compiles (tests/executor/test_plans.py asserts on it)
+# ---------------------------------------------------------------------------------------------
+
+_COLD_RUN = """
+import importlib, json
+from pathlib import Path
+import numba
+from numba.core import event
+from executor.runner import Runner, default_prompts
+from specs.plan import ExpertCache, Plan
+tiny = Path({tiny!r})
+in_steps = event.RecordingListener()
+for plan in (Plan(),  # all-CPU: the fused layer loop
+             Plan(streams=4, expert_cache=ExpertCache(slots=40, policy="lru"))):  # 4 tokens a row group
+    r = Runner(plan, tiny, 8)
+    event.register("numba:compile", in_steps)  # from the first prefill on: what the TTFT and the ITL time
+    r.generate(default_prompts(plan.streams, 4, 512, seed=11), 3)
+    event.unregister("numba:compile", in_steps)
+    r.experts.close()
+counts = {{}}
+for m in ("kernels", "gemm", "kquants", "iquants", "simd", "vnni", "cpu_experts", "dense_kernels", "cpu_layers", "attention",
+          "engram", "cpu_step", "experts"):
+    mod = importlib.import_module("executor." + m)
+    for k, v in vars(mod).items():
+        if isinstance(v, numba.core.registry.CPUDispatcher) and v.__module__ == mod.__name__:
+            counts[m + "." + k] = len(v.signatures)
+compiled = sorted({{e.data["dispatcher"].py_func.__qualname__ for _, e in in_steps.buffer}})
+print(json.dumps({{"signatures": counts, "compiled_in_steps": compiled}}))
+"""
+
+
+def _numba_cache_is_empty() -> bool:
+    """Whether the project's numba cache (numba's default: __pycache__ beside the sources) holds no executor kernel:
+    a fresh clone, as CI runs. False where NUMBA_CACHE_DIR points elsewhere."""
+    import os
+    from pathlib import Path
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return False
+    return not any((Path(__file__).parents[1] / "executor" / "__pycache__").glob("*.nbi"))
+
+
+@pytest.fixture(scope="session")
+def cold_run(tmp_path_factory):
+    """An all-CPU run and 4 streams through a cache of `tiny`, in a fresh process with an empty numba cache (a callee
+    inside a cached caller is never compiled, so only a cold run shows what compiles): each executor kernel's
+    signatures, and the kernels compiled during the timed steps. On a fresh clone the empty cache is the project's
+    own, which the run then fills for the rest of the session (one cold compile in CI, not two: ~4 min on two
+    vCPUs); elsewhere a temporary one."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from executor.make_model import make_model
+    tiny = make_model("tiny", tmp_path_factory.mktemp("cold-run") / "tiny.gguf", seed=0, engram=True)
+    env = dict(os.environ)
+    if not _numba_cache_is_empty():
+        env["NUMBA_CACHE_DIR"] = str(tmp_path_factory.mktemp("numba-cache"))
+    out = subprocess.run([sys.executable, "-c", _COLD_RUN.format(tiny=str(tiny))], env=env,
+                         capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cold_run_first_on_an_empty_cache(request):
+    """Where the cold-run tests are selected and the project's numba cache is empty, the cold run goes first and fills
+    the cache that every later test then loads from."""
+    if any("cold_run" in getattr(item, "fixturenames", ()) for item in request.session.items) and _numba_cache_is_empty():
+        request.getfixturevalue("cold_run")

@@ -100,50 +100,6 @@ def test_fewer_experts_per_token_runs(tiny):
     assert all(len(t) == 2 for x in recs for t in x["routed"])
 
 
-_COLD_RUN = """
-import importlib, json
-from pathlib import Path
-import numba
-from numba.core import event
-from executor.runner import Runner, default_prompts
-from specs.plan import ExpertCache, Plan
-tiny = Path({tiny!r})
-in_steps = event.RecordingListener()
-for plan in (Plan(),  # all-CPU: the fused layer loop
-             Plan(streams=4, expert_cache=ExpertCache(slots=40, policy="lru"))):  # 4 tokens a row group
-    r = Runner(plan, tiny, 8)
-    event.register("numba:compile", in_steps)  # from the first prefill on: what the TTFT and the ITL time
-    r.generate(default_prompts(plan.streams, 4, 512, seed=11), 3)
-    event.unregister("numba:compile", in_steps)
-    r.experts.close()
-counts = {{}}
-for m in ("kernels", "gemm", "kquants", "simd", "vnni", "cpu_experts", "dense_kernels", "cpu_layers", "attention",
-          "engram", "cpu_step", "experts"):
-    mod = importlib.import_module("executor." + m)
-    for k, v in vars(mod).items():
-        if isinstance(v, numba.core.registry.CPUDispatcher) and v.__module__ == mod.__name__:
-            counts[m + "." + k] = len(v.signatures)
-compiled = sorted({{e.data["dispatcher"].py_func.__qualname__ for _, e in in_steps.buffer}})
-print(json.dumps({{"signatures": counts, "compiled_in_steps": compiled}}))
-"""
-
-
-@pytest.fixture(scope="module")
-def cold_run(tiny, tmp_path_factory):
-    """An all-CPU run and 4 streams through a cache, in a fresh process with an empty numba cache (a callee
-    inside a cached caller is never compiled, so only a cold run shows what compiles): each executor
-    kernel's signatures, and the kernels compiled during the timed steps."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path_factory.mktemp("numba-cache")))
-    out = subprocess.run([sys.executable, "-c", _COLD_RUN.format(tiny=str(tiny))], env=env,
-                         capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2])
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def test_each_kernel_compiles_once(cold_run):
     """Each executor kernel has one type signature. A literal 0 or True, or a prange's uint64 index, passed
     from one kernel to another made numba compile the callee again (0351e3a: _rows_quad had 10
