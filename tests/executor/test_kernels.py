@@ -177,11 +177,13 @@ def test_q8_0_two_rows_a_pass_give_the_bits_of_eight(qk, rows, nb, seed):
     assert np.array_equal(got, want) and np.abs(want).max() > 0
 
 
-@pytest.mark.parametrize("qt", KQUANTS[:5], ids=lambda q: q.name)
-def test_k_quant_portable_loops_match_dequantised(qk, qt):
-    """The loops the K-quant kernels fall back to without AVX2 (kquants._slow_*, and kquants._block for rows
-    dequantised) match gguf.dequantize: the products within the int16 kernels' tolerance, the values bit for bit."""
-    from executor import kquants
+@pytest.mark.parametrize("qt", KQUANTS + [QT.IQ4_NL], ids=lambda q: q.name)
+def test_portable_loops_match_dequantised(qk, qt):
+    """The loops the K-quant and IQ4 kernels fall back to without AVX2 (kquants._slow_* / iquants._slow_iq4_*, and
+    kquants._block / iquants.iq4_unit for rows dequantised) match gguf.dequantize: the products within the int16
+    kernels' tolerance, the values bit for bit."""
+    from executor import iquants, kquants
+    iq = qt in (QT.IQ4_NL, QT.IQ4_XS)
     rng = np.random.default_rng(int(qt))
     rows, cols = 3, 512
     w = qk.tensor(rng, qt, 1, rows, cols)
@@ -190,31 +192,14 @@ def test_k_quant_portable_loops_match_dequantised(qk, qt):
     X16, DX = K._quant_rows(x)
     flat = K.flat(w)[0]
     got = np.zeros((1, rows), np.float32)
-    slow = getattr(kquants, f"_slow_{qt.name.lower()}")
+    slow = getattr(iquants if iq else kquants, f"_slow_{qt.name.lower()}")
     slow(rows, flat, 0, flat.shape[0] // rows, X16, DX, 0, cols // 32, got, 0)
-    qk.close(got, x @ W.T, np.abs(x) @ np.abs(W).T)
-    bs = gguf.GGML_QUANT_SIZES[qt][1]
-    buf = np.empty(256, np.float32)
-    kquants._block(bs, flat, np.uint64(bs), buf, 0)  # row 0's second super-block
-    assert np.array_equal(buf, W[0, 256:512])
-
-
-@pytest.mark.parametrize("qt", [QT.IQ4_NL, QT.IQ4_XS], ids=lambda q: q.name)
-def test_iq4_portable_loops_match_dequantised(qk, qt):
-    """The loops the IQ4 kernels fall back to without AVX2 (iquants._slow_iq4_*, and iquants.iq4_unit for rows
-    dequantised) match gguf.dequantize: the products within the int16 kernels' tolerance, the values bit for bit."""
-    from executor import iquants
-    rng = np.random.default_rng(int(qt))
-    rows, cols = 3, 512
-    w = qk.tensor(rng, qt, 1, rows, cols)
-    W = qk.deq(w, 0)
-    x = rng.standard_normal((1, cols)).astype(np.float32)
-    X16, DX = K._quant_rows(x)
-    flat = K.flat(w)[0]
-    got = np.zeros((1, rows), np.float32)
-    getattr(iquants, f"_slow_{qt.name.lower()}")(rows, flat, 0, flat.shape[0] // rows, X16, DX, 0, cols // 32, got, 0)
     qk.close(got, x @ W.T, np.abs(x) @ np.abs(W).T)
     width, size = gguf.GGML_QUANT_SIZES[qt]
     buf = np.empty(width, np.float32)
-    iquants.iq4_unit(qt == QT.IQ4_XS, flat, np.uint64(size), buf, 0)  # row 0's second (super-)block
+    if iq:  # row 0's second (super-)block
+        iquants.iq4_unit(qt == QT.IQ4_XS, flat, np.uint64(size), buf, 0)
+    else:
+        kquants._block(size, flat, np.uint64(size), buf, 0)
     assert np.array_equal(buf, W[0, width:2 * width])
+
