@@ -174,7 +174,8 @@ def kernel_version() -> str:
         return ""
     here = Path(kernels.__file__).resolve().parent
     h = hashlib.sha256()
-    for name in ("cpu_experts.py", "kernels.py", "simd.py", "kquants.py", "gemm.py", "dense_kernels.py", "attention.py"):
+    for name in ("cpu_experts.py", "kernels.py", "simd.py", "kquants.py", "iquants.py", "gemm.py", "dense_kernels.py",
+                 "attention.py"):
         f = here / name
         if f.is_file():
             h.update(f.read_bytes())

@@ -21,7 +21,7 @@ from .kernels import (_FUSED, _SERIAL_BYTES, NT, _parts, _parts_serial, _quant_r
 from .nbcache import drop_stale_cache
 from .simd import silu_mul
 
-drop_stale_cache("cpu_experts", ("kernels.py", "simd.py", "vnni.py", "gemm.py", "kquants.py"))
+drop_stale_cache("cpu_experts", ("kernels.py", "simd.py", "vnni.py", "gemm.py", "kquants.py", "iquants.py"))
 # moe_routed calls a parallel kernel from compiled code, which finds numba's thread pool running only
 # if a call from Python started it (as in dense_kernels)
 numba.get_num_threads()

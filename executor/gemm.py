@@ -138,9 +138,9 @@ def pack_tokens(X):
     return P
 
 
-# bytes a block of each type code holds (F16: a column; Q8_0 / Q4_0: 32 columns; the K-quants: 256)
-_BLOCK_BYTES = (0, 2, 34, 18, 144, 210, 176, 110, 84, 18, 136)  # bytes of a block, by type code
-_BLOCK_VALUES = (1, 1, 32, 32, 256, 256, 256, 256, 256, 32, 256)  # its weights
+# bytes a block of each type code holds, and its columns (F16: one; Q8_0 / Q4_0 / IQ4_NL: 32; the K-quants, IQ4_XS: 256)
+_BLOCK_BYTES = (0, 2, 34, 18, 144, 210, 176, 110, 84, 18, 136)
+_BLOCK_VALUES = (1, 1, 32, 32, 256, 256, 256, 256, 256, 32, 256)
 
 
 @njit(fastmath=True, inline="always")
