@@ -146,8 +146,6 @@ _BLOCK_VALUES = (1, 1, 32, 32, 256, 256, 256, 256, 256, 32, 256)
 @njit(fastmath=True, inline="always")
 def _col_bytes(code, c0):
     """Byte offset of column c0 (a block boundary) within a row of type `code`."""
-    if code == F16:
-        return 2 * c0
     return c0 // _BLOCK_VALUES[code] * _BLOCK_BYTES[code]
 
 
