@@ -65,19 +65,22 @@ def other_executor(root: str):
 
 def timed_token(K, CE, silu_mul):
     """A compiled token through every layer, the parts of each decode layer timed into T [THREADS, 8]."""
+    # the executor's products: through kernel_table's C functions where the checkout has them, else compiled in
+    rows_matmul = getattr(K, "table_rows_matmul", None) or K._rows_matmul
+
     @njit(fastmath=True)
     def expert(e, gd, gc, ud, uc, dd, dc, F, H, xg, x16, dx, out, T, t):
         c0 = rdtsc()
         g, u = np.empty((1, F), np.float32), np.empty((1, F), np.float32)
         P = K.panels(xg, False)
-        K._rows_matmul(gc, gd[e], 0, F, gd.shape[1] // F, xg, x16, dx, P, g, 0)
-        K._rows_matmul(uc, ud[e], 0, F, ud.shape[1] // F, xg, x16, dx, P, u, 0)
+        rows_matmul(gc, gd[e], 0, F, gd.shape[1] // F, xg, x16, dx, P, g, 0)
+        rows_matmul(uc, ud[e], 0, F, ud.shape[1] // F, xg, x16, dx, P, u, 0)
         c1 = rdtsc()
         silu_mul(g[0], u[0])
         a16, da = K._quant_rows(g)
         c2 = rdtsc()
         y = np.empty((1, H), np.float32)
-        K._rows_matmul(dc, dd[e], 0, H, dd.shape[1] // H, g, a16, da, K.panels(g, False), y, 0)
+        rows_matmul(dc, dd[e], 0, H, dd.shape[1] // H, g, a16, da, K.panels(g, False), y, 0)
         c3 = rdtsc()
         for h in range(H):
             out[0, h] += y[0, h]

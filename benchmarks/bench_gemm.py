@@ -16,6 +16,7 @@ import argparse
 import statistics
 import sys
 import time
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -67,10 +68,19 @@ def fma_peak_gflops(steps: int = 100_000_000, rounds: int = 3) -> float:
     return best
 
 
-@njit(fastmath=True)
+@lru_cache(maxsize=None)
+def _gemm_for(code: int):
+    """The packed GEMM for type `code` (packing timed too), the code a constant as in the executor's C functions
+    (kernel_table.py; a literal argument ran it ~15x slower)."""
+    @njit(fastmath=True)
+    def gemm(w, R, rb, X, res, reps):
+        for _ in range(reps):
+            deq_matmul(code, w, 0, R, rb, pack_tokens(X), X.shape[0], res, 0)
+    return gemm
+
+
 def _gemm(code, w, R, rb, X, res, reps):
-    for _ in range(reps):
-        deq_matmul(code, w, 0, R, rb, pack_tokens(X), X.shape[0], res, 0)
+    _gemm_for(int(code))(w, R, rb, X, res, reps)
 
 
 def moe_batches(tokens: int, threads: int, rounds: int) -> int:

@@ -1,7 +1,7 @@
-"""Two tokens per row decode (kernels._rows_pair: a 4-row group's weights decoded once for both tokens)
-against the same two tokens one at a time (_rows_token); the fused int16 path (kernels._rows_fused: four
+"""Two tokens per row decode (row_products.rows_pair: a 4-row group's weights decoded once for both tokens)
+against the same two tokens one at a time (rows_token); the fused int16 path (row_products.rows_fused: four
 tokens a row group, then pairs) against pairs alone at 4 and 8 tokens, and against dequantise-then-multiply
-(gemm.deq_dots; gemm.deq_matmul from GEMM_TOKENS) at m tokens an expert: where kernels._FUSED sits (F16 rows,
+(gemm.deq_dots; gemm.deq_matmul from GEMM_TOKENS) at m tokens an expert: where row_products._FUSED sits (F16 rows,
 one token at a time, too).
 Expert 0's gate (or --parts) of each model, in cache, the ways interleaved in one process, one thread; with
 each line the single-token rate and the rate rows dequantise at (G weights/s):
@@ -15,6 +15,7 @@ import argparse
 import statistics
 import sys
 import time
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -24,33 +25,62 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from calibration.local import ensure_model  # noqa: E402
 from executor import kernels as K  # noqa: E402
+from executor import row_products as RP  # noqa: E402
 from executor.gemm import GEMM_TOKENS, deq_dots, deq_matmul, deq_rows, pack_tokens  # noqa: E402
 from executor.gguf_model import GGUFModel  # noqa: E402
 
 
-@njit(fastmath=True)
-def _alone(code, w, R, rb, X16, DX, res, reps):
-    for _ in range(reps):
-        for k in range(X16.shape[0]):
-            K._rows_token(code, w, 0, R, rb, X16, DX, k, res, 0)
+@lru_cache(maxsize=None)
+def _ways(code: int):
+    """The ways timed here for type `code`, compiled with the code a constant in them as the executor's C functions
+    are (kernel_table.py; a literal argument ran the dequantised path ~15x slower): (alone, pairs, fused, deq)."""
+    @njit(fastmath=True)
+    def alone(w, R, rb, X16, DX, res, reps):
+        for _ in range(reps):
+            for k in range(X16.shape[0]):
+                RP.rows_token(code, w, 0, R, rb, X16, DX, k, res, 0)
+
+    @njit(fastmath=True)
+    def pairs(w, R, rb, X16, DX, res, reps):
+        m = X16.shape[0]
+        for _ in range(reps):
+            k = 0
+            while k + 2 <= m:
+                RP.rows_pair(code, w, 0, R, rb, X16, DX, k, res, 0)
+                k += 2
+            if k < m:
+                RP.rows_token(code, w, 0, R, rb, X16, DX, k, res, 0)
+
+    @njit(fastmath=True)
+    def fused(w, R, rb, X16, DX, res, reps):
+        for _ in range(reps):
+            RP.rows_fused(code, w, 0, R, rb, X16, DX, res, 0)
+
+    @njit(fastmath=True)
+    def deq(w, R, rb, X, res, reps):
+        """The executor's path above _FUSED: gemm.deq_dots, or from GEMM_TOKENS the packed GEMM (packing timed too)."""
+        for _ in range(reps):
+            if X.shape[0] >= GEMM_TOKENS:
+                deq_matmul(code, w, 0, R, rb, pack_tokens(X), X.shape[0], res, 0)
+            else:
+                deq_dots(code, w, 0, R, rb, X, res, 0)
+    return alone, pairs, fused, deq
 
 
-@njit(fastmath=True)
-def _pairs(code, w, R, rb, X16, DX, res, reps):
-    m = X16.shape[0]
-    for _ in range(reps):
-        k = 0
-        while k + 2 <= m:
-            K._rows_pair(code, w, 0, R, rb, X16, DX, k, res, 0)
-            k += 2
-        if k < m:
-            K._rows_token(code, w, 0, R, rb, X16, DX, k, res, 0)
+def _alone(code, *args):
+    _ways(int(code))[0](*args)
 
 
-@njit(fastmath=True)
-def _fused(code, w, R, rb, X16, DX, res, reps):
-    for _ in range(reps):
-        K._rows_fused(code, w, 0, R, rb, X16, DX, res, 0)
+def _pairs(code, *args):
+    _ways(int(code))[1](*args)
+
+
+def _fused(code, *args):
+    _ways(int(code))[2](*args)
+
+
+def _deq(code, *args):
+    _ways(int(code))[3](*args)
 
 
 @njit(fastmath=True)
@@ -60,21 +90,12 @@ def _f16_tokens(w, R, rb, X, DX, res, reps):
         for k in range(X.shape[0]):
             r = 0
             while r + 4 <= R:
-                K.rows4_f16(w, np.int64(r * rb), np.int64(rb), X[k], DX[k], nc, res[k], np.int64(r))
+                RP.rows4_f16(w, np.int64(r * rb), np.int64(rb), X[k], DX[k], nc, res[k], np.int64(r))
                 r += 4
             while r < R:
-                K.rows1_f16(w, np.int64(r * rb), np.int64(rb), X[k], DX[k], nc, res[k], np.int64(r))
+                RP.rows1_f16(w, np.int64(r * rb), np.int64(rb), X[k], DX[k], nc, res[k], np.int64(r))
                 r += 1
 
-
-@njit(fastmath=True)
-def _deq(code, w, R, rb, X, res, reps):
-    """The executor's path above _FUSED: gemm.deq_dots, or from GEMM_TOKENS the packed GEMM (packing timed too)."""
-    for _ in range(reps):
-        if X.shape[0] >= GEMM_TOKENS:
-            deq_matmul(code, w, 0, R, rb, pack_tokens(X), X.shape[0], res, 0)
-        else:
-            deq_dots(code, w, 0, R, rb, X, res, 0)
 
 
 def _time(fns, rounds: int = 7) -> list[float]:

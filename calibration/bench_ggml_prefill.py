@@ -23,7 +23,6 @@ take these rates for their CPU prefill (`cpu.ggml_prefill_gflops`; simulator.res
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import numba
 import numpy as np
@@ -38,8 +37,7 @@ from .bench_rowwise import REPACK_ROWS
 from .ggml_vec_dot import quantize_row_q8_0
 
 # kernels compiled in here come from ggml_vec_dot, bench_rowwise's constants and the executor's codegen helpers
-drop_stale_cache("bench_ggml_prefill", ("ggml_vec_dot.py", "bench_rowwise.py", "../executor/simd.py", "../executor/gemm.py"),
-                 Path(__file__).parent)
+drop_stale_cache(__file__)
 
 BLOCK = 16  # ggml's 16 x 16 (rows x tokens) blocks of dot products (blck_0, blck_1)
 PATHS = ("vecdot", "repacked")  # of specs.formats.llamacpp_prefill_path's, those timed here

@@ -19,7 +19,6 @@ repack): the rates of llama.cpp plans that repack (`cpu.repacked_gbs`).
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import numba
 import numpy as np
@@ -36,9 +35,7 @@ from executor.simd import HAVE_AVX2, row_f16_noprefetch, row_q4_noprefetch, row_
 from .bench_kernel import ExpertPool, expert_pool
 
 # the kernels compiled in here live in the executor: a change there drops this module's cached kernels
-drop_stale_cache("bench_rowwise", tuple(f"../executor/{m}.py" for m in ("kernels", "simd", "kquants", "iquants", "gemm",
-                                                                         "vnni")),
-                 Path(__file__).parent)
+drop_stale_cache(__file__)
 
 CHUNK_ROWS = 64  # ggml's chunk for a one-token product (`chunk_size = 64` when nr1 == 1)
 FORMATS = ("Q8_0", "Q4_0", "F16", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")  # with a single-row kernel here

@@ -24,7 +24,10 @@ from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from executor.nbcache import drop_stale_cache
 from executor.simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fn, _splat, hsum8
+
+drop_stale_cache(__file__)
 
 Q4_0X8_BYTES = 8 * 18  # block_q4_0x8: 8 fp16 scales, then 8 x 16 bytes of nibbles interleaved 8 bytes a row
 

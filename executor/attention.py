@@ -17,7 +17,7 @@ from .kernels import prange_only
 from .nbcache import drop_stale_cache
 from .simd import dot_f32, exp32, sum_f32
 
-drop_stale_cache("attention", ("simd.py", "vnni.py", "kernels.py", "kquants.py", "iquants.py"))
+drop_stale_cache(__file__)
 
 # multiply-adds (scores and values, all heads) below which the items run on the calling thread
 SERIAL_MACS = 1 << 16

@@ -16,12 +16,13 @@ import numpy as np
 from numba import njit, prange
 
 from .gemm import pack_into
-from .kernels import (_FUSED, _SERIAL_BYTES, NT, _parts, _parts_serial, _quant_rows, _rows_matmul, flat, gemm_path,
-                      item_rows, panels, prange_only)
+from .kernel_table import table_rows_matmul
+from .kernels import (_FUSED, _SERIAL_BYTES, NT, _parts, _parts_serial, _quant_rows, flat, gemm_path, item_rows, panels,
+                      prange_only)
 from .nbcache import drop_stale_cache
 from .simd import silu_mul
 
-drop_stale_cache("cpu_experts", ("kernels.py", "simd.py", "vnni.py", "gemm.py", "kquants.py", "iquants.py"))
+drop_stale_cache(__file__)
 # moe_routed calls a parallel kernel from compiled code, which finds numba's thread pool running only
 # if a call from Python started it (as in dense_kernels)
 numba.get_num_threads()
@@ -94,8 +95,8 @@ def _moe_up(it, gd, gc, ud, uc, F, experts, offs, xg, x16, dx, P, pb, n, act):
     u = np.empty((m, n), np.float32)
     s = slice(a0, a0 + m)
     Pi = P[pb[i]:pb[i + 1]]
-    _rows_matmul(gc, gd[e], r0, r1, gd.shape[1] // F, xg[s], x16[s], dx[s], Pi, g, np.int64(0))
-    _rows_matmul(uc, ud[e], r0, r1, ud.shape[1] // F, xg[s], x16[s], dx[s], Pi, u, np.int64(0))
+    table_rows_matmul(gc, gd[e], r0, r1, gd.shape[1] // F, xg[s], x16[s], dx[s], Pi, g, np.int64(0))
+    table_rows_matmul(uc, ud[e], r0, r1, ud.shape[1] // F, xg[s], x16[s], dx[s], Pi, u, np.int64(0))
     for k in range(m):
         silu_mul(g[k, :r1 - r0], u[k, :r1 - r0])
         for r in range(r1 - r0):
@@ -112,8 +113,8 @@ def _moe_down(it, dd, dc, H, experts, offs, tok, wts, act, a16, da, P, pb, n, ma
         e = experts[i]
         a0 = offs[i]
         m = offs[i + 1] - a0
-        _rows_matmul(dc, dd[e], r0, r1, dd.shape[1] // H, act[a0:a0 + m], a16[a0:a0 + m], da[a0:a0 + m],
-                     P[pb[i]:pb[i + 1]], y, np.int64(0))
+        table_rows_matmul(dc, dd[e], r0, r1, dd.shape[1] // H, act[a0:a0 + m], a16[a0:a0 + m], da[a0:a0 + m],
+                          P[pb[i]:pb[i + 1]], y, np.int64(0))
         for k in range(m):
             t = tok[a0 + k]
             for r in range(r1 - r0):
@@ -131,13 +132,13 @@ def _expert_whole(i, gd, gc, ud, uc, dd, dc, F, H, experts, offs, tok, wts, xg, 
     g = np.empty((m, F), np.float32)  # [m, F]: gate x, then the activation
     u = np.empty((m, F), np.float32)
     P = panels(xg[s], gemm_path(m, gc) or gemm_path(m, uc))
-    _rows_matmul(gc, gd[e], np.int64(0), F, gd.shape[1] // F, xg[s], x16[s], dx[s], P, g, np.int64(0))
-    _rows_matmul(uc, ud[e], np.int64(0), F, ud.shape[1] // F, xg[s], x16[s], dx[s], P, u, np.int64(0))
+    table_rows_matmul(gc, gd[e], np.int64(0), F, gd.shape[1] // F, xg[s], x16[s], dx[s], P, g, np.int64(0))
+    table_rows_matmul(uc, ud[e], np.int64(0), F, ud.shape[1] // F, xg[s], x16[s], dx[s], P, u, np.int64(0))
     for k in range(m):
         silu_mul(g[k], u[k])
     a16, da = _quant_rows(g)
     y = np.empty((m, H), np.float32)  # [m, H]
-    _rows_matmul(dc, dd[e], np.int64(0), H, dd.shape[1] // H, g, a16, da, panels(g, gemm_path(m, dc)), y, np.int64(0))
+    table_rows_matmul(dc, dd[e], np.int64(0), H, dd.shape[1] // H, g, a16, da, panels(g, gemm_path(m, dc)), y, np.int64(0))
     for k in range(m):
         t = tok[a0 + k]
         for h in range(H):

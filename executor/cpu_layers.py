@@ -31,8 +31,7 @@ from . import experts as X
 from .dense_kernels import attention_step, norm_route
 from .nbcache import drop_stale_cache
 
-drop_stale_cache("cpu_layers", ("dense_kernels.py", "cpu_experts.py", "kernels.py", "simd.py", "vnni.py", "gemm.py",
-                                "kquants.py", "iquants.py", "attention.py"))
+drop_stale_cache(__file__)
 
 CLOCK = getattr(time, "CLOCK_MONOTONIC", None)  # None (Windows): CpuStep keeps its per-layer path
 AVAILABLE = CLOCK is not None

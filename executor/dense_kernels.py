@@ -12,8 +12,7 @@ from .attention import attn_cached
 from .kernels import SERIAL_BYTES_HOT, _parts, _parts_serial
 from .nbcache import drop_stale_cache
 
-drop_stale_cache("dense_kernels", ("kernels.py", "simd.py", "vnni.py", "gemm.py", "kquants.py", "iquants.py",
-                                   "attention.py"))
+drop_stale_cache(__file__)
 # attention_step calls a parallel kernel from compiled code, which finds numba's thread pool
 # running only if a call from Python started it: without this, a first call segfaults.
 numba.get_num_threads()

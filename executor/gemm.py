@@ -14,14 +14,14 @@ import numpy as np
 from llvmlite import ir
 from numba import njit
 from numba.core import cgutils, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from .iquants import deq_iq4_nl_row, deq_iq4_xs_row
 from .kquants import deq_q2_k_row, deq_q3_k_row, deq_q4_k_row, deq_q5_k_row, deq_q6_k_row
 from .nbcache import drop_stale_cache
 from .simd import h2f
 
-drop_stale_cache("gemm", ("simd.py", "kquants.py", "iquants.py"))
+drop_stale_cache(__file__)
 
 F16, Q8_0, Q4_0, Q4_K, Q6_K, Q5_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 _U = np.uint64
@@ -35,40 +35,87 @@ _V8 = ir.VectorType(ir.FloatType(), 8)
 
 
 @njit(fastmath=True, inline="always")
-def deq_row(code, w, o0, buf, qk):
-    """Dequantise the row at byte o0 of flat bytes w into buf float32 [cols]."""
-    n = _U(buf.shape[0])
+def _deq_f16(w, o0, buf, qk):
+    for j in range(_U(buf.shape[0])):
+        buf[j] = h2f(w[o0 + _U(2) * j], w[o0 + _U(2) * j + _U(1)])
+
+
+@njit(fastmath=True, inline="always")
+def _deq_q8_0(w, o0, buf, qk):
+    for b in range(_U(buf.shape[0]) // _U(32)):
+        o = o0 + _U(b) * _U(34)
+        d = h2f(w[o], w[o + _U(1)])
+        for j in range(qk):
+            buf[_U(b) * _U(32) + j] = np.float32(np.int8(w[o + _U(2) + j])) * d
+
+
+@njit(fastmath=True, inline="always")
+def _deq_q4_0(w, o0, buf, qk):
+    """Low nibbles are values 0..15 of the block, high ones 16..31: two unit-stride loops."""
+    for b in range(_U(buf.shape[0]) // _U(32)):
+        o = o0 + _U(b) * _U(18)
+        d = h2f(w[o], w[o + _U(1)])
+        for j in range(qk // _U(2)):
+            buf[_U(b) * _U(32) + j] = np.float32((np.int32(w[o + _U(2) + j]) & 15) - 8) * d
+        for j in range(qk // _U(2)):
+            buf[_U(b) * _U(32) + _U(16) + j] = np.float32((np.int32(w[o + _U(2) + j]) >> 4) - 8) * d
+
+
+def _deq_blocks(kernel, values: int):
+    """A row dequantiser of kquants.py / iquants.py over the row's blocks of `values` weights."""
+    @njit(fastmath=True, inline="always")
+    def deq(w, o0, buf, qk):
+        kernel(w, np.int64(o0), buf, np.int64(_U(buf.shape[0]) // _U(values)))
+    return deq
+
+
+_deq_q4_k = _deq_blocks(deq_q4_k_row, 256)
+_deq_q6_k = _deq_blocks(deq_q6_k_row, 256)
+_deq_q5_k = _deq_blocks(deq_q5_k_row, 256)
+_deq_q3_k = _deq_blocks(deq_q3_k_row, 256)
+_deq_q2_k = _deq_blocks(deq_q2_k_row, 256)
+_deq_iq4_nl = _deq_blocks(deq_iq4_nl_row, 32)
+_deq_iq4_xs = _deq_blocks(deq_iq4_xs_row, 256)
+_DEQ = {F16: _deq_f16, Q8_0: _deq_q8_0, Q4_0: _deq_q4_0, Q4_K: _deq_q4_k, Q6_K: _deq_q6_k, Q5_K: _deq_q5_k,
+        Q3_K: _deq_q3_k, Q2_K: _deq_q2_k, IQ4_NL: _deq_iq4_nl, IQ4_XS: _deq_iq4_xs}
+
+
+@njit(fastmath=True, inline="always")
+def _deq_any(code, w, o0, buf, qk):
+    """deq_row for a type code known only when it runs (deq_rows: embedding lookups)."""
     if code == F16:
-        for j in range(n):
-            buf[j] = h2f(w[o0 + _U(2) * j], w[o0 + _U(2) * j + _U(1)])
+        _deq_f16(w, o0, buf, qk)
     elif code == Q8_0:
-        for b in range(n // _U(32)):
-            o = o0 + _U(b) * _U(34)
-            d = h2f(w[o], w[o + _U(1)])
-            for j in range(qk):
-                buf[_U(b) * _U(32) + j] = np.float32(np.int8(w[o + _U(2) + j])) * d
+        _deq_q8_0(w, o0, buf, qk)
     elif code == Q4_K:
-        deq_q4_k_row(w, np.int64(o0), buf, np.int64(n // _U(256)))
+        _deq_q4_k(w, o0, buf, qk)
     elif code == Q6_K:
-        deq_q6_k_row(w, np.int64(o0), buf, np.int64(n // _U(256)))
+        _deq_q6_k(w, o0, buf, qk)
     elif code == Q5_K:
-        deq_q5_k_row(w, np.int64(o0), buf, np.int64(n // _U(256)))
+        _deq_q5_k(w, o0, buf, qk)
     elif code == Q3_K:
-        deq_q3_k_row(w, np.int64(o0), buf, np.int64(n // _U(256)))
+        _deq_q3_k(w, o0, buf, qk)
     elif code == Q2_K:
-        deq_q2_k_row(w, np.int64(o0), buf, np.int64(n // _U(256)))
+        _deq_q2_k(w, o0, buf, qk)
     elif code == IQ4_NL:
-        deq_iq4_nl_row(w, np.int64(o0), buf, np.int64(n // _U(32)))
+        _deq_iq4_nl(w, o0, buf, qk)
     elif code == IQ4_XS:
-        deq_iq4_xs_row(w, np.int64(o0), buf, np.int64(n // _U(256)))
-    else:  # low nibbles are values 0..15 of the block, high ones 16..31: two unit-stride loops
-        for b in range(n // _U(32)):
-            o = o0 + _U(b) * _U(18)
-            d = h2f(w[o], w[o + _U(1)])
-            for j in range(qk // _U(2)):
-                buf[_U(b) * _U(32) + j] = np.float32((np.int32(w[o + _U(2) + j]) & 15) - 8) * d
-            for j in range(qk // _U(2)):
-                buf[_U(b) * _U(32) + _U(16) + j] = np.float32((np.int32(w[o + _U(2) + j]) >> 4) - 8) * d
+        _deq_iq4_xs(w, o0, buf, qk)
+    else:
+        _deq_q4_0(w, o0, buf, qk)
+
+
+def deq_row(code, w, o0, buf, qk):
+    """Dequantise the row at byte o0 of flat bytes w (type `code`) into buf float32 [cols]."""
+
+
+@overload(deq_row, prefer_literal=True)
+def _deq_row_typed(code, w, o0, buf, qk):
+    """A literal type code (deq_matmul, deq_dots: one copy a type) takes that type's dequantiser only."""
+    if isinstance(code, types.IntegerLiteral):
+        deq = _DEQ[code.literal_value]
+        return lambda code, w, o0, buf, qk: deq(w, o0, buf, qk)
+    return lambda code, w, o0, buf, qk: _deq_any(code, w, o0, buf, qk)
 
 
 def _tile_gen(NV: int):
@@ -149,7 +196,7 @@ def _col_bytes(code, c0):
     return c0 // _BLOCK_VALUES[code] * _BLOCK_BYTES[code]
 
 
-@njit(fastmath=True)
+@njit(fastmath=True, inline="always")
 def deq_matmul(code, w, r0, r1, rb, P, m, res, off):
     """res[k, off + r - r0] = row_r . token k for rows [r0, r1) of flat bytes w (row stride rb) and the m tokens
     packed in P (pack_tokens); each weight is dequantised once.
@@ -226,7 +273,7 @@ def _block4x1(w0, w1, w2, w3, x0, res, k, r):
     res[k, r], res[k, r + 1], res[k, r + 2], res[k, r + 3] = s0, s1, s2, s3
 
 
-@njit(fastmath=True)
+@njit(fastmath=True, inline="always")
 def deq_dots(code, w, r0, r1, rb, X, res, off):
     """res[k, off + r - r0] = row_r . X[k] for rows [r0, r1) of flat bytes w (row stride rb) and the m
     tokens of X [m, cols] (fewer than GEMM_TOKENS): rows dequantised four at a time, each against the tokens

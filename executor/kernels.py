@@ -20,28 +20,14 @@ import numpy as np
 from numba import njit, prange
 
 from .gemm import (F16, GEMM_TOKENS, IQ4_NL, IQ4_XS, MR, NT, Q2_K, Q3_K, Q4_0, Q4_K, Q5_K, Q6_K,  # noqa: F401
-                   Q8_0, deq_dots, deq_matmul, pack_tokens)  # (the type codes are re-exported)
-from .iquants import (rows1_iq4_nl, rows1_iq4_xs, rows2_iq4_nl, rows2_iq4_xs, rows2x4_iq4_nl, rows2x4_iq4_xs,
-                      rows4x2_iq4_nl, rows4x2_iq4_xs)
-from .kquants import (rows1_q2_k, rows1_q3_k, rows1_q4_k, rows1_q5_k, rows1_q6_k, rows2_q2_k, rows2_q3_k, rows2_q4_k,
-                      rows2_q5_k, rows2_q6_k, rows2x4_q2_k, rows2x4_q3_k, rows2x4_q4_k, rows2x4_q5_k, rows2x4_q6_k,
-                      rows4x2_q2_k, rows4x2_q3_k, rows4x2_q4_k, rows4x2_q5_k, rows4x2_q6_k)
+                   Q8_0, pack_tokens)  # (the type codes are re-exported)
+from .kernel_table import table_rows_matmul
 from .nbcache import drop_stale_cache
-from . import simd
-from .simd import quant16, rows1_f16, rows1_q8, rows2_q8, rows4_f16, rows4x2_q8
-from .vnni import HAVE_VNNI512, SPLIT_FLOATS, split8, vnni_kernel
+from .row_products import _FUSED, gemm_path  # noqa: F401 (re-exported)
+from .simd import quant16
+from .vnni import HAVE_VNNI512, SPLIT_FLOATS, split8
 
-drop_stale_cache("kernels", ("simd.py", "gemm.py", "kquants.py", "iquants.py", "vnni.py"))
-
-# Q4_0 rows: with AVX-512 VNNI two rows a 512-bit register (vnni.py: one core in L2 1.15-1.19x simd.py's 256-bit
-# loop, from DRAM on 2 threads 1.05-1.10x; the same integer sums and float ops, so the same results bit for bit),
-# else simd.py's
-if HAVE_VNNI512:
-    rows8_q4, rows4_q4, rows1_q4, rows4x2_q4, rows8x4_q4 = (vnni_kernel(n, t) for n, t in
-                                                            ((8, 1), (4, 1), (1, 1), (4, 2), (8, 4)))
-else:
-    rows8_q4, rows4_q4, rows1_q4, rows4x2_q4, rows8x4_q4 = (simd.rows8_q4, simd.rows4_q4, simd.rows1_q4,
-                                                            simd.rows4x2_q4, simd.rows8x4_q4)
+drop_stale_cache(__file__)
 
 
 
@@ -54,221 +40,6 @@ def prange_only() -> dict:
                 numpy=False, stencil=False, fusion=False)
 
 _ROWS = 32  # rows per parallel work item (16 -> 32: ~5% on Q4_0 expert GB/s, fewer item switches)
-# Tokens per expert up to which each token gets fused in-place dots, by type code (-, F16, Q8_0, Q4_0, Q4_K, Q6_K, Q5_K,
-# Q3_K, Q2_K, IQ4_NL, IQ4_XS);
-# more dequantise each row once for a GEMM (gemm.deq_matmul). Dequantise-then-GEMM against the fused path, one core,
-# an expert's rows in cache (bench_token_pairs.py --presets small small-q4, --presets small-q4k --parts gate down):
-# - Q4_0, four tokens a row group (session 17, two runs): 1.23-1.26 at 16 tokens, 1.10-1.16 at 24, 1.07-1.13 at 32;
-# - Q8_0, token pairs (four-token groups of 8 rows were only 1.06x pairs in cache, and `small` pp64 0.91x in one
-#   noisy end-to-end A/B, so not kept): 1.04-1.28 at 16, 0.94-1.25 at 24;
-# - F16, one token at a time: 1.18-1.26 at 8-16 tokens (`tiny`);
-# - the K-quants, whose rows dequantise faster than their dots run (kquants.deq_q*_k_row), four tokens a 2-row
-#   group: Q4_K 1.07 / 0.93 at 12 tokens (two runs), 0.81-0.90 at 16; Q6_K 1.04 at 6, 0.99-1.00 at 8 (pairs only: 10 and
-#   4 tokens); Q5_K (session 28, `--presets small-q5k`, its rows dequantised at 6.0 G weights/s, Q4_K's 6.5): 1.29 at
-#   4, 0.99 at 6, 0.84 at 8, 0.66 at 12; Q3_K (`--presets small-q3k`, rows dequantised at 6.1): 1.42 at 4, 1.03 at 6,
-#   1.07 at 8, 0.86 at 12; Q2_K (`--presets small-q2k`, rows dequantised at 5.0): 1.03 at 4, 0.73 at 6, 0.67 at 8;
-#   IQ4_NL (session 29, `--presets small-iq4nl`, gate / down, rows dequantised at 5.0-5.6): 1.53 / 1.39 at 4, 1.09 / 1.20
-#   at 6, 1.18 / 1.12 at 8, 0.94 / 0.91 at 12; IQ4_XS (`small-iq4xs`, 5.0-5.4): 1.46 / 1.42 at 4, 0.97 / 0.88 at 6,
-#   0.88 / 1.26 at 8, 0.77 / 0.86 at 12.
-# These ratios are against the 4 x 3 dot blocks (gemm.deq_dots), which still run above _FUSED up to gemm.GEMM_TOKENS.
-# Session 18's packed GEMM in their place would have moved no crossover, two runs: Q8_0 1.30-1.32 at 12, 0.88-0.97
-# at 16; Q4_0 1.14-1.17 at 16, 0.99-1.15 at 24, 0.93-1.01 at 32; Q4_K 0.88-1.14 at 12; Q6_K 1.47-1.50 at 6, 0.59-0.93
-# at 8; it wins where an expert has many tokens and its packed tokens are reused (prefill, from GEMM_TOKENS).
-_FUSED = (0, 16, 16, 32, 12, 6, 6, 8, 4, 8, 4)
-
-
-@njit(fastmath=True, inline="always")
-def _rows2_k(code, w, o, rb, X16, DX, k, nb, res, ro):
-    """res[k, ro:ro + 2] for the two K-quant / IQ4 rows at byte o (kquants.py, iquants.py)."""
-    if code == Q4_K:
-        rows2_q4_k(w, o, rb, X16, DX, k, nb, res, ro)
-    elif code == Q5_K:
-        rows2_q5_k(w, o, rb, X16, DX, k, nb, res, ro)
-    elif code == Q3_K:
-        rows2_q3_k(w, o, rb, X16, DX, k, nb, res, ro)
-    elif code == Q2_K:
-        rows2_q2_k(w, o, rb, X16, DX, k, nb, res, ro)
-    elif code == IQ4_NL:
-        rows2_iq4_nl(w, o, rb, X16, DX, k, nb, res, ro)
-    elif code == IQ4_XS:
-        rows2_iq4_xs(w, o, rb, X16, DX, k, nb, res, ro)
-    else:
-        rows2_q6_k(w, o, rb, X16, DX, k, nb, res, ro)
-
-
-@njit(fastmath=True, inline="always")
-def _rows1_k(code, w, o, rb, X16, DX, k, nb, res, ro):
-    """res[k, ro] for the K-quant / IQ4 row at byte o."""
-    if code == Q4_K:
-        rows1_q4_k(w, o, rb, X16, DX, k, nb, res, ro)
-    elif code == Q5_K:
-        rows1_q5_k(w, o, rb, X16, DX, k, nb, res, ro)
-    elif code == Q3_K:
-        rows1_q3_k(w, o, rb, X16, DX, k, nb, res, ro)
-    elif code == Q2_K:
-        rows1_q2_k(w, o, rb, X16, DX, k, nb, res, ro)
-    elif code == IQ4_NL:
-        rows1_iq4_nl(w, o, rb, X16, DX, k, nb, res, ro)
-    elif code == IQ4_XS:
-        rows1_iq4_xs(w, o, rb, X16, DX, k, nb, res, ro)
-    else:
-        rows1_q6_k(w, o, rb, X16, DX, k, nb, res, ro)
-
-
-@njit(fastmath=True, inline="always")
-def _rows4x2(code, w, o, rb, X16, DX, k, nb, res, ro):
-    """res[k:k + 2, ro:ro + 4] for four rows at byte o and tokens k, k + 1 (each row decoded once)."""
-    if code == Q8_0:
-        rows4x2_q8(w, o, rb, X16, DX, k, nb, res, ro)
-    elif code == Q4_0:
-        rows4x2_q4(w, o, rb, X16, DX, k, nb, res, ro)
-    elif code == Q4_K:
-        rows4x2_q4_k(w, o, rb, X16, DX, k, nb, res, ro)
-    elif code == Q5_K:
-        rows4x2_q5_k(w, o, rb, X16, DX, k, nb, res, ro)
-    elif code == Q3_K:
-        rows4x2_q3_k(w, o, rb, X16, DX, k, nb, res, ro)
-    elif code == Q2_K:
-        rows4x2_q2_k(w, o, rb, X16, DX, k, nb, res, ro)
-    elif code == IQ4_NL:
-        rows4x2_iq4_nl(w, o, rb, X16, DX, k, nb, res, ro)
-    elif code == IQ4_XS:
-        rows4x2_iq4_xs(w, o, rb, X16, DX, k, nb, res, ro)
-    else:
-        rows4x2_q6_k(w, o, rb, X16, DX, k, nb, res, ro)
-
-
-@njit(fastmath=True, inline="always")
-def _rows2x4_k(code, w, o, rb, X16, DX, k, nb, res, ro):
-    """res[k:k + 4, ro:ro + 2] for two K-quant / IQ4 rows at byte o and tokens k .. k + 3."""
-    if code == Q4_K:
-        rows2x4_q4_k(w, o, rb, X16, DX, k, nb, res, ro)
-    elif code == Q5_K:
-        rows2x4_q5_k(w, o, rb, X16, DX, k, nb, res, ro)
-    elif code == Q3_K:
-        rows2x4_q3_k(w, o, rb, X16, DX, k, nb, res, ro)
-    elif code == Q2_K:
-        rows2x4_q2_k(w, o, rb, X16, DX, k, nb, res, ro)
-    elif code == IQ4_NL:
-        rows2x4_iq4_nl(w, o, rb, X16, DX, k, nb, res, ro)
-    elif code == IQ4_XS:
-        rows2x4_iq4_xs(w, o, rb, X16, DX, k, nb, res, ro)
-    else:
-        rows2x4_q6_k(w, o, rb, X16, DX, k, nb, res, ro)
-
-
-@njit(fastmath=True)
-def _rows_token(code, w, r0, r1, rb, X16, DX, k, res, off):
-    """res[k, off + r - r0] = row_r . token k for rows [r0, r1) of flat Q8_0 / Q4_0 / Q4_K / Q6_K bytes w (row
-    stride rb), the token's int16 activations X16[k] * DX[k] (simd.py / kquants.py intrinsics, 8, 4 or 2 rows
-    at a time).
-
-    Q8_0 runs 2 rows a pass: from DRAM, on 2 threads, 1.28-1.35x its 8-row rate at 1024- to 4096-wide rows
-    (bench_q8_rows.py: 91% of the read against 68% at 2048), and no slower in cache; Q4_0, whose arithmetic
-    per byte is twice Q8_0's, keeps 8 (2 rows 0.80-0.85x, 4 rows 0.96-1.02x). The K-quants run 2 rows a pass
-    too: never slower than 4 in any run here, faster while the machine runs slow (bench_q8_rows.py --fmt
-    Q4_K|Q6_K: from DRAM Q4_K 1.00-1.05x, Q6_K 1.02-1.20x; --l2, one core, 1.00-1.13x)."""
-    nb = np.int64(X16.shape[1] // 32)
-    r = r0
-    if code >= Q4_K:  # K-quants and IQ4s: 2-row groups, then single rows
-        while r + 2 <= r1:
-            _rows2_k(code, w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-            r += 2
-        while r < r1:
-            _rows1_k(code, w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-            r += 1
-    elif code == Q8_0:
-        while r + 2 <= r1:
-            rows2_q8(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-            r += 2
-        while r < r1:
-            rows1_q8(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-            r += 1
-    else:
-        while r + 8 <= r1:
-            rows8_q4(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-            r += 8
-        while r + 4 <= r1:
-            rows4_q4(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-            r += 4
-        while r < r1:
-            rows1_q4(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-            r += 1
-
-
-@njit(fastmath=True)
-def _rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off):
-    """_rows_token for tokens k and k + 1 at once: 4-row groups decoded once for both (the same products
-    and float adds per row and token, so the same bits), the last r % 4 rows per token."""
-    nb = np.int64(X16.shape[1] // 32)
-    r = r0
-    while r + 4 <= r1:
-        _rows4x2(code, w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-        r += 4
-    if r < r1:
-        _rows_token(code, w, r, r1, rb, X16, DX, k, res, off + r - r0)
-        _rows_token(code, w, r, r1, rb, X16, DX, k + 1, res, off + r - r0)
-
-
-@njit(fastmath=True)
-def _rows_quad(code, w, r0, r1, rb, X16, DX, k, res, off):
-    """_rows_token for tokens k .. k + 3 of Q4_0 / Q4_K / Q6_K rows at once: each row group decoded once for all four
-    (the same products and float adds per row and token, so the same bits), 8-row groups for Q4_0, 2-row ones for
-    the K-quants; the last rows as two pairs. An expert's rows in cache, one core, four tokens against two pairs
-    (bench_token_pairs.py): Q4_0 1.18x, Q4_K 1.13x, Q6_K 1.20x (Q8_0 stays in pairs: _FUSED)."""
-    nb = np.int64(X16.shape[1] // 32)
-    g = 8 if code == Q4_0 else 2
-    r = r0
-    while r + g <= r1:
-        if code == Q4_0:
-            rows8x4_q4(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-        else:
-            _rows2x4_k(code, w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(off + r - r0))
-        r += g
-    if r < r1:
-        _rows_pair(code, w, r, r1, rb, X16, DX, k, res, off + r - r0)
-        _rows_pair(code, w, r, r1, rb, X16, DX, k + 2, res, off + r - r0)
-
-
-@njit(fastmath=True)
-def _rows_fused(code, w, r0, r1, rb, X16, DX, res, off):
-    """res[k, off + r - r0] = row_r . token k for every token of X16 / DX (int16 activations) and rows [r0, r1) of
-    Q8_0 / Q4_0 / Q4_K / Q6_K bytes w: tokens four at a time (not Q8_0), then in pairs, then one."""
-    m = X16.shape[0]
-    k = np.int64(0)  # not a literal 0: one compiled specialisation of the row kernels below, not two
-    while k + 4 <= m and code != Q8_0:
-        _rows_quad(code, w, r0, r1, rb, X16, DX, k, res, off)
-        k += 4
-    while k + 2 <= m:
-        _rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off)
-        k += 2
-    if k < m:
-        _rows_token(code, w, r0, r1, rb, X16, DX, k, res, off)
-
-
-@njit(fastmath=True)
-def _rows_matmul(code, w, r0, r1, rb, X, X16, DX, P, res, off):
-    """res[k, off + r - r0] = row_r . X[k] for the m rows of X [m, cols]: fused in-place dots up to _FUSED[code]
-    tokens (Q8_0 / Q4_0 / Q4_K / Q6_K: int16 activations X16 * DX, tokens in fours and pairs: _rows_fused;
-    F16: float32 X), the weight rows staying in L1/L2; else the rows are dequantised once and multiplied with
-    the tokens' packed panels P (`panels`; prefill: gemm.deq_matmul; under GEMM_TOKENS gemm.deq_dots on X)."""
-    m = X.shape[0]
-    if gemm_path(m, code):
-        deq_matmul(code, w, r0, r1, rb, P, m, res, off)
-    elif m > _FUSED[code]:
-        deq_dots(code, w, r0, r1, rb, X, res, off)
-    elif code == F16:
-        nc = np.int64(X.shape[1] // 16)
-        for k in range(m):
-            r = r0
-            while r + 4 <= r1:
-                rows4_f16(w, np.int64(r * rb), np.int64(rb), X[k], DX[k], nc, res[k], np.int64(off + r - r0))
-                r += 4
-            while r < r1:
-                rows1_f16(w, np.int64(r * rb), np.int64(rb), X[k], DX[k], nc, res[k], np.int64(off + r - r0))
-                r += 1
-    else:
-        _rows_fused(code, w, r0, r1, rb, X16, DX, res, off)
 
 
 @njit(fastmath=True, cache=True)
@@ -295,11 +66,6 @@ def panels(x, gemm):
     return np.zeros((0, x.shape[1], NT), np.float32)
 
 
-@njit(fastmath=True, inline="always")
-def gemm_path(T, code):
-    """Whether T tokens through a matrix of type `code` take gemm.deq_matmul (packed panels, few large items)."""
-    return T >= GEMM_TOKENS and T > _FUSED[code]
-
 
 _GEMM_ITEMS = 16  # a dense matrix's items on the GEMM path: two a thread up to 8 threads (a constant: numba cannot
 # cache a kernel that asks for its thread count)
@@ -319,7 +85,7 @@ def _chunk_off(wd, code, R, x, x16, dx, P, n, it, out, off):
     """Rows [it * n, (it + 1) * n) of W (R rows) into columns off + r of out [T, *] = x W^T, in
     place (a scratch block per item and its copy cost ~30% of a short-row product: `tiny`'s head)."""
     r0 = it * n
-    _rows_matmul(code, wd, r0, min(R, r0 + n), wd.shape[0] // R, x, x16, dx, P, out, off + r0)
+    table_rows_matmul(code, wd, r0, min(R, r0 + n), wd.shape[0] // R, x, x16, dx, P, out, off + r0)
 
 
 @njit(parallel=prange_only(), nogil=True, fastmath=True, cache=True)
@@ -337,7 +103,8 @@ def _matmul(wd, code, R, x, out):
 def _matmul_serial(wd, code, R, x, out):
     """_matmul on the calling thread (small matrices: a parallel region costs more than it saves)."""
     x16, dx = _quant_rows(x)
-    _rows_matmul(code, wd, np.int64(0), R, wd.shape[0] // R, x, x16, dx, panels(x, gemm_path(x.shape[0], code)), out, np.int64(0))
+    table_rows_matmul(code, wd, np.int64(0), R, wd.shape[0] // R, x, x16, dx, panels(x, gemm_path(x.shape[0], code)), out,
+                      np.int64(0))
 
 
 _SERIAL_BYTES = 1 << 20  # weight bytes x tokens below which _matmul_serial is used
@@ -389,14 +156,9 @@ def _parts_item(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, x16, dx, P, n, it, out):
 
 @njit(fastmath=True, cache=True)
 def _token_item(w, code, R, x, x16, dx, P, it, out, off):
-    """_chunk_off for one token: rows [it * _ROWS, (it + 1) * _ROWS) of W straight into the row kernels
-    (_rows_token, the call _rows_fused makes for one token, so the same bits) with the chunk a constant."""
+    """_chunk_off for one token, the chunk a constant: rows [it * _ROWS, (it + 1) * _ROWS) of W."""
     r0 = it * _ROWS
-    r1 = min(R, r0 + _ROWS)
-    if code == F16:
-        _rows_matmul(code, w, r0, r1, w.shape[0] // R, x, x16, dx, P, out, off + r0)
-    else:
-        _rows_token(code, w, r0, r1, w.shape[0] // R, x16, dx, np.int64(0), out, off + r0)
+    table_rows_matmul(code, w, r0, min(R, r0 + _ROWS), w.shape[0] // R, x, x16, dx, P, out, off + r0)
 
 
 @njit(fastmath=True, cache=True)
@@ -436,11 +198,11 @@ def _parts_serial(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, out):
     x16, dx = _quant_rows(x)
     P = panels(x, _parts_gemm(x.shape[0], c0, c1, R1, c2, R2))
     if R0:
-        _rows_matmul(c0, w0, np.int64(0), R0, w0.shape[0] // R0, x, x16, dx, P, out, np.int64(0))
+        table_rows_matmul(c0, w0, np.int64(0), R0, w0.shape[0] // R0, x, x16, dx, P, out, np.int64(0))
     if R1:
-        _rows_matmul(c1, w1, np.int64(0), R1, w1.shape[0] // R1, x, x16, dx, P, out, R0)
+        table_rows_matmul(c1, w1, np.int64(0), R1, w1.shape[0] // R1, x, x16, dx, P, out, R0)
     if R2:
-        _rows_matmul(c2, w2, np.int64(0), R2, w2.shape[0] // R2, x, x16, dx, P, out, R0 + R1)
+        table_rows_matmul(c2, w2, np.int64(0), R2, w2.shape[0] // R2, x, x16, dx, P, out, R0 + R1)
 
 
 def linear_parts(parts, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

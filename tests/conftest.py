@@ -83,8 +83,8 @@ for plan in (Plan(),  # all-CPU: the fused layer loop
     event.unregister("numba:compile", in_steps)
     r.experts.close()
 counts = {{}}
-for m in ("kernels", "gemm", "kquants", "iquants", "simd", "vnni", "cpu_experts", "dense_kernels", "cpu_layers", "attention",
-          "engram", "cpu_step", "experts"):
+for m in ("kernels", "row_products", "gemm", "kquants", "iquants", "simd", "vnni", "cpu_experts", "dense_kernels",
+          "cpu_layers", "attention", "engram", "cpu_step", "experts"):
     mod = importlib.import_module("executor." + m)
     for k, v in vars(mod).items():
         if isinstance(v, numba.core.registry.CPUDispatcher) and v.__module__ == mod.__name__:

@@ -7,6 +7,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from executor import gemm, kernels as K
+from executor.row_products import py_deq_matmul
 
 QT = gguf.GGMLQuantizationType
 BLOCK = {QT.F16: 32, QT.Q8_0: 32, QT.Q4_0: 32, QT.Q4_K: 256, QT.Q6_K: 256}  # columns a test shape steps by
@@ -16,7 +17,7 @@ def _product(w, x, r0, r1, off=0):
     """gemm.deq_matmul of expert 1's rows [r0, r1) of w with tokens x, into columns off.. of a fresh result."""
     flat = K.flat(w)[1]
     res = np.full((x.shape[0], off + r1 - r0), np.nan, np.float32)
-    gemm.deq_matmul(w.code, flat, r0, r1, flat.shape[0] // w.rows, gemm.pack_tokens(x), x.shape[0], res, off)
+    py_deq_matmul(w.code, flat, r0, r1, flat.shape[0] // w.rows, gemm.pack_tokens(x), x.shape[0], res, off)
     return res
 
 

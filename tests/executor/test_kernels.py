@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 from numba import njit
 
 from executor import kernels as K
+from executor import row_products as RP
 from executor import simd
 from executor.gguf_model import EXPERT_TYPES, ExpertTensor
 
@@ -109,8 +110,8 @@ def test_kernels_read_in_place(tiny):
 @given(qt=st.sampled_from(TYPES[:2] + TYPES[3:] + KQUANTS), rows=st.integers(1, 40), nb=st.integers(1, 12),
        seed=st.integers(0, 2**31))
 def test_token_pairs_give_each_tokens_bits(qk, qt, rows, nb, seed):
-    """Two tokens through one 4-row group (each row decoded once, kernels._rows_pair) give the bits of
-    each token alone (_rows_token): the same int16 products, scales and float adds per row (the K-quants'
+    """Two tokens through one 4-row group (each row decoded once, row_products.rows_pair) give the bits of
+    each token alone (rows_token): the same int16 products, scales and float adds per row (the K-quants'
     rows in 256-weight super-blocks: nb of them)."""
     rng = np.random.default_rng(seed)
     cols = nb * (256 if qt in KQUANTS else 32)
@@ -120,9 +121,9 @@ def test_token_pairs_give_each_tokens_bits(qk, qt, rows, nb, seed):
     flat = K.flat(w)[1]
     rb = flat.shape[0] // rows
     pair, alone = np.full((3, rows + 2), np.nan, np.float32), np.full((3, rows + 2), np.nan, np.float32)
-    K._rows_pair(w.code, flat, 0, rows, rb, X16, DX, 1, pair, 2)
+    RP.py_rows_pair(w.code, flat, 0, rows, rb, X16, DX, 1, pair, 2)
     for k in (1, 2):
-        K._rows_token(w.code, flat, 0, rows, rb, X16, DX, k, alone, 2)
+        RP.py_rows_token(w.code, flat, 0, rows, rb, X16, DX, k, alone, 2)
     assert np.array_equal(pair[1:, 2:], alone[1:, 2:]) and np.isnan(pair[0]).all() and np.isnan(pair[:, :2]).all()
 
 
@@ -130,8 +131,8 @@ def test_token_pairs_give_each_tokens_bits(qk, qt, rows, nb, seed):
 @given(qt=st.sampled_from(TYPES[:2] + TYPES[3:] + KQUANTS), rows=st.integers(1, 40), nb=st.integers(1, 6),
        m=st.integers(4, 11), seed=st.integers(0, 2**31))
 def test_tokens_four_at_a_time_give_each_tokens_bits(qk, qt, rows, nb, m, seed):
-    """m tokens through the fused path (kernels._rows_fused: four tokens a row group, 8 rows for Q4_0, 2 for the
-    K-quants and IQ4s; Q8_0 in pairs; then a pair, then one) give the bits of each token alone (_rows_token)."""
+    """m tokens through the fused path (row_products.rows_fused: four tokens a row group, 8 rows for Q4_0, 2 for the
+    K-quants and IQ4s; Q8_0 in pairs; then a pair, then one) give the bits of each token alone (rows_token)."""
     rng = np.random.default_rng(seed)
     cols = nb * (256 if qt in KQUANTS else 32)
     w = qk.tensor(rng, qt, 2, rows, cols)
@@ -140,9 +141,9 @@ def test_tokens_four_at_a_time_give_each_tokens_bits(qk, qt, rows, nb, m, seed):
     flat = K.flat(w)[1]
     rb = flat.shape[0] // rows
     fused, alone = np.full((m, rows + 3), np.nan, np.float32), np.full((m, rows + 3), np.nan, np.float32)
-    K._rows_fused(w.code, flat, 0, rows, rb, X16, DX, fused, 3)
+    RP.py_rows_fused(w.code, flat, 0, rows, rb, X16, DX, fused, 3)
     for k in range(m):
-        K._rows_token(w.code, flat, 0, rows, rb, X16, DX, k, alone, 3)
+        RP.py_rows_token(w.code, flat, 0, rows, rb, X16, DX, k, alone, 3)
     assert np.array_equal(fused[:, 3:], alone[:, 3:]) and np.isnan(fused[:, :3]).all()
 
 
@@ -165,14 +166,14 @@ def _q8_eight_rows_a_pass(w, rows, x16, dx, out):
 @settings(max_examples=20, deadline=None)
 @given(rows=st.integers(1, 40), nb=st.integers(1, 12), seed=st.integers(0, 2**31))
 def test_q8_0_two_rows_a_pass_give_the_bits_of_eight(qk, rows, nb, seed):
-    """Q8_0 decodes 2 rows a pass (kernels._rows_token; from DRAM 1.3x its 8-row rate, bench_q8_rows.py):
+    """Q8_0 decodes 2 rows a pass (row_products.rows_token; from DRAM 1.3x its 8-row rate, bench_q8_rows.py):
     each row's products and adds are those of 8 rows a pass, so its bits are too."""
     rng = np.random.default_rng(seed)
     w = qk.tensor(rng, QT.Q8_0, 1, rows, nb * 32).data[0].reshape(-1)
     x16, dx = np.empty((1, nb * 32), np.int16), np.empty((1, 2 * nb), np.float32)
     simd.quant16(rng.standard_normal(nb * 32).astype(np.float32), x16[0], dx[0])
     got, want = np.zeros((1, rows), np.float32), np.zeros((1, rows), np.float32)
-    K._rows_token(K.Q8_0, w, 0, rows, w.shape[0] // rows, x16, dx, 0, got, 0)
+    RP.py_rows_token(K.Q8_0, w, 0, rows, w.shape[0] // rows, x16, dx, 0, got, 0)
     _q8_eight_rows_a_pass(w, rows, x16, dx, want)
     assert np.array_equal(got, want) and np.abs(want).max() > 0
 

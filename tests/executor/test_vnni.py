@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 from numba import njit
 
 from executor import kernels as K
+from executor import row_products as RP
 from executor import simd, vnni
 
 QT = gguf.GGMLQuantizationType
@@ -88,7 +89,7 @@ def test_vnni_rows_give_the_int16_kernels_bits(qk, shape, groups, nb, seed):
 
 @needs_vnni
 def test_executor_runs_the_vnni_rows_where_the_cpu_has_them():
-    """kernels' Q4_0 rows are vnni.py's on an AVX-512 VNNI CPU, and _quant_rows writes their split bytes."""
-    assert K.rows8_q4 is not simd.rows8_q4 and K.rows8x4_q4 is not simd.rows8x4_q4
+    """row_products' Q4_0 rows are vnni.py's on an AVX-512 VNNI CPU, and _quant_rows writes their split bytes."""
+    assert RP.rows8_q4 is not simd.rows8_q4 and RP.rows8x4_q4 is not simd.rows8x4_q4
     x16, dx = K._quant_rows(np.ones((2, 64), np.float32))
     assert dx.shape == (2, (2 + vnni.SPLIT_FLOATS) * 2)

@@ -1,0 +1,297 @@
+"""Each weight type's row products, read in place: res[k, off + r - r0] = row_r . x_k for a row range of one
+matrix and a few tokens, specialised per type code. The one-token rows of simd.py / kquants.py / iquants.py (AVX2
+intrinsics, int16 activations; F16 with float32 ones) in groups of 8, 4, 2 or 1 rows, token pairs and fours decoded
+once per row group, and above _FUSED tokens the rows dequantised once (gemm.py).
+
+Every function here takes the type code as a compile-time constant (a literal): each type compiles its own copy,
+holding its own kernels only, which kernel_table.py compiles once as a C function and the parallel drivers (kernels.py,
+cpu_experts.py) call through a table. Before, every driver and each level between linked in and re-optimised the
+kernels of all ten types (numba links a callee's whole module into its caller): a cold all-CPU and 4-stream run of
+`tiny` (tests/conftest.py's cold run, an empty NUMBA_CACHE_DIR) took 129-131 s, 65-67 s through the table.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+from numba import njit
+from numba.core import types
+from numba.core.errors import TypingError
+from numba.extending import overload
+
+from .gemm import (F16, GEMM_TOKENS, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0,
+                   deq_dots, deq_matmul)
+from .iquants import (rows1_iq4_nl, rows1_iq4_xs, rows2_iq4_nl, rows2_iq4_xs, rows2x4_iq4_nl, rows2x4_iq4_xs,
+                      rows4x2_iq4_nl, rows4x2_iq4_xs)
+from .kquants import (rows1_q2_k, rows1_q3_k, rows1_q4_k, rows1_q5_k, rows1_q6_k, rows2_q2_k, rows2_q3_k, rows2_q4_k,
+                      rows2_q5_k, rows2_q6_k, rows2x4_q2_k, rows2x4_q3_k, rows2x4_q4_k, rows2x4_q5_k, rows2x4_q6_k,
+                      rows4x2_q2_k, rows4x2_q3_k, rows4x2_q4_k, rows4x2_q5_k, rows4x2_q6_k)
+from . import simd
+from .simd import rows1_f16, rows1_q8, rows2_q8, rows4_f16, rows4x2_q8
+from .vnni import HAVE_VNNI512, vnni_kernel
+
+# Q4_0 rows: with AVX-512 VNNI two rows a 512-bit register (vnni.py: one core in L2 1.15-1.19x simd.py's 256-bit
+# loop, from DRAM on 2 threads 1.05-1.10x; the same integer sums and float ops, so the same results bit for bit),
+# else simd.py's
+if HAVE_VNNI512:
+    rows8_q4, rows4_q4, rows1_q4, rows4x2_q4, rows8x4_q4 = (vnni_kernel(n, t) for n, t in
+                                                            ((8, 1), (4, 1), (1, 1), (4, 2), (8, 4)))
+else:
+    rows8_q4, rows4_q4, rows1_q4, rows4x2_q4, rows8x4_q4 = (simd.rows8_q4, simd.rows4_q4, simd.rows1_q4,
+                                                            simd.rows4x2_q4, simd.rows8x4_q4)
+
+# Tokens per expert up to which each token gets fused in-place dots, by type code (-, F16, Q8_0, Q4_0, Q4_K, Q6_K, Q5_K,
+# Q3_K, Q2_K, IQ4_NL, IQ4_XS);
+# more dequantise each row once for a GEMM (gemm.deq_matmul). Dequantise-then-GEMM against the fused path, one core,
+# an expert's rows in cache (bench_token_pairs.py --presets small small-q4, --presets small-q4k --parts gate down):
+# - Q4_0, four tokens a row group (session 17, two runs): 1.23-1.26 at 16 tokens, 1.10-1.16 at 24, 1.07-1.13 at 32;
+# - Q8_0, token pairs (four-token groups of 8 rows were only 1.06x pairs in cache, and `small` pp64 0.91x in one
+#   noisy end-to-end A/B, so not kept): 1.04-1.28 at 16, 0.94-1.25 at 24;
+# - F16, one token at a time: 1.18-1.26 at 8-16 tokens (`tiny`);
+# - the K-quants, whose rows dequantise faster than their dots run (kquants.deq_q*_k_row), four tokens a 2-row
+#   group: Q4_K 1.07 / 0.93 at 12 tokens (two runs), 0.81-0.90 at 16; Q6_K 1.04 at 6, 0.99-1.00 at 8 (pairs only: 10 and
+#   4 tokens); Q5_K (session 28, `--presets small-q5k`, its rows dequantised at 6.0 G weights/s, Q4_K's 6.5): 1.29 at
+#   4, 0.99 at 6, 0.84 at 8, 0.66 at 12; Q3_K (`--presets small-q3k`, rows dequantised at 6.1): 1.42 at 4, 1.03 at 6,
+#   1.07 at 8, 0.86 at 12; Q2_K (`--presets small-q2k`, rows dequantised at 5.0): 1.03 at 4, 0.73 at 6, 0.67 at 8;
+#   IQ4_NL (session 29, `--presets small-iq4nl`, gate / down, rows dequantised at 5.0-5.6): 1.53 / 1.39 at 4, 1.09 / 1.20
+#   at 6, 1.18 / 1.12 at 8, 0.94 / 0.91 at 12; IQ4_XS (`small-iq4xs`, 5.0-5.4): 1.46 / 1.42 at 4, 0.97 / 0.88 at 6,
+#   0.88 / 1.26 at 8, 0.77 / 0.86 at 12.
+# These ratios are against the 4 x 3 dot blocks (gemm.deq_dots), which still run above _FUSED up to gemm.GEMM_TOKENS.
+# Session 18's packed GEMM in their place would have moved no crossover, two runs: Q8_0 1.30-1.32 at 12, 0.88-0.97
+# at 16; Q4_0 1.14-1.17 at 16, 0.99-1.15 at 24, 0.93-1.01 at 32; Q4_K 0.88-1.14 at 12; Q6_K 1.47-1.50 at 6, 0.59-0.93
+# at 8; it wins where an expert has many tokens and its packed tokens are reused (prefill, from GEMM_TOKENS).
+_FUSED = (0, 16, 16, 32, 12, 6, 6, 8, 4, 8, 4)
+
+
+# Each type's row kernels (numba intrinsics: simd.py, kquants.py, iquants.py), chosen when a product is typed for a
+# literal type code, so that a type's copy holds its own kernels only. One token: (rows a pass, kernel) from the
+# largest group down to single rows; two tokens: a 4-row group decoded once for both; four tokens: (rows, kernel).
+_TOKEN = {Q8_0: ((2, rows2_q8), (1, rows1_q8)), Q4_0: ((8, rows8_q4), (4, rows4_q4), (1, rows1_q4)),
+          Q4_K: ((2, rows2_q4_k), (1, rows1_q4_k)), Q6_K: ((2, rows2_q6_k), (1, rows1_q6_k)),
+          Q5_K: ((2, rows2_q5_k), (1, rows1_q5_k)), Q3_K: ((2, rows2_q3_k), (1, rows1_q3_k)),
+          Q2_K: ((2, rows2_q2_k), (1, rows1_q2_k)), IQ4_NL: ((2, rows2_iq4_nl), (1, rows1_iq4_nl)),
+          IQ4_XS: ((2, rows2_iq4_xs), (1, rows1_iq4_xs))}
+_PAIR = {Q8_0: rows4x2_q8, Q4_0: rows4x2_q4, Q4_K: rows4x2_q4_k, Q6_K: rows4x2_q6_k, Q5_K: rows4x2_q5_k,
+         Q3_K: rows4x2_q3_k, Q2_K: rows4x2_q2_k, IQ4_NL: rows4x2_iq4_nl, IQ4_XS: rows4x2_iq4_xs}
+_QUAD = {Q4_0: (8, rows8x4_q4), Q4_K: (2, rows2x4_q4_k), Q6_K: (2, rows2x4_q6_k), Q5_K: (2, rows2x4_q5_k),
+         Q3_K: (2, rows2x4_q3_k), Q2_K: (2, rows2x4_q2_k), IQ4_NL: (2, rows2x4_iq4_nl), IQ4_XS: (2, rows2x4_iq4_xs)}
+# (Q8_0 stays in pairs: _FUSED; F16 has float32 rows of its own: rows_matmul)
+
+
+def _literal(code) -> int:
+    """The type code a product is being typed for (a numba literal; anything else is a typing error)."""
+    if not isinstance(code, types.IntegerLiteral):
+        raise TypingError(f"row products are typed per type code: a literal, not {code}")
+    return code.literal_value
+
+
+# The products below are typed per literal type code (numba overloads): each type's copy of each is one function of its
+# own holding that type's kernels, compiled once a type. Each is called from one kind of caller only (rows_fused's
+# one call, then the overloads' own calls), since numba compiles an overload again for callers compiled under other
+# options: _token_rows twice a type when rows_fused called it too, which cost ~10 s of a cold compile.
+
+def _overload(stub):
+    """Register the decorated function as the per-type typing of `stub` (fastmath, as every kernel here)."""
+    return overload(stub, prefer_literal=True, jit_options={"fastmath": True})
+
+
+def _nothing(code, w, r, r1, rb, X16, DX, k, nb, res, base):
+    """A product a type has none of (F16's int16 rows, Q8_0's fours): typed, never called."""
+
+
+def _token_rows(code, w, r, r1, rb, X16, DX, k, nb, res, base):
+    """res[k, base + r'] = row_r' . token k for rows r' in [r, r1), in the type's row groups, largest first."""
+
+
+@_overload(_token_rows)
+def _token_rows_typed(code, w, r, r1, rb, X16, DX, k, nb, res, base):
+    groups = _TOKEN.get(_literal(code))
+    if groups is None:
+        return _nothing
+    (g1, k1), one = groups[0], groups[-1][1]
+    g2, k2 = groups[1] if len(groups) == 3 else groups[0]  # Q4_0's 4-row group; else the first again (never runs)
+
+    def impl(code, w, r, r1, rb, X16, DX, k, nb, res, base):
+        while r + g1 <= r1:
+            k1(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(base + r))
+            r += g1
+        while r + g2 <= r1:
+            k2(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(base + r))
+            r += g2
+        while r < r1:
+            one(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(base + r))
+            r += 1
+    return impl
+
+
+def _pair_rows(code, w, r, r1, rb, X16, DX, k, nb, res, base):
+    """_token_rows for tokens k and k + 1 at once: 4-row groups decoded once for both, the last r % 4 rows a token."""
+
+
+@_overload(_pair_rows)
+def _pair_rows_typed(code, w, r, r1, rb, X16, DX, k, nb, res, base):
+    kern = _PAIR.get(_literal(code))
+    if kern is None:
+        return _nothing
+
+    def impl(code, w, r, r1, rb, X16, DX, k, nb, res, base):
+        while r + 4 <= r1:
+            kern(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(base + r))
+            r += 4
+        if r < r1:
+            _token_rows(code, w, r, r1, rb, X16, DX, k, nb, res, base)
+            _token_rows(code, w, r, r1, rb, X16, DX, k + 1, nb, res, base)
+    return impl
+
+
+def _quad_rows(code, w, r, r1, rb, X16, DX, k, nb, res, base):
+    """_token_rows for tokens k .. k + 3 at once: the type's row groups decoded once for all four, the rows left over
+    as two pairs."""
+
+
+@_overload(_quad_rows)
+def _quad_rows_typed(code, w, r, r1, rb, X16, DX, k, nb, res, base):
+    g, kern = _QUAD.get(_literal(code), (0, None))
+    if kern is None:
+        return _nothing
+
+    def impl(code, w, r, r1, rb, X16, DX, k, nb, res, base):
+        while r + g <= r1:
+            kern(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(base + r))
+            r += g
+        if r < r1:
+            _pair_rows(code, w, r, r1, rb, X16, DX, k, nb, res, base)
+            _pair_rows(code, w, r, r1, rb, X16, DX, k + 2, nb, res, base)
+    return impl
+
+
+def _fused_rows(code, w, r0, r1, rb, X16, DX, nb, res, base):
+    """Every token of X16 / DX through rows [r0, r1): four at a time (not Q8_0: _FUSED), then in pairs, then one."""
+
+
+@_overload(_fused_rows)
+def _fused_rows_typed(code, w, r0, r1, rb, X16, DX, nb, res, base):
+    fours = _literal(code) in _QUAD
+
+    def impl(code, w, r0, r1, rb, X16, DX, nb, res, base):
+        m = X16.shape[0]
+        k = np.int64(0)  # not a literal 0: one compiled specialisation of the row kernels below, not two
+        if fours:
+            while k + 4 <= m:
+                _quad_rows(code, w, r0, r1, rb, X16, DX, k, nb, res, base)
+                k += 4
+        while k + 2 <= m:
+            _pair_rows(code, w, r0, r1, rb, X16, DX, k, nb, res, base)
+            k += 2
+        if k < m:
+            _token_rows(code, w, r0, r1, rb, X16, DX, k, nb, res, base)
+    return impl
+
+
+@njit(fastmath=True, inline="always")
+def rows_token(code, w, r0, r1, rb, X16, DX, k, res, off):
+    """res[k, off + r - r0] = row_r . token k for rows [r0, r1) of flat bytes w of type `code` (row stride rb), the
+    token's int16 activations X16[k] * DX[k] (simd.py / kquants.py / iquants.py intrinsics, 8, 4, 2 or 1 rows a pass).
+
+    Q8_0 runs 2 rows a pass: from DRAM, on 2 threads, 1.28-1.35x its 8-row rate at 1024- to 4096-wide rows
+    (bench_q8_rows.py: 91% of the read against 68% at 2048), and no slower in cache; Q4_0, whose arithmetic
+    per byte is twice Q8_0's, keeps 8 (2 rows 0.80-0.85x, 4 rows 0.96-1.02x). The K-quants run 2 rows a pass
+    too: never slower than 4 in any run here, faster while the machine runs slow (bench_q8_rows.py --fmt
+    Q4_K|Q6_K: from DRAM Q4_K 1.00-1.05x, Q6_K 1.02-1.20x; --l2, one core, 1.00-1.13x)."""
+    _token_rows(code, w, r0, r1, rb, X16, DX, k, np.int64(X16.shape[1] // 32), res, off - r0)
+
+
+@njit(fastmath=True, inline="always")
+def rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off):
+    """rows_token for tokens k and k + 1 at once: 4-row groups decoded once for both (the same products
+    and float adds per row and token, so the same bits), the last r % 4 rows per token."""
+    _pair_rows(code, w, r0, r1, rb, X16, DX, k, np.int64(X16.shape[1] // 32), res, off - r0)
+
+
+@njit(fastmath=True, inline="always")
+def rows_quad(code, w, r0, r1, rb, X16, DX, k, res, off):
+    """rows_token for tokens k .. k + 3 of Q4_0 / K-quant / IQ4 rows at once: each row group decoded once for all four
+    (the same products and float adds per row and token, so the same bits), 8-row groups for Q4_0, 2-row ones for
+    the K-quants; the last rows as two pairs. An expert's rows in cache, one core, four tokens against two pairs
+    (bench_token_pairs.py): Q4_0 1.18x, Q4_K 1.13x, Q6_K 1.20x (Q8_0 stays in pairs: _FUSED)."""
+    _quad_rows(code, w, r0, r1, rb, X16, DX, k, np.int64(X16.shape[1] // 32), res, off - r0)
+
+
+@njit(fastmath=True, inline="always")
+def rows_fused(code, w, r0, r1, rb, X16, DX, res, off):
+    """res[k, off + r - r0] = row_r . token k for every token of X16 / DX (int16 activations) and rows [r0, r1) of
+    quantised bytes w: tokens four at a time (not Q8_0), then in pairs, then one."""
+    _fused_rows(code, w, r0, r1, rb, X16, DX, np.int64(X16.shape[1] // 32), res, off - r0)
+
+
+@njit(fastmath=True, inline="always")
+def rows_matmul(code, w, r0, r1, rb, X, X16, DX, P, res, off):
+    """res[k, off + r - r0] = row_r . X[k] for the m rows of X [m, cols]: fused in-place dots up to _FUSED[code]
+    tokens (Q8_0 / Q4_0 / Q4_K / Q6_K: int16 activations X16 * DX, tokens in fours and pairs: rows_fused;
+    F16: float32 X), the weight rows staying in L1/L2; else the rows are dequantised once and multiplied with
+    the tokens' packed panels P (`panels`; prefill: gemm.deq_matmul; under GEMM_TOKENS gemm.deq_dots on X)."""
+    m = X.shape[0]
+    if gemm_path(m, code):
+        deq_matmul(code, w, r0, r1, rb, P, m, res, off)
+    elif m > _FUSED[code]:
+        deq_dots(code, w, r0, r1, rb, X, res, off)
+    elif code == F16:
+        nc = np.int64(X.shape[1] // 16)
+        for k in range(m):
+            r = r0
+            while r + 4 <= r1:
+                rows4_f16(w, np.int64(r * rb), np.int64(rb), X[k], DX[k], nc, res[k], np.int64(off + r - r0))
+                r += 4
+            while r < r1:
+                rows1_f16(w, np.int64(r * rb), np.int64(rb), X[k], DX[k], nc, res[k], np.int64(off + r - r0))
+                r += 1
+    else:
+        rows_fused(code, w, r0, r1, rb, X16, DX, res, off)
+
+
+@njit(fastmath=True, inline="always")
+def gemm_path(T, code):
+    """Whether T tokens through a matrix of type `code` take gemm.deq_matmul (packed panels, few large items)."""
+    return T >= GEMM_TOKENS and T > _FUSED[code]
+
+
+# Entry points from Python (tests, benchmarks): each compiled per type code with the code a constant in it, as in
+# kernel_table's C functions. A literal argument instead (numba.literally) types the same, but ran the packed GEMM at
+# 48 tokens ~15x slower (27 against 1.6-1.8 ms for a 768 x 2048 Q8_0 matrix, one process): measure through these.
+
+@lru_cache(maxsize=None)
+def _entry(name: str, code: int):
+    """The product `name` for type `code` as a function of its other arguments (compiled on first call)."""
+    if name == "rows_token":
+        def f(w, r0, r1, rb, X16, DX, k, res, off):
+            rows_token(code, w, r0, r1, rb, X16, DX, k, res, off)
+    elif name == "rows_pair":
+        def f(w, r0, r1, rb, X16, DX, k, res, off):
+            rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off)
+    elif name == "rows_fused":
+        def f(w, r0, r1, rb, X16, DX, res, off):
+            rows_fused(code, w, r0, r1, rb, X16, DX, res, off)
+    else:
+        def f(w, r0, r1, rb, P, m, res, off):
+            deq_matmul(code, w, r0, r1, rb, P, m, res, off)
+    return njit(fastmath=True)(f)
+
+
+def py_rows_token(code, w, r0, r1, rb, X16, DX, k, res, off) -> None:
+    """rows_token from Python: res[k, off + r - r0] = row_r . token k (float32)."""
+    _entry("rows_token", int(code))(w, r0, r1, rb, X16, DX, k, res, off)
+
+
+def py_rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off) -> None:
+    """rows_pair from Python: tokens k and k + 1 (float32)."""
+    _entry("rows_pair", int(code))(w, r0, r1, rb, X16, DX, k, res, off)
+
+
+def py_rows_fused(code, w, r0, r1, rb, X16, DX, res, off) -> None:
+    """rows_fused from Python: every token of X16 / DX (float32)."""
+    _entry("rows_fused", int(code))(w, r0, r1, rb, X16, DX, res, off)
+
+
+def py_deq_matmul(code, w, r0, r1, rb, P, m, res, off) -> None:
+    """gemm.deq_matmul from Python: the m tokens packed in P (float32)."""
+    _entry("deq_matmul", int(code))(w, r0, r1, rb, P, m, res, off)
