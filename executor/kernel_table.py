@@ -48,8 +48,18 @@ def _typed(code: int):
     return rows
 
 
-_KERNELS = [_typed(c) for c in range(1, IQ4_XS + 1)]
-TABLE = np.array([0] + [k.address for k in _KERNELS], np.int64)  # by type code; kept alive: the symbol points here
+@cfunc(_SIG, cache=True)
+def _no_kernels(wp, wn, r0, r1, rb, xp, xm, xc, x16p, x16m, x16c, dxp, dxm, dxc, pp, p0, p1, p2, resp, resm, resc, off):
+    """A type code with no kernels (none a loaded model has: gguf_model checks its types): NaN results, where a jump
+    to address 0 would end the process."""
+    res = carray(resp, (resm, resc))
+    for k in range(resm):
+        for r in range(r1 - r0):
+            res[k, off + r] = np.nan
+
+
+_KERNELS = [_no_kernels] + [_typed(c) for c in range(1, IQ4_XS + 1)]
+TABLE = np.array([k.address for k in _KERNELS], np.int64)  # by type code; kept alive: the symbol points here
 # one symbol a checkout (its cached drivers are its own: numba keys its cache by source path), so that two copies of
 # the executor imported in one process (benchmarks/bench_expert_job.py --root) each call their own kernels
 _SYMBOL = "moe_offload_rows_matmul_table_" + hashlib.sha1(str(Path(__file__).resolve()).encode()).hexdigest()[:12]
@@ -59,7 +69,7 @@ ll.add_symbol(_SYMBOL, TABLE.ctypes.data)
 @intrinsic
 def table_rows_matmul(typingctx, code, w, r0, r1, rb, X, X16, DX, P, res, off):
     """row_products.rows_matmul(code, w, r0, r1, rb, X, X16, DX, P, res, off) through the table: the same
-    results, with none of the kernels compiled into the caller."""
+    results, with none of the kernels compiled into the caller (a code outside the table: NaN results)."""
     arrays = {"w": (w, 1), "X": (X, 2), "X16": (X16, 2), "DX": (DX, 2), "P": (P, 3), "res": (res, 2)}
     for name, (ty, nd) in arrays.items():
         if not isinstance(ty, types.Array) or ty.ndim != nd or ty.layout != "C":
@@ -78,6 +88,8 @@ def table_rows_matmul(typingctx, code, w, r0, r1, rb, X, X16, DX, P, res, off):
         mod = builder.module
         tab = mod.globals.get(_SYMBOL) or ir.GlobalVariable(mod, ir.ArrayType(i64, len(TABLE)), _SYMBOL)
         idx = context.cast(builder, args[0], sig.args[0], types.int64)
+        known = builder.icmp_unsigned("<", idx, ir.Constant(i64, len(TABLE)))  # else entry 0: _no_kernels
+        idx = builder.select(known, idx, ir.Constant(i64, 0))
         fn = builder.inttoptr(builder.load(builder.gep(tab, [ir.Constant(i64, 0), idx])),
                               ir.FunctionType(ir.VoidType(), [v.type for v in flat]).as_pointer())
         builder.call(fn, flat)

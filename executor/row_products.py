@@ -260,38 +260,41 @@ def gemm_path(T, code):
 # 48 tokens ~15x slower (27 against 1.6-1.8 ms for a 768 x 2048 Q8_0 matrix, one process): measure through these.
 
 @lru_cache(maxsize=None)
-def _entry(name: str, code: int):
-    """The product `name` for type `code` as a function of its other arguments (compiled on first call)."""
-    if name == "rows_token":
-        def f(w, r0, r1, rb, X16, DX, k, res, off):
+def _entry(code: int):
+    """The products of type `code` in one function (one compile a type, not one a product and type), `which` of them
+    chosen at run time: 0 rows_token, 1 rows_pair, 2 rows_fused, 3 gemm.deq_matmul."""
+    @njit(fastmath=True)
+    def products(which, w, r0, r1, rb, X16, DX, P, m, k, res, off):
+        if which == 0:
             rows_token(code, w, r0, r1, rb, X16, DX, k, res, off)
-    elif name == "rows_pair":
-        def f(w, r0, r1, rb, X16, DX, k, res, off):
+        elif which == 1:
             rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off)
-    elif name == "rows_fused":
-        def f(w, r0, r1, rb, X16, DX, res, off):
+        elif which == 2:
             rows_fused(code, w, r0, r1, rb, X16, DX, res, off)
-    else:
-        def f(w, r0, r1, rb, P, m, res, off):
+        else:
             deq_matmul(code, w, r0, r1, rb, P, m, res, off)
-    return njit(fastmath=True)(f)
+    return products
+
+
+_NO_P = np.zeros((0, 32, 16), np.float32)  # packed tokens where a product takes none
+_NO_X16, _NO_DX = np.zeros((0, 32), np.int16), np.zeros((0, 2), np.float32)
 
 
 def py_rows_token(code, w, r0, r1, rb, X16, DX, k, res, off) -> None:
     """rows_token from Python: res[k, off + r - r0] = row_r . token k (float32)."""
-    _entry("rows_token", int(code))(w, r0, r1, rb, X16, DX, k, res, off)
+    _entry(int(code))(0, w, r0, r1, rb, X16, DX, _NO_P, 0, k, res, off)
 
 
 def py_rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off) -> None:
     """rows_pair from Python: tokens k and k + 1 (float32)."""
-    _entry("rows_pair", int(code))(w, r0, r1, rb, X16, DX, k, res, off)
+    _entry(int(code))(1, w, r0, r1, rb, X16, DX, _NO_P, 0, k, res, off)
 
 
 def py_rows_fused(code, w, r0, r1, rb, X16, DX, res, off) -> None:
     """rows_fused from Python: every token of X16 / DX (float32)."""
-    _entry("rows_fused", int(code))(w, r0, r1, rb, X16, DX, res, off)
+    _entry(int(code))(2, w, r0, r1, rb, X16, DX, _NO_P, 0, 0, res, off)
 
 
 def py_deq_matmul(code, w, r0, r1, rb, P, m, res, off) -> None:
     """gemm.deq_matmul from Python: the m tokens packed in P (float32)."""
-    _entry("deq_matmul", int(code))(w, r0, r1, rb, P, m, res, off)
+    _entry(int(code))(3, w, r0, r1, rb, _NO_X16, _NO_DX, P, m, 0, res, off)

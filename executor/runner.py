@@ -275,7 +275,7 @@ def execute(plan: Plan, model_path: str | Path, prompt_tokens: int = 32, gen_tok
         raise SpecError("prompts", None, f"need {plan.streams} x {prompt_tokens} token ids in [0, {m.cfg.vocab})")
     del m
     if progress:  # a cold numba cache costs minutes before the first token: say so rather than sit silent
-        print("loading the model and its kernels (the first run on a machine compiles them, 1-3 minutes; "
+        print("loading the model and its kernels (the first run on a machine compiles them, 1-2 minutes; "
               "later runs load them from numba's cache)", file=sys.stderr, flush=True)
     r = Runner(plan, model_path, prompt_tokens + gen_tokens)
     try:

@@ -109,8 +109,8 @@ def cold_run(tmp_path_factory):
     """An all-CPU run and 4 streams through a cache of `tiny`, in a fresh process with an empty numba cache (a callee
     inside a cached caller is never compiled, so only a cold run shows what compiles): each executor kernel's
     signatures, and the kernels compiled during the timed steps. On a fresh clone the empty cache is the project's
-    own, which the run then fills for the rest of the session (one cold compile in CI, not two: ~4 min on two
-    vCPUs); elsewhere a temporary one."""
+    own, which the run then fills for the rest of the session (one cold compile in CI, not two: ~1 min on two
+    Zen 4 vCPUs, ~2 before kernel_table.py); elsewhere a temporary one."""
     import json
     import os
     import subprocess

@@ -34,7 +34,7 @@ def test_matmul_matches_dequantised(qk, qt, rows, nb, T, seed):
 
 @pytest.mark.parametrize("qt", TYPES + KQUANTS, ids=lambda q: q.name)
 def test_each_type_on_both_sides_of_its_fused_threshold_matches_dequantised(qk, qt):
-    """At kernels._FUSED[code] tokens an expert (the fused in-place path: fours, pairs, one), one more (rows
+    """At row_products._FUSED[code] tokens an expert (the fused in-place path: fours, pairs, one), one more (rows
     dequantised against each token, gemm.deq_dots) and from gemm.GEMM_TOKENS (the packed register-tile GEMM,
     gemm.deq_matmul, 16 row-range items), every type matches gguf.dequantize then a float matmul."""
     rng = np.random.default_rng(int(qt))
@@ -51,7 +51,7 @@ def test_each_type_on_both_sides_of_its_fused_threshold_matches_dequantised(qk, 
        T=st.integers(1, 20), seed=st.integers(0, 2**31))
 def test_k_quant_matmul_matches_dequantised(qk, qt, rows, nsb, T, seed):
     """Q2_K / Q3_K / Q4_K / Q5_K / Q6_K rows (256-weight super-blocks) read in place match gguf.dequantize then a float matmul:
-    up to kernels._FUSED tokens through the int16 kernels (kquants.py), more dequantised a row at a time (gemm.py)."""
+    up to row_products._FUSED tokens through the int16 kernels (kquants.py), more dequantised a row at a time (gemm.py)."""
     rng = np.random.default_rng(seed)
     w = qk.tensor(rng, qt, 2, rows, nsb * 256)
     x = rng.standard_normal((T, nsb * 256)).astype(np.float32)
@@ -204,3 +204,12 @@ def test_portable_loops_match_dequantised(qk, qt):
         kquants._block(size, flat, np.uint64(size), buf, 0)
     assert np.array_equal(buf, W[0, width:2 * width])
 
+
+
+def test_a_type_code_outside_the_table_gives_nan_not_a_crash():
+    """kernel_table's entry 0 (and any code past the last) computes nothing and writes NaN: a jump to address 0
+    would end the process. No loaded model reaches it (gguf_model checks every tensor's type)."""
+    x = np.ones((1, 64), np.float32)
+    for code in (0, -1):
+        got = K.linear(np.zeros(4 * 68, np.uint8), code, 4, x)
+        assert np.isnan(got).all()
