@@ -163,22 +163,28 @@ _ROW_BYTES = {"F16": lambda c: 2 * c, "Q8_0": lambda c: c // 32 * 34, "Q4_0": la
               "IQ4_NL": lambda c: c // 32 * 18, "IQ4_XS": lambda c: c // 256 * 136}
 
 
-def kernel_version() -> str:
-    """Short hash of the executor's kernel sources (the expert, row and attention kernels and the
-    modules beside them that they import), so a calibration names the kernel build it belongs to; ''
-    when absent."""
-    import hashlib
+def kernel_sources() -> list[Path]:
+    """The executor's kernel sources: the expert, dense and attention kernels and every executor module they import,
+    directly or through others (executor.nbcache.source_deps); [] when the executor is absent."""
     try:
         from executor import kernels
+        from executor.nbcache import source_deps
     except Exception:
-        return ""
+        return []
     here = Path(kernels.__file__).resolve().parent
+    roots = [here / name for name in ("cpu_experts.py", "dense_kernels.py")]
+    return sorted(set(roots) | {f for r in roots for f in source_deps(r) if f.parent == here})
+
+
+def kernel_version() -> str:
+    """Short hash of kernel_sources(), so a calibration names the kernel build it belongs to; '' when absent."""
+    import hashlib
+    files = kernel_sources()
+    if not files:
+        return ""
     h = hashlib.sha256()
-    for name in ("cpu_experts.py", "kernels.py", "simd.py", "kquants.py", "iquants.py", "gemm.py", "dense_kernels.py",
-                 "attention.py"):
-        f = here / name
-        if f.is_file():
-            h.update(f.read_bytes())
+    for f in files:
+        h.update(f.read_bytes())
     return h.hexdigest()[:12]
 
 

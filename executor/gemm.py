@@ -106,7 +106,9 @@ def _deq_any(code, w, o0, buf, qk):
 
 
 def deq_row(code, w, o0, buf, qk):
-    """Dequantise the row at byte o0 of flat bytes w (type `code`) into buf float32 [cols]."""
+    """Dequantise the row at byte o0 of flat bytes w (type `code`) into buf float32 [cols] (in numba code: the
+    overload below; from Python, deq_rows)."""
+    raise TypeError("gemm.deq_row runs inside numba code only; from Python use gemm.deq_rows")
 
 
 @overload(deq_row, prefer_literal=True)

@@ -6,7 +6,7 @@ import pytest
 
 from calibration.bench_kernel import (_ROW_BYTES, KernelBench, KernelFit, _synth_tensor, bench_expert_kernel,
                                       executor_expert_job, executor_kernel_available, fit_job_costs,
-                                      toy_expert_job)
+                                      toy_expert_job, kernel_sources, kernel_version)
 
 
 def test_fit_recovers_line_exactly():
@@ -125,3 +125,13 @@ def test_jobs_on_the_same_experts_share_one_pool_while_alive():
     del job
     gc.collect()
     assert key not in _POOLS
+
+
+def test_kernel_version_covers_every_kernel_source():
+    """A calibration names the kernel build it belongs to by a hash of the kernel sources, found through the imports
+    (a hand-kept list missed row_products.py, kernel_table.py and vnni.py): the row kernels of every type, the table
+    the drivers call them through, the drivers and attention."""
+    names = {f.name for f in kernel_sources()}
+    assert {"cpu_experts.py", "dense_kernels.py", "attention.py", "kernels.py", "kernel_table.py", "row_products.py",
+            "gemm.py", "simd.py", "vnni.py", "kquants.py", "iquants.py"} <= names
+    assert len(kernel_version()) == 12
