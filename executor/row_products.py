@@ -227,8 +227,7 @@ def rows_fused(code, w, r0, r1, rb, X16, DX, res, off):
 @njit(fastmath=True, inline="always")
 def rows_matmul(code, w, r0, r1, rb, X, X16, DX, P, res, off):
     """res[k, off + r - r0] = row_r . X[k] for the m rows of X [m, cols]: fused in-place dots up to _FUSED[code]
-    tokens (Q8_0 / Q4_0 / Q4_K / Q6_K: int16 activations X16 * DX, tokens in fours and pairs: rows_fused;
-    F16: float32 X), the weight rows staying in L1/L2; else the rows are dequantised once and multiplied with
+    tokens (the quantised types: int16 activations X16 * DX, tokens in fours and pairs: rows_fused; F16: float32 X), the weight rows staying in L1/L2; else the rows are dequantised once and multiplied with
     the tokens' packed panels P (`panels`; prefill: gemm.deq_matmul; under GEMM_TOKENS gemm.deq_dots on X)."""
     m = X.shape[0]
     if gemm_path(m, code):
