@@ -16,7 +16,6 @@ import argparse
 import statistics
 import sys
 import time
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from calibration.local import ensure_model  # noqa: E402
 from executor import kernels as K  # noqa: E402
-from executor.gemm import deq_matmul, pack_tokens  # noqa: E402
+from executor import row_products as RP  # noqa: E402
+from executor.gemm import pack_tokens  # noqa: E402
 from executor.gguf_model import GGUFModel  # noqa: E402
 
 _V8 = ir.VectorType(ir.FloatType(), 8)
@@ -68,19 +68,11 @@ def fma_peak_gflops(steps: int = 100_000_000, rounds: int = 3) -> float:
     return best
 
 
-@lru_cache(maxsize=None)
-def _gemm_for(code: int):
-    """The packed GEMM for type `code` (packing timed too), the code a constant as in the executor's C functions
-    (kernel_table.py; a literal argument ran it ~15x slower)."""
-    @njit(fastmath=True)
-    def gemm(w, R, rb, X, res, reps):
-        for _ in range(reps):
-            deq_matmul(code, w, 0, R, rb, pack_tokens(X), X.shape[0], res, 0)
-    return gemm
-
-
 def _gemm(code, w, R, rb, X, res, reps):
-    _gemm_for(int(code))(w, R, rb, X, res, reps)
+    """The packed GEMM (packing timed too), through row_products' entry point: the code a constant in it, as in the
+    executor's C functions (a literal argument ran it ~15x slower)."""
+    for _ in range(reps):
+        RP.py_deq_matmul(code, w, 0, R, rb, pack_tokens(X), X.shape[0], res, 0)
 
 
 def moe_batches(tokens: int, threads: int, rounds: int) -> int:

@@ -1,15 +1,15 @@
-"""Numba CPU matrix kernels reading F16 / Q8_0 / Q4_0 weights in place from the mmap (the routed
+"""Numba CPU matrix drivers reading F16 / Q8_0 / Q4_0 / K-quant / IQ4 weights in place from the mmap (the routed
 SwiGLU experts built on them are in cpu_experts.py).
 
-Weights are uint8 views of the file mapping (no copies). One-token products use the AVX2 row
-intrinsics of simd.py (Q8_0 / Q4_0 with int16 activations, F16 with float32 ones; Q4_0 with AVX-512
-VNNI those of vnni.py, the same results); more than
-_FUSED tokens per expert dequantise each row once (gemm.py: dot blocks, from GEMM_TOKENS a packed
-register-tile GEMM in few large items). The K-quants of llama.cpp's Q2_K .. Q5_K_M files (Q2_K,
-Q3_K, Q4_K, Q5_K, Q6_K) have kernels of their own (kquants.py, int16 activations too), as have the codebook types
-of its IQ4_NL / IQ4_XS files (iquants.py). Kernels release the GIL (nogil) and split rows across threads (prange);
-little work runs serially. Type codes: 1 = F16, 2 = Q8_0, 3 = Q4_0, 4 = Q4_K, 5 = Q6_K, 6 = Q5_K (Q5_K_M files: Q5_K
-with Q6_K), 7 = Q3_K, 8 = Q2_K (Q3_K_M and Q2_K files), 9 = IQ4_NL, 10 = IQ4_XS.
+Weights are uint8 views of the file mapping (no copies). A driver splits a matrix's rows across threads (prange;
+little work runs serially) and hands each row range to the type's row products (row_products.rows_matmul) through
+kernel_table's table of C functions, so no driver compiles the kernels in. The products: one to _FUSED tokens an
+expert read the rows in place with int16 activations (simd.py for Q8_0 / Q4_0, vnni.py's Q4_0 rows on AVX-512
+VNNI, kquants.py for the K-quants of llama.cpp's Q2_K .. Q5_K_M files, iquants.py for its IQ4_NL / IQ4_XS; F16 with
+float32 activations); more dequantise each row once (gemm.py: dot blocks, from GEMM_TOKENS a packed register-tile
+GEMM in few large items). Kernels release the GIL (nogil). Type codes: 1 = F16, 2 = Q8_0, 3 = Q4_0, 4 = Q4_K,
+5 = Q6_K, 6 = Q5_K (Q5_K_M files: Q5_K with Q6_K), 7 = Q3_K, 8 = Q2_K (Q3_K_M and Q2_K files), 9 = IQ4_NL,
+10 = IQ4_XS.
 """
 from __future__ import annotations
 
