@@ -68,11 +68,20 @@ def timed_token(K, CE, silu_mul):
     # the executor's products: through kernel_table's C functions where the checkout has them, else compiled in
     rows_matmul = getattr(K, "table_rows_matmul", None) or K._rows_matmul
 
+    if "ints" in inspect.signature(K.panels.py_func).parameters:  # from session 31
+        @njit
+        def panels(x, x16, dx):
+            return K.panels(x, x16, dx, False, False)
+    else:
+        @njit
+        def panels(x, x16, dx):
+            return K.panels(x, False)
+
     @njit(fastmath=True)
     def expert(e, gd, gc, ud, uc, dd, dc, F, H, xg, x16, dx, out, T, t):
         c0 = rdtsc()
         g, u = np.empty((1, F), np.float32), np.empty((1, F), np.float32)
-        P = K.panels(xg, False)
+        P = panels(xg, x16, dx)
         rows_matmul(gc, gd[e], 0, F, gd.shape[1] // F, xg, x16, dx, P, g, 0)
         rows_matmul(uc, ud[e], 0, F, ud.shape[1] // F, xg, x16, dx, P, u, 0)
         c1 = rdtsc()
@@ -80,7 +89,7 @@ def timed_token(K, CE, silu_mul):
         a16, da = K._quant_rows(g)
         c2 = rdtsc()
         y = np.empty((1, H), np.float32)
-        rows_matmul(dc, dd[e], 0, H, dd.shape[1] // H, g, a16, da, K.panels(g, False), y, 0)
+        rows_matmul(dc, dd[e], 0, H, dd.shape[1] // H, g, a16, da, panels(g, a16, da), y, 0)
         c3 = rdtsc()
         for h in range(H):
             out[0, h] += y[0, h]
@@ -104,7 +113,7 @@ def timed_token(K, CE, silu_mul):
     @njit(parallel=True)
     def layer(gd, gc, ud, uc, dd, dc, F, H, x, ex, out, T):
         c0 = rdtsc()
-        xg, x16, dx, _ = prep(x, ex)
+        xg, x16, dx = prep(x, ex)[:3]
         c1 = rdtsc()
         part = np.zeros((THREADS, 1, H), np.float32)
         for t in prange(THREADS):

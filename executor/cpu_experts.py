@@ -17,8 +17,9 @@ from numba import njit, prange
 
 from .gemm import pack_into
 from .kernel_table import table_rows_matmul
-from .kernels import (_FUSED, _SERIAL_BYTES, NT, _parts, _parts_serial, _quant_rows, flat, gemm_path, item_rows, panels,
-                      prange_only)
+from .kernels import (_FUSED, _SERIAL_BYTES, NT, _parts, _parts_serial, _quant_rows, flat, gemm_path, int_panels,
+                      item_rows, panels, prange_only)
+from .qgemm import panel_width, qpack_into
 from .nbcache import drop_stale_cache
 from .simd import silu_mul
 
@@ -34,8 +35,9 @@ def _moe_prep(x, experts, offs, tok, fused):
     tokens per expert). Each token is quantised once, however many of its experts run here (decode: 1
     token and top-k experts, 27 -> 6 us a layer on `small`). The int16 rows are copied only for experts of
     at most `fused` tokens (the largest _FUSED of the gate's and up's types): above it the products read the
-    float rows (dequantised dots, the GEMM's panels), and dx's rows are long with AVX-512 VNNI (vnni.split8:
-    prefill's 4,096 copies a `small-q4` layer cost ~100 ms a 512-token prompt)."""
+    GEMM's panels, packed from the float rows or from each token's int16 row (q16 / qd [T, ..], returned too), and
+    dx's rows are long with AVX-512 VNNI (vnni.split8: prefill's 4,096 copies a `small-q4` layer cost ~100 ms a
+    512-token prompt)."""
     M, H = tok.shape[0], x.shape[1]
     q16, qd = _quant_rows(x)  # [T, H], [T, 2 H/32 ..]
     xg = np.empty((M, H), np.float32)
@@ -54,7 +56,33 @@ def _moe_prep(x, experts, offs, tok, fused):
                     x16[a, h] = q16[t, h]
                 for j in range(qd.shape[1]):
                     dx[a, j] = qd[t, j]
-    return xg, x16, dx, maxm
+    return xg, x16, dx, maxm, q16, qd
+
+
+@njit(fastmath=True, cache=True)
+def _pack_expert(P, b, xs, x16, dx, rows, ints):
+    """One expert's m tokens into the panels P[b:b + ceil(m / NT)]: integer ones from rows `rows` [m] of x16 / dx
+    where `ints` (qgemm.qpack_into), else float ones from xs [m, C] (gemm.pack_into)."""
+    if ints:
+        qpack_into(P, b, x16, dx, rows)
+    else:
+        pack_into(P, b, xs)
+
+
+@njit(cache=True)
+def _csr_rows(tok):
+    """0 .. M - 1 in tok's integer type: the rows of a CSR job's own arrays (the down products' activations), for
+    _pack_expert as tok indexes the tokens' rows (one compiled signature, not one an integer type)."""
+    rows = np.empty_like(tok)
+    for a in range(rows.shape[0]):
+        rows[a] = a
+    return rows
+
+
+@njit(cache=True)
+def _panel_array(nblocks, C, ints):
+    """Uninitialised token panels of nblocks blocks for rows of C values, integer (qgemm.panel_width) or float."""
+    return np.empty((nblocks, panel_width(C) if ints else C, NT), np.float32)
 
 
 @njit(cache=True)
@@ -70,13 +98,15 @@ def _panel_blocks(offs, c0, c1):
 
 
 @njit(fastmath=True, cache=True)
-def _expert_panels(xs, offs, c0, c1):
-    """The stacked token panels of every expert's rows of xs [M, C] (_panel_blocks), on this thread -> (P, pb)."""
+def _expert_panels(xs, x16, dx, rows, offs, c0, c1):
+    """The stacked token panels of every expert's rows of xs [M, C] (their int16 rows: rows [M] of x16 / dx), on this
+    thread (_panel_blocks, _pack_expert) -> (P, pb)."""
     pb = _panel_blocks(offs, c0, c1)
-    P = np.empty((pb[-1], xs.shape[1], NT), np.float32)
+    ints = int_panels(c0, c1, R1=1)
+    P = _panel_array(pb[-1], xs.shape[1], ints)
     for i in range(offs.shape[0] - 1):
         if pb[i + 1] > pb[i]:
-            pack_into(P, pb[i], xs[offs[i]:offs[i + 1]])
+            _pack_expert(P, pb[i], xs[offs[i]:offs[i + 1]], x16, dx, rows[offs[i]:offs[i + 1]], ints)
     return P, pb
 
 
@@ -122,23 +152,28 @@ def _moe_down(it, dd, dc, H, experts, offs, tok, wts, act, a16, da, P, pb, n, ma
 
 
 @njit(fastmath=True, cache=True)
-def _expert_whole(i, gd, gc, ud, uc, dd, dc, F, H, experts, offs, tok, wts, xg, x16, dx, out):
+def _expert_whole(i, gd, gc, ud, uc, dd, dc, F, H, experts, offs, tok, wts, xg, x16, dx, q16, qd, out):
     """Expert i of the CSR list, start to end on this thread: out[t] += w * down(silu(gate x) * up x) for
-    each of its tokens t (weight w)."""
+    each of its tokens t (weight w; q16 / qd: each token's int16 row, for integer panels)."""
     e = experts[i]
     a0 = offs[i]
     m = offs[i + 1] - a0
     s = slice(a0, a0 + m)
     g = np.empty((m, F), np.float32)  # [m, F]: gate x, then the activation
     u = np.empty((m, F), np.float32)
-    P = panels(xg[s], gemm_path(m, gc) or gemm_path(m, uc))
+    P = np.zeros((0, H, NT), np.float32)
+    if gemm_path(m, gc) or gemm_path(m, uc):
+        ints = int_panels(gc, uc, R1=1)
+        P = _panel_array((m + NT - 1) // NT, H, ints)
+        _pack_expert(P, np.int64(0), xg[s], q16, qd, tok[a0:a0 + m], ints)
     table_rows_matmul(gc, gd[e], np.int64(0), F, gd.shape[1] // F, xg[s], x16[s], dx[s], P, g, np.int64(0))
     table_rows_matmul(uc, ud[e], np.int64(0), F, ud.shape[1] // F, xg[s], x16[s], dx[s], P, u, np.int64(0))
     for k in range(m):
         silu_mul(g[k], u[k])
     a16, da = _quant_rows(g)
     y = np.empty((m, H), np.float32)  # [m, H]
-    table_rows_matmul(dc, dd[e], np.int64(0), H, dd.shape[1] // H, g, a16, da, panels(g, gemm_path(m, dc)), y, np.int64(0))
+    P = panels(g, a16, da, gemm_path(m, dc), int_panels(dc))
+    table_rows_matmul(dc, dd[e], np.int64(0), H, dd.shape[1] // H, g, a16, da, P, y, np.int64(0))
     for k in range(m):
         t = tok[a0 + k]
         for h in range(H):
@@ -169,33 +204,37 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nth
     barrier between the up and the down products (expert GB/s at 2 threads, side by side: 1.07x on
     `small-q4`, 1.05-1.11x on `small`). Otherwise each matrix's rows split across the threads.
     """
-    xg, x16, dx, maxm = _moe_prep(x, experts, offs, tok, max(_FUSED[gc], _FUSED[uc]))
+    xg, x16, dx, maxm, q16, qd = _moe_prep(x, experts, offs, tok, max(_FUSED[gc], _FUSED[uc]))
     if whole:
         owner = _owners(offs, nthr)
         part = np.zeros((nthr, out.shape[0], H), np.float32)
         for t in prange(nthr):
             for i in range(owner.shape[0]):
                 if owner[i] == t:
-                    _expert_whole(i, gd, gc, ud, uc, dd, dc, F, H, experts, offs, tok, wts, xg, x16, dx, part[t])
+                    _expert_whole(i, gd, gc, ud, uc, dd, dc, F, H, experts, offs, tok, wts, xg, x16, dx, q16, qd,
+                                  part[t])
         for t in range(nthr):
             out += part[t]
         return
     pb = _panel_blocks(offs, gc, uc)
-    P = np.empty((pb[-1], H, NT), np.float32)
+    ints = int_panels(gc, uc, R1=1)
+    P = _panel_array(pb[-1], H, ints)
     if pb[-1]:  # some expert takes the GEMM: its tokens packed here, in parallel
         for i in prange(experts.shape[0]):
             if pb[i + 1] > pb[i]:
-                pack_into(P, pb[i], xg[offs[i]:offs[i + 1]])
+                _pack_expert(P, pb[i], xg[offs[i]:offs[i + 1]], q16, qd, tok[offs[i]:offs[i + 1]], ints)
     n = item_rows(pb[-1] > 0, F, 2)  # GEMM: two items an expert
     for it in prange(experts.shape[0] * ((F + n - 1) // n)):
         _moe_up(np.int64(it), gd, gc, ud, uc, F, experts, offs, xg, x16, dx, P, pb, n, act)
     a16, da = _quant_rows(act[:tok.shape[0]])  # the rows phase 1 wrote (act may be longer)
     pb = _panel_blocks(offs, dc, dc)
-    P = np.empty((pb[-1], F, NT), np.float32)
+    ints = int_panels(dc)
+    P = _panel_array(pb[-1], F, ints)
     if pb[-1]:
+        rows = _csr_rows(tok)
         for i in prange(experts.shape[0]):
             if pb[i + 1] > pb[i]:
-                pack_into(P, pb[i], act[offs[i]:offs[i + 1]])
+                _pack_expert(P, pb[i], act[offs[i]:offs[i + 1]], a16, da, rows[offs[i]:offs[i + 1]], ints)
     n = item_rows(pb[-1] > 0, H, 2 * nthr)
     for it in prange((H + n - 1) // n):
         _moe_down(np.int64(it), dd, dc, H, experts, offs, tok, wts, act, a16, da, P, pb, n, maxm, out)
@@ -205,12 +244,12 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nth
 def _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nthr=1, whole=False):
     """_moe on the calling thread (little work: a parallel region costs more than it saves); nthr and
     whole unused."""
-    xg, x16, dx, maxm = _moe_prep(x, experts, offs, tok, max(_FUSED[gc], _FUSED[uc]))
-    P, pb = _expert_panels(xg, offs, gc, uc)
+    xg, x16, dx, maxm, q16, qd = _moe_prep(x, experts, offs, tok, max(_FUSED[gc], _FUSED[uc]))
+    P, pb = _expert_panels(xg, q16, qd, tok, offs, gc, uc)
     for i in range(experts.shape[0]):  # each expert's matrices in one call (F rows an item)
         _moe_up(np.int64(i), gd, gc, ud, uc, F, experts, offs, xg, x16, dx, P, pb, F, act)
     a16, da = _quant_rows(act[:tok.shape[0]])  # the rows phase 1 wrote (act may be longer)
-    P, pb = _expert_panels(act, offs, dc, dc)
+    P, pb = _expert_panels(act, a16, da, _csr_rows(tok), offs, dc, dc)
     _moe_down(np.int64(0), dd, dc, H, experts, offs, tok, wts, act, a16, da, P, pb, H, maxm, out)
 
 

@@ -23,6 +23,7 @@ from .gemm import (F16, GEMM_TOKENS, IQ4_NL, IQ4_XS, MR, NT, Q2_K, Q3_K, Q4_0, Q
                    Q8_0, pack_tokens)  # (the type codes are re-exported)
 from .kernel_table import table_rows_matmul
 from .nbcache import drop_stale_cache
+from .qgemm import HAVE_QGEMM, panel_width, qpack_into
 from .row_products import _FUSED, gemm_path  # noqa: F401 (re-exported)
 from .simd import quant16
 from .vnni import HAVE_VNNI512, SPLIT_FLOATS, split8
@@ -57,14 +58,29 @@ def _quant_rows(x):
     return x16, dx
 
 
-@njit(fastmath=True, cache=True)
-def panels(x, gemm):
-    """The GEMM's packed token panels of x [T, C] (gemm.pack_tokens) where a product takes the GEMM path
-    (gemm: gemm_path), else none ([0, C, NT])."""
-    if gemm:
-        return pack_tokens(x)
-    return np.zeros((0, x.shape[1], NT), np.float32)
+@njit(inline="always")
+def int_panels(c0, c1=0, c2=0, R1=0, R2=0):
+    """Whether the token panels read by products of types c0 (and c1 where R1, c2 where R2) are qgemm's integer ones
+    (HAVE_QGEMM and no F16 among them), else gemm's float ones."""
+    return HAVE_QGEMM and c0 != F16 and (R1 == 0 or c1 != F16) and (R2 == 0 or c2 != F16)
 
+
+@njit(fastmath=True, cache=True)
+def panels(x, x16, dx, gemm, ints):
+    """The GEMM's packed token panels of x [T, C] where a product takes the GEMM path (gemm: gemm_path), else none
+    ([0, C, NT]): from the int16 rows x16 / dx where `ints` (int_panels: qgemm.qpack_into), else from x (float:
+    gemm.pack_tokens)."""
+    T, C = x.shape
+    if not gemm:
+        return np.zeros((0, C, NT), np.float32)
+    if ints:
+        P = np.empty(((T + NT - 1) // NT, panel_width(C), NT), np.float32)
+        rows = np.empty(T, np.int32)  # int32 as cpu_experts' token indices: one compiled qpack_into
+        for t in range(T):
+            rows[t] = t
+        qpack_into(P, np.int64(0), x16, dx, rows)
+        return P
+    return pack_tokens(x)
 
 
 _GEMM_ITEMS = 16  # a dense matrix's items on the GEMM path: two a thread up to 8 threads (a constant: numba cannot
@@ -93,7 +109,7 @@ def _matmul(wd, code, R, x, out):
     """out[t, r] = W[r] . x[t] for one matrix (flat bytes wd, in place), rows across threads."""
     x16, dx = _quant_rows(x)
     gemm = gemm_path(x.shape[0], code)
-    P = panels(x, gemm)
+    P = panels(x, x16, dx, gemm, int_panels(code))
     n = item_rows(gemm, R, _GEMM_ITEMS)
     for it in prange((R + n - 1) // n):
         _chunk_off(wd, code, R, x, x16, dx, P, n, np.int64(it), out, np.int64(0))
@@ -103,8 +119,8 @@ def _matmul(wd, code, R, x, out):
 def _matmul_serial(wd, code, R, x, out):
     """_matmul on the calling thread (small matrices: a parallel region costs more than it saves)."""
     x16, dx = _quant_rows(x)
-    table_rows_matmul(code, wd, np.int64(0), R, wd.shape[0] // R, x, x16, dx, panels(x, gemm_path(x.shape[0], code)), out,
-                      np.int64(0))
+    P = panels(x, x16, dx, gemm_path(x.shape[0], code), int_panels(code))
+    table_rows_matmul(code, wd, np.int64(0), R, wd.shape[0] // R, x, x16, dx, P, out, np.int64(0))
 
 
 _SERIAL_BYTES = 1 << 20  # weight bytes x tokens below which _matmul_serial is used
@@ -172,7 +188,7 @@ def _parts(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, out):
     """out [T, R0 + R1 + R2] = x [W0; W1; W2]^T: one activation quantisation, rows across threads."""
     x16, dx = _quant_rows(x)
     gemm = _parts_gemm(x.shape[0], c0, c1, R1, c2, R2)
-    P = panels(x, gemm)
+    P = panels(x, x16, dx, gemm, int_panels(c0, c1, c2, R1, R2))
     if x.shape[0] == 1:  # decode: items straight into the row kernels (_token_item), the chunk a constant:
         # the llama-bench fixture's 17 MB Q8_0 head 1.05-1.07x against the general items below (paired rounds),
         # its all-CPU decode 1.05x / 1.11x (alternating processes); `small` and `tiny` within noise
@@ -196,7 +212,7 @@ def _parts_serial(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, out):
     """_parts on the calling thread, each matrix in one call (no row chunks: their calls cost ~30% of a
     short-row product, `tiny`'s)."""
     x16, dx = _quant_rows(x)
-    P = panels(x, _parts_gemm(x.shape[0], c0, c1, R1, c2, R2))
+    P = panels(x, x16, dx, _parts_gemm(x.shape[0], c0, c1, R1, c2, R2), int_panels(c0, c1, c2, R1, R2))
     if R0:
         table_rows_matmul(c0, w0, np.int64(0), R0, w0.shape[0] // R0, x, x16, dx, P, out, np.int64(0))
     if R1:

@@ -489,112 +489,114 @@ row_q2_k_noprefetch = _k_kernel(_rows_q2_k_ir, _slow_q2_k, 1, 1, prefetch=False)
 # _q4_k_block / _q6_k_block, the same float multiplies and subtractions, eight lanes at a time
 # ---------------------------------------------------------------------------------------------
 
+_BS = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}  # bytes a super-block
+MINS_SLOT = 16  # where _super_block_ir's slot holds the mins
+
+
+def _super_block_ir(fmt: str, builder, p, slot) -> list:
+    """Codegen: the K-quant super-block at p, unpacked. Each sub-block's float scale d sc (Q4_K, Q5_K: eight of 32
+    values; Q6_K, Q3_K, Q2_K: sixteen runs of 16) to slot[0:16], and its min dmin m (Q4_K, Q5_K, Q2_K) to
+    slot[16:32]; returns [(v, signed, y, runs)]: v the <32 x i8> integers of values y .. y + 31 in natural order
+    (nibbles, bit pairs, Q5_K's fifth bits, Q6_K's q - 32 ...), signed or not, and the sub-block or run of each
+    eight of them. A chunk's bytes split into nibbles (and bit pairs, or Q5_K's fifth bits) as byte vectors."""
+    i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+    c8 = lambda v: ir.Constant(V(I8, 32), [v] * 32)  # noqa: E731
+    half = ir.HalfType()
+    ld16 = lambda off: builder.fpext(builder.load(builder.bitcast(builder.gep(p, [i64(off)]),  # noqa: E731
+                                                                  half.as_pointer()), align=1), F32)
+    ld32 = lambda off: builder.load(builder.bitcast(builder.gep(p, [i64(off)]), V(I8, 32).as_pointer()), align=1)
+    sv = builder.bitcast(slot, V(F32, 8).as_pointer())
+    out = []
+    if fmt in ("Q4_K", "Q5_K"):  # the row kernels' unpacking of the 6-bit fields
+        sc, mn = _q4_k_scales_ir(builder, p)
+        builder.store(_fmul(builder, _splat(builder, ld16(0), 8), builder.sitofp(sc, V(F32, 8))), sv, align=4)
+        builder.store(_fmul(builder, _splat(builder, ld16(2), 8), builder.sitofp(mn, V(F32, 8))),
+                      builder.gep(sv, [i64(2)]), align=4)
+        qh = ld32(16) if fmt == "Q5_K" else None
+        for j in range(4):
+            q = ld32((48 if qh is not None else 16) + 32 * j)
+            for h, v in enumerate((builder.and_(q, c8(15)), builder.lshr(q, c8(4)))):
+                c = 2 * j + h
+                if qh is not None:  # bit c of qh[l] -> 16, by a byte compare (x86 has no byte shifts)
+                    bit = builder.icmp_unsigned("==", builder.and_(qh, c8(1 << c)), c8(1 << c))
+                    v = builder.or_(v, builder.and_(builder.sext(bit, V(I8, 32)), c8(16)))
+                out.append((v, False, 32 * c, [c] * 4))
+    elif fmt == "Q2_K":  # values pair
+        sc = builder.load(builder.bitcast(p, V(I8, 16).as_pointer()), align=1)
+        for u in range(2):
+            v = builder.zext(builder.shuffle_vector(sc, sc, ir.Constant(V(I32, 8), list(range(8 * u, 8 * u + 8)))),
+                             V(I32, 8))
+            lo = builder.and_(v, ir.Constant(V(I32, 8), [15] * 8))
+            hi = builder.lshr(v, ir.Constant(V(I32, 8), [4] * 8))
+            builder.store(_fmul(builder, _splat(builder, ld16(80), 8), builder.sitofp(lo, V(F32, 8))),
+                          builder.gep(sv, [i64(u)]), align=4)
+            builder.store(_fmul(builder, _splat(builder, ld16(82), 8), builder.sitofp(hi, V(F32, 8))),
+                          builder.gep(sv, [i64(2 + u)]), align=4)
+        for n in range(2):
+            q = ld32(16 + 32 * n)
+            for j in range(4):
+                out.append((builder.and_(builder.lshr(q, c8(2 * j)) if j else q, c8(3)), False, 128 * n + 32 * j,
+                            [8 * n + 2 * j + g // 2 for g in range(4)]))
+    elif fmt == "Q3_K":  # d (sc - 32) of the sixteen runs; values (pair | hmask bit << 2) - 4
+        d = _splat(builder, ld16(108), 8)
+        for u, sc in enumerate(_q3_k_scales_ir(builder, p)):
+            builder.store(_fmul(builder, d, builder.sitofp(sc, V(F32, 8))), builder.gep(sv, [i64(u)]), align=4)
+        hm = ld32(0)
+        for n in range(2):
+            q = ld32(32 + 32 * n)
+            for j in range(4):
+                pair = builder.and_(builder.lshr(q, c8(2 * j)) if j else q, c8(3))
+                bit = builder.icmp_unsigned("==", builder.and_(hm, c8(1 << (4 * n + j))), c8(1 << (4 * n + j)))
+                v = builder.sub(builder.or_(pair, builder.and_(builder.sext(bit, V(I8, 32)), c8(4))), c8(4))
+                out.append((v, True, 128 * n + 32 * j, [8 * n + 2 * j + g // 2 for g in range(4)]))
+    else:  # Q6_K: d sc of the sixteen runs
+        sc = builder.load(builder.bitcast(builder.gep(p, [i64(192)]), V(I8, 16).as_pointer()), align=1)
+        d = _splat(builder, ld16(208), 8)
+        for u in range(2):
+            s8 = builder.shuffle_vector(sc, sc, ir.Constant(V(I32, 8), list(range(8 * u, 8 * u + 8))))
+            builder.store(_fmul(builder, d, builder.sitofp(s8, V(F32, 8))), builder.gep(sv, [i64(u)]), align=4)
+        for h in range(2):
+            qh = ld32(128 + 32 * h)
+            for i in range(4):
+                ql = ld32(64 * h + 32 * (i % 2))
+                nib = builder.and_(ql, c8(15)) if i < 2 else builder.lshr(ql, c8(4))
+                pair = builder.and_(builder.lshr(qh, c8(2 * i)) if i else qh, c8(3))
+                q = builder.sub(builder.or_(nib, builder.shl(pair, c8(4))), c8(32))  # -32 .. 31 as i8
+                out.append((q, True, 128 * h + 32 * i, [8 * h + 2 * i + g // 2 for g in range(4)]))
+    return out
+
+
 def _deq_ir(fmt: str):
     """Codegen: buf[0 : 256 nsb] = the nsb Q4_K / Q5_K / Q6_K super-blocks at byte o of w, as gguf.dequantize
-    gives them (Q4_K, Q5_K: (d sc) q - (dmin m); Q6_K: (d sc) (q - 32)). A chunk's bytes split into nibbles (and
-    bit pairs, or Q5_K's fifth bits) as byte vectors, widened eight at a time (vpmovzxbd / vpmovsxbd), converted
-    and scaled."""
-    bs = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[fmt]
-    q4k, q0 = fmt in ("Q4_K", "Q5_K"), 48 if fmt == "Q5_K" else 16
+    gives them (Q4_K, Q5_K: (d sc) q - (dmin m); Q6_K: (d sc) (q - 32)): _super_block_ir's integers widened eight at
+    a time (vpmovzxbd / vpmovsxbd), converted and scaled."""
+    bs, mins = _BS[fmt], fmt in ("Q4_K", "Q5_K", "Q2_K")
 
     def gen(context, builder, sig, args):
         wa, o, ba, nsb = args
         i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
         i32 = lambda v: ir.Constant(I32, v)  # noqa: E731
-        c8 = lambda v: ir.Constant(V(I8, 32), [v] * 32)  # noqa: E731
         wd = cgutils.create_struct_proxy(sig.args[0])(context, builder, value=wa).data
         bd = cgutils.create_struct_proxy(sig.args[2])(context, builder, value=ba).data
         slot = builder.bitcast(cgutils.alloca_once(builder, V(F32, 32)), F32.as_pointer())
-        half = ir.HalfType()
 
         def eight(v, g, signed):  # <8 x f32> of bytes 8g .. 8g + 7 of the <32 x i8> v
             b8 = builder.shuffle_vector(v, v, ir.Constant(V(I32, 8), list(range(8 * g, 8 * g + 8))))
             return builder.sitofp((builder.sext if signed else builder.zext)(b8, V(I32, 8)), V(F32, 8))
 
-        def put(v, at):  # store <8 x f32> v at buf[at]
-            builder.store(v, builder.bitcast(builder.gep(bd, [at]), V(F32, 8).as_pointer()), align=4)
-
         with cgutils.for_range(builder, nsb) as loop:
             sb = loop.index
             p = builder.gep(wd, [builder.add(o, builder.mul(sb, i64(bs)))])
             y0 = builder.mul(sb, i64(256))
-            ld16 = lambda off: builder.fpext(builder.load(builder.bitcast(builder.gep(p, [i64(off)]),  # noqa: E731
-                                                                          half.as_pointer()), align=1), F32)
-            ld32 = lambda off: builder.load(builder.bitcast(builder.gep(p, [i64(off)]),  # noqa: E731
-                                                            V(I8, 32).as_pointer()), align=1)
-            if q4k:  # slot[0:8] = d sc, slot[8:16] = dmin m (the row kernels' unpacking of the 6-bit fields)
-                sc, mn = _q4_k_scales_ir(builder, p)
-                sv = builder.bitcast(slot, V(F32, 8).as_pointer())
-                builder.store(_fmul(builder, _splat(builder, ld16(0), 8), builder.sitofp(sc, V(F32, 8))), sv, align=4)
-                builder.store(_fmul(builder, _splat(builder, ld16(2), 8), builder.sitofp(mn, V(F32, 8))),
-                              builder.gep(sv, [i64(1)]), align=4)
-                qh = ld32(16) if fmt == "Q5_K" else None
-                for j in range(4):
-                    q = ld32(q0 + 32 * j)
-                    for h, v in enumerate((builder.and_(q, c8(15)), builder.lshr(q, c8(4)))):
-                        c = 2 * j + h
-                        if qh is not None:  # bit c of qh[l] -> 16, by a byte compare (x86 has no byte shifts)
-                            bit = builder.icmp_unsigned("==", builder.and_(qh, c8(1 << c)), c8(1 << c))
-                            v = builder.or_(v, builder.and_(builder.sext(bit, V(I8, 32)), c8(16)))
-                        f = _splat(builder, builder.load(builder.gep(slot, [i32(c)]), align=4), 8)
-                        m = _splat(builder, builder.load(builder.gep(slot, [i32(8 + c)]), align=4), 8)
-                        for g in range(4):
-                            put(_fsub(builder, _fmul(builder, f, eight(v, g, False)), m),
-                                builder.add(y0, i64(32 * c + 8 * g)))
-            elif fmt == "Q2_K":  # slot[0:16] = d sc, slot[16:32] = dmin m of the sixteen runs; values pair
-                sc = builder.load(builder.bitcast(p, V(I8, 16).as_pointer()), align=1)
-                sv = builder.bitcast(slot, V(F32, 8).as_pointer())
-                for u in range(2):
-                    v = builder.zext(builder.shuffle_vector(sc, sc, ir.Constant(V(I32, 8), list(range(8 * u, 8 * u + 8)))),
-                                     V(I32, 8))
-                    lo = builder.and_(v, ir.Constant(V(I32, 8), [15] * 8))
-                    hi = builder.lshr(v, ir.Constant(V(I32, 8), [4] * 8))
-                    builder.store(_fmul(builder, _splat(builder, ld16(80), 8), builder.sitofp(lo, V(F32, 8))),
-                                  builder.gep(sv, [i64(u)]), align=4)
-                    builder.store(_fmul(builder, _splat(builder, ld16(82), 8), builder.sitofp(hi, V(F32, 8))),
-                                  builder.gep(sv, [i64(2 + u)]), align=4)
-                for n in range(2):
-                    q = ld32(16 + 32 * n)
-                    for j in range(4):
-                        pair = builder.and_(builder.lshr(q, c8(2 * j)) if j else q, c8(3))
-                        for g in range(4):
-                            r = 8 * n + 2 * j + g // 2
-                            f = _splat(builder, builder.load(builder.gep(slot, [i32(r)]), align=4), 8)
-                            m = _splat(builder, builder.load(builder.gep(slot, [i32(16 + r)]), align=4), 8)
-                            put(_fsub(builder, _fmul(builder, f, eight(pair, g, False)), m),
-                                builder.add(y0, i64(128 * n + 32 * j + 8 * g)))
-            elif fmt == "Q3_K":  # slot[0:16] = d (sc - 32) of the sixteen runs; values (pair | hmask bit << 2) - 4
-                d = _splat(builder, ld16(108), 8)
-                sv = builder.bitcast(slot, V(F32, 8).as_pointer())
-                for u, sc in enumerate(_q3_k_scales_ir(builder, p)):
-                    builder.store(_fmul(builder, d, builder.sitofp(sc, V(F32, 8))), builder.gep(sv, [i64(u)]), align=4)
-                hm = ld32(0)
-                for n in range(2):
-                    q = ld32(32 + 32 * n)
-                    for j in range(4):
-                        pair = builder.and_(builder.lshr(q, c8(2 * j)) if j else q, c8(3))
-                        bit = builder.icmp_unsigned("==", builder.and_(hm, c8(1 << (4 * n + j))), c8(1 << (4 * n + j)))
-                        v = builder.sub(builder.or_(pair, builder.and_(builder.sext(bit, V(I8, 32)), c8(4))), c8(4))
-                        for g in range(4):
-                            f = _splat(builder, builder.load(builder.gep(slot, [i32(8 * n + 2 * j + g // 2)]), align=4), 8)
-                            put(_fmul(builder, f, eight(v, g, True)), builder.add(y0, i64(128 * n + 32 * j + 8 * g)))
-            else:  # slot[0:16] = d sc of the sixteen runs
-                sc = builder.load(builder.bitcast(builder.gep(p, [i64(192)]), V(I8, 16).as_pointer()), align=1)
-                d = _splat(builder, ld16(208), 8)
-                sv = builder.bitcast(slot, V(F32, 8).as_pointer())
-                for u in range(2):
-                    s8 = builder.shuffle_vector(sc, sc, ir.Constant(V(I32, 8), list(range(8 * u, 8 * u + 8))))
-                    builder.store(_fmul(builder, d, builder.sitofp(s8, V(F32, 8))), builder.gep(sv, [i64(u)]), align=4)
-                for h in range(2):
-                    qh = ld32(128 + 32 * h)
-                    for i in range(4):
-                        ql = ld32(64 * h + 32 * (i % 2))
-                        nib = builder.and_(ql, c8(15)) if i < 2 else builder.lshr(ql, c8(4))
-                        pair = builder.and_(builder.lshr(qh, c8(2 * i)) if i else qh, c8(3))
-                        q = builder.sub(builder.or_(nib, builder.shl(pair, c8(4))), c8(32))  # -32 .. 31 as i8
-                        for g in range(4):
-                            f = _splat(builder, builder.load(builder.gep(slot, [i32(8 * h + 2 * i + g // 2)]), align=4), 8)
-                            put(_fmul(builder, f, eight(q, g, True)), builder.add(y0, i64(128 * h + 32 * i + 8 * g)))
+            for v, signed, y, runs in _super_block_ir(fmt, builder, p, slot):
+                for g in range(4):
+                    f = _splat(builder, builder.load(builder.gep(slot, [i32(runs[g])]), align=4), 8)
+                    val = _fmul(builder, f, eight(v, g, signed))
+                    if mins:
+                        m = _splat(builder, builder.load(builder.gep(slot, [i32(MINS_SLOT + runs[g])]), align=4), 8)
+                        val = _fsub(builder, val, m)
+                    builder.store(val, builder.bitcast(builder.gep(bd, [builder.add(y0, i64(y + 8 * g))]),
+                                                       V(F32, 8).as_pointer()), align=4)
         return context.get_dummy_value()
 
     return gen
@@ -608,7 +610,7 @@ def _deq_kernel(fmt: str):
         def kernel(typingctx, w, o, buf, nsb):
             return types.none(w, o, buf, nsb), _deq_ir(fmt)
     else:
-        bs = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[fmt]
+        bs = _BS[fmt]
 
         @njit
         def kernel(w, o, buf, nsb):

@@ -28,6 +28,7 @@ from .kquants import (rows1_q2_k, rows1_q3_k, rows1_q4_k, rows1_q5_k, rows1_q6_k
                       rows4x2_q2_k, rows4x2_q3_k, rows4x2_q4_k, rows4x2_q5_k, rows4x2_q6_k)
 from . import simd
 from .simd import rows1_f16, rows1_q8, rows2_q8, rows4_f16, rows4x2_q8
+from .qgemm import HAVE_QGEMM, q_matmul
 from .vnni import HAVE_VNNI512, vnni_kernel
 
 # Q4_0 rows: with AVX-512 VNNI two rows a 512-bit register (vnni.py: one core in L2 1.15-1.19x simd.py's 256-bit
@@ -60,7 +61,12 @@ else:
 # Session 18's packed GEMM in their place would have moved no crossover, two runs: Q8_0 1.30-1.32 at 12, 0.88-0.97
 # at 16; Q4_0 1.14-1.17 at 16, 0.99-1.15 at 24, 0.93-1.01 at 32; Q4_K 0.88-1.14 at 12; Q6_K 1.47-1.50 at 6, 0.59-0.93
 # at 8; it wins where an expert has many tokens and its packed tokens are reused (prefill, from GEMM_TOKENS).
-_FUSED = (0, 16, 16, 32, 12, 6, 6, 8, 4, 8, 4)
+_FUSED_FLOAT = (0, 16, 16, 32, 12, 6, 6, 8, 4, 8, 4)
+# With the integer GEMM (qgemm.py, AVX-512 VNNI) it takes over from the fused rows at fewer tokens (session 31, Zen 4,
+# one core, a `small`-sized expert matrix in cache, qgemm / fused at 5, 6, 7 tokens: Q8_0 0.65 0.86 1.01, Q4_0 0.60
+# 0.67 1.08, Q4_K 0.79 0.87 1.11, Q6_K 0.47 1.09 1.33, Q5_K 1.03 0.78 1.08, Q3_K 0.87 1.01 1.27, Q2_K 0.97 1.61 1.68,
+# IQ4_NL 0.98 1.22 1.49, IQ4_XS (at 4) 1.06; at 16 tokens 1.6-2.3: benchmarks/bench_qgemm.py); F16 keeps its 16
+_FUSED = (0, 16, 7, 6, 6, 5, 6, 5, 5, 5, 4) if HAVE_QGEMM else _FUSED_FLOAT
 
 
 # Each type's row kernels (numba intrinsics: simd.py, kquants.py, iquants.py), chosen when a product is typed for a
@@ -227,11 +233,16 @@ def rows_fused(code, w, r0, r1, rb, X16, DX, res, off):
 @njit(fastmath=True, inline="always")
 def rows_matmul(code, w, r0, r1, rb, X, X16, DX, P, res, off):
     """res[k, off + r - r0] = row_r . X[k] for the m rows of X [m, cols]: fused in-place dots up to _FUSED[code]
-    tokens (the quantised types: int16 activations X16 * DX, tokens in fours and pairs: rows_fused; F16: float32 X), the weight rows staying in L1/L2; else the rows are dequantised once and multiplied with
-    the tokens' packed panels P (`panels`; prefill: gemm.deq_matmul; under GEMM_TOKENS gemm.deq_dots on X)."""
+    tokens (the quantised types: int16 activations X16 * DX, tokens in fours and pairs: rows_fused; F16: float32 X),
+    the weight rows staying in L1/L2; else each weight is decoded once and multiplied with the tokens' packed panels P
+    (kernels.panels): to its integer against integer panels (qgemm.q_matmul), or dequantised against float ones
+    (gemm.deq_matmul; under GEMM_TOKENS gemm.deq_dots on X)."""
     m = X.shape[0]
     if gemm_path(m, code):
-        deq_matmul(code, w, r0, r1, rb, P, m, res, off)
+        if P.shape[1] != X.shape[1]:  # integer panels (qgemm.qpack_into: narrower than a row)
+            q_matmul(code, w, r0, r1, rb, P, m, res, off)
+        else:
+            deq_matmul(code, w, r0, r1, rb, P, m, res, off)
     elif m > _FUSED[code]:
         deq_dots(code, w, r0, r1, rb, X, res, off)
     elif code == F16:
@@ -250,8 +261,9 @@ def rows_matmul(code, w, r0, r1, rb, X, X16, DX, P, res, off):
 
 @njit(fastmath=True, inline="always")
 def gemm_path(T, code):
-    """Whether T tokens through a matrix of type `code` take gemm.deq_matmul (packed panels, few large items)."""
-    return T >= GEMM_TOKENS and T > _FUSED[code]
+    """Whether T tokens through a matrix of type `code` take packed panels and few large items: qgemm.q_matmul above
+    _FUSED tokens (HAVE_QGEMM, a quantised type), else gemm.deq_matmul from GEMM_TOKENS."""
+    return T > _FUSED[code] and (T >= GEMM_TOKENS or (HAVE_QGEMM and code != F16))
 
 
 # Entry points from Python (tests, benchmarks): each compiled per type code with the code a constant in it, as in
@@ -261,7 +273,7 @@ def gemm_path(T, code):
 @lru_cache(maxsize=None)
 def _entry(code: int):
     """The products of type `code` in one function (one compile a type, not one a product and type), `which` of them
-    chosen at run time: 0 rows_token, 1 rows_pair, 2 rows_fused, 3 gemm.deq_matmul."""
+    chosen at run time: 0 rows_token, 1 rows_pair, 2 rows_fused, 3 gemm.deq_matmul, 4 qgemm.q_matmul."""
     @njit(fastmath=True)
     def products(which, w, r0, r1, rb, X16, DX, P, m, k, res, off):
         if which == 0:
@@ -270,8 +282,10 @@ def _entry(code: int):
             rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off)
         elif which == 2:
             rows_fused(code, w, r0, r1, rb, X16, DX, res, off)
-        else:
+        elif which == 3:
             deq_matmul(code, w, r0, r1, rb, P, m, res, off)
+        else:
+            q_matmul(code, w, r0, r1, rb, P, m, res, off)
     return products
 
 
@@ -297,3 +311,8 @@ def py_rows_fused(code, w, r0, r1, rb, X16, DX, res, off) -> None:
 def py_deq_matmul(code, w, r0, r1, rb, P, m, res, off) -> None:
     """gemm.deq_matmul from Python: the m tokens packed in P (float32)."""
     _entry(int(code))(3, w, r0, r1, rb, _NO_X16, _NO_DX, P, m, 0, res, off)
+
+
+def py_q_matmul(code, w, r0, r1, rb, P, m, res, off) -> None:
+    """qgemm.q_matmul from Python: the m tokens packed in P by qgemm.qpack_into (float32)."""
+    _entry(int(code))(4, w, r0, r1, rb, _NO_X16, _NO_DX, P, m, 0, res, off)

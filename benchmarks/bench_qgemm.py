@@ -1,0 +1,133 @@
+"""The integer GEMM (executor/qgemm.py) against the float GEMM (gemm.deq_matmul) and the fused int16 rows
+(row_products.rows_fused) on one core, a `small`-sized expert matrix in cache, side by side per token count.
+
+    python benchmarks/bench_qgemm.py [--types Q4_K Q6_K ...] [--tokens 4 8 16 32 64 128] [--rounds 7]
+    python benchmarks/bench_qgemm.py --decode      # each type's rows decoded to integers (qdecode) against floats
+
+Prints GFLOP/s (2 rows x cols x tokens over the median time of `rounds` calls) of each path and the ratios
+qgemm / deq_matmul and qgemm / fused; the fused column up to 32 tokens. The token packing (qpack_into) is timed
+apart and printed as a share of the integer GEMM's time (it is done once per matrix of tokens, not per row range).
+Synthetic rows: random bytes with sane fp16 scales (the weights' values do not change the kernels' speed).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import gguf  # noqa: E402
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+from numba import njit  # noqa: E402
+
+from executor import qdecode, qgemm  # noqa: E402
+from executor import row_products as RP  # noqa: E402
+from executor.gemm import KC, _col_bytes, deq_row, pack_tokens  # noqa: E402
+from executor.gguf_model import EXPERT_TYPES  # noqa: E402
+from executor.kernels import _quant_rows, panels  # noqa: E402
+
+QT = gguf.GGMLQuantizationType
+FP16_AT = {"Q6_K": [208], "Q3_K": [108], "Q2_K": [80, 82], "IQ4_XS": [0], "IQ4_NL": [0], "Q4_0": [0], "Q8_0": [0],
+           "Q4_K": [0, 2], "Q5_K": [0, 2]}
+_U = np.uint64
+
+
+def rows_of(name: str, rows: int, cols: int, rng) -> np.ndarray:
+    """rows x cols weights of type `name` as raw blocks: random bytes, fp16 scales in [-0.1, 0.1]."""
+    qt = QT[name]
+    width, size = gguf.GGML_QUANT_SIZES[qt]
+    raw = rng.integers(0, 256, size=(rows, cols // width, size), dtype=np.uint8)
+    for o in FP16_AT[name]:
+        raw[..., o:o + 2] = rng.uniform(-0.1, 0.1, (rows, cols // width, 1)).astype(np.float16).view(np.uint8)
+    return np.ascontiguousarray(raw.reshape(rows, -1))
+
+
+def median_s(f, rounds: int) -> float:
+    """Median seconds of `rounds` calls of f (after one warm-up call)."""
+    f()
+    ts = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def bench_products(names, tokens, rounds: int) -> None:
+    rng = np.random.default_rng(1)
+    for name in names:
+        # gate / up of `small` (768 x 2048); Q6_K as llama.cpp's Q4_K_M files use it, for down (2048 x 768)
+        rows, cols = (2048, 768) if name == "Q6_K" else (768, 2048)
+        code = EXPERT_TYPES[QT[name]]
+        raw = rows_of(name, rows, cols, rng)
+        w, rb = raw.reshape(-1), raw.shape[1]
+        for m in tokens:
+            x = rng.standard_normal((m, cols)).astype(np.float32)
+            x16, dx = _quant_rows(x)
+            res = np.zeros((m, rows), np.float32)
+            P, Pf = panels(x, x16, dx, True, True), pack_tokens(x)
+            tq = median_s(lambda: RP.py_q_matmul(code, w, 0, rows, rb, P, m, res, 0), rounds)
+            tp = median_s(lambda: panels(x, x16, dx, True, True), rounds)
+            tg = median_s(lambda: RP.py_deq_matmul(code, w, 0, rows, rb, Pf, m, res, 0), rounds)
+            tf = median_s(lambda: RP.py_rows_fused(code, w, 0, rows, rb, x16, dx, res, 0), rounds) if m <= 32 else np.nan
+            gf = 2 * rows * cols * m / 1e9
+            print(f"{name:6} {m:4d} tokens  qgemm {gf / tq:6.1f} GFLOP/s (packing {100 * tp / tq:4.1f}%)  "
+                  f"deq_matmul {gf / tg:6.1f}  fused {gf / tf:6.1f}   qgemm/deq_matmul {tg / tq:4.2f}  "
+                  f"qgemm/fused {tf / tq:4.2f}", flush=True)
+
+
+def bench_decode(names, rounds: int) -> None:
+    """G weights/s of each type's rows decoded to integers (qdecode.q_decode: intrinsics, plain loops) and to floats
+    (gemm.deq_row, the float GEMM's), 96 rows x 2048 columns a call."""
+    rng = np.random.default_rng(2)
+    rows, cols = 96, 2048
+    for name in names:
+        code = EXPERT_TYPES[QT[name]]
+        raw = rows_of(name, rows, cols, rng)
+
+        def to_ints(fast):  # the flag a compile-time constant, as q_decode takes it
+            @njit(fastmath=True)
+            def ints(w, A, S, N):
+                for r in range(w.shape[0]):
+                    for c0 in range(0, cols, KC):
+                        qdecode.q_decode(code, w[r], _U(_col_bytes(code, c0)), A, S, N, KC, fast)
+            return ints
+
+        @njit(fastmath=True)
+        def floats(w, F):
+            for r in range(w.shape[0]):
+                for c0 in range(0, cols, KC):
+                    deq_row(code, w[r], _U(_col_bytes(code, c0)), F, _U(32))
+        A, S, N, F = (np.zeros(KC, np.int16), np.zeros(KC // 16, np.float32), np.zeros(KC // 16, np.float32),
+                      np.zeros(KC, np.float32))
+        n = rows * cols / 1e9
+        fast_f, slow_f = to_ints(True), to_ints(False)
+        fast = median_s(lambda: fast_f(raw, A, S, N), rounds)
+        slow = median_s(lambda: slow_f(raw, A, S, N), rounds)
+        flt = median_s(lambda: floats(raw, F), rounds)
+        print(f"{name:6} to integers {n / fast:5.1f} G weights/s (plain loops {n / slow:4.1f}), to floats {n / flt:5.1f}",
+              flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--types", nargs="+", default=["Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "IQ4_NL",
+                                                   "IQ4_XS"])
+    ap.add_argument("--tokens", nargs="+", type=int, default=[4, 6, 8, 16, 32, 64, 128])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--decode", action="store_true", help="time the row decoders instead")
+    a = ap.parse_args()
+    numba.set_num_threads(1)
+    print(f"one core; vpdpwssd: {qgemm.HAVE_VNNI256}; the executor takes the integer GEMM: {qgemm.HAVE_QGEMM}")
+    if a.decode:
+        bench_decode(a.types, a.rounds)
+    else:
+        bench_products(a.types, a.tokens, a.rounds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""Prefill-sized products in integers: the weights' own small integers times int16 activations, summed in int32
+by AVX-512 VNNI `vpdpwssd` (16 multiply-adds an instruction at 256 bits, where an fp32 FMA does 8), each sub-block's
+sums scaled once in float. The BLIS loop order of gemm.deq_matmul, with integer panels on both sides:
+
+- tokens (qpack_into, once per matrix of tokens): a 16-token block holds, for each pair of adjacent activations
+  (x[2p], x[2p+1]) of a row, the two int16 as one int32 per token (a pair's 16 tokens side by side), then per token
+  each 32-block's scale dx, and dx times the sum of the block's x16 and of each 16-value half (the mins' terms);
+- weights (q_decode, 6 rows x 256 columns at a time into an L1 panel): each value's integer in natural order
+  (Q4_K's nibble, Q6_K's q - 32, IQ4's codebook byte ...), each sub-block's float scale (d sc) and negated min
+  (dmin m: the types with mins) per row;
+- the register tile: 6 rows x 16 tokens, 12 int32 accumulators; per pair of columns a row's two int16 are
+  broadcast as one int32 and `vpdpwssd`-ed against the tokens' pairs; at the end of a sub-block (32 values, 16 for
+  Q6_K / Q3_K / Q2_K) each accumulator is converted, times (row scale x token dx) added into a float one, and the
+  min term (row min x token sum) added.
+
+Integer sums of a sub-block stay below 2**31: |weight| <= 128 and |x16| <= 32639 (simd.quant16), 32 products.
+The activations are simd.quant16's (per 32-block int16, <= 1.54e-5 of the block's largest value), so results
+match the fused int16 rows (row_products.rows_fused) to float rounding, and gguf.dequantize-then-matmul as they do.
+Without VNNI the same code runs on `vpmaddwd` + `vpaddd` (AVX2: correct, not faster than the fp32 GEMM, so
+row_products takes this path only where HAVE_QGEMM). F16 weights have no integers: they stay on gemm.py.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from llvmlite import binding as llb
+from llvmlite import ir
+from numba import njit
+from numba.core import cgutils, types
+from numba.extending import intrinsic, overload
+
+from .gemm import KC, MR, NT, _col_bytes
+from .nbcache import drop_stale_cache
+from .qdecode import q_decode
+from .simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fmul, _fn, _splat
+
+drop_stale_cache(__file__)
+
+_FEATURES = llb.get_host_cpu_features().flatten().split(",")
+HAVE_VNNI256 = all(f"+{f}" in _FEATURES for f in ("avx512vnni", "avx512vl"))  # vpdpwssd on ymm, 32 ymm registers
+# Where prefill's products take the integer GEMM (row_products.rows_matmul): with VNNI; MOE_OFFLOAD_QGEMM=0 / 1 turns
+# it off / on whatever the CPU (to compare or test the paths; the kernels' caches follow it: nbcache._SWITCHES)
+HAVE_QGEMM = HAVE_AVX2 and {"0": False, "1": True}.get(os.environ.get("MOE_OFFLOAD_QGEMM", ""), HAVE_VNNI256)
+_U = np.uint64
+
+# The values a sub-block of each type code spans (its scale's reach) and whether it has a min: Q4_K / Q5_K per 32,
+# Q6_K / Q3_K / Q2_K per 16 (ggml-quants.c dequantize_row_q*_K), Q8_0 / Q4_0 / IQ4 per 32-block.
+SUB = (32, 32, 32, 32, 32, 16, 32, 16, 16, 32, 32)
+MINS = (False, False, False, False, True, False, True, False, True, False, False)
+
+
+@njit(inline="always")
+def panel_width(cols):
+    """Floats a token's column of a qpack_into block takes for a row of `cols` values: cols / 2 pairs, then per
+    32-block dx, dx sum(x16), and dx sum(x16) of each 16-value half (cols / 8 in all)."""
+    return cols // 2 + cols // 8
+
+
+@njit(fastmath=True, cache=True)
+def qpack_into(P, b0, X16, DX, idx):
+    """The int16 activations of rows idx of X16 / DX (simd.quant16's layout) into the integer GEMM's token blocks
+    P[b0:b0 + ceil(len(idx) / NT)] [panel_width(cols), NT] (NT tokens a block, zero-padded)."""
+    m, cols = idx.shape[0], X16.shape[1]
+    nb = cols // 32
+    P32 = P.view(np.int32)
+    for kb in range((m + NT - 1) // NT):
+        B, B32 = P[b0 + kb], P32[b0 + kb]
+        for tt in range(NT):
+            t = kb * NT + tt
+            if t >= m:
+                for j in range(B.shape[0]):
+                    B[j, tt] = np.float32(0.0)
+                continue
+            x, dx = X16[idx[t]], DX[idx[t]]
+            for b in range(nb):
+                s0 = np.int32(0)
+                s1 = np.int32(0)
+                for p in range(16):  # values 2p and 2p + 1: quant16 holds the even ones first, then the odd
+                    lo, hi = np.int32(x[32 * b + p]), np.int32(x[32 * b + 16 + p])
+                    B32[16 * b + p, tt] = (lo & 0xFFFF) | (hi << 16)
+                    if p < 8:
+                        s0 += lo + hi
+                    else:
+                        s1 += lo + hi
+                d = dx[b]
+                B[16 * nb + b, tt] = d
+                B[17 * nb + b, tt] = d * np.float32(s0 + s1)
+                B[18 * nb + 2 * b, tt] = d * np.float32(s0)
+                B[18 * nb + 2 * b + 1, tt] = d * np.float32(s1)
+
+
+def _dp(builder, acc, a, b):
+    """acc + the pairwise int16 products of a and b (<8 x i32> each: two int16 a lane): vpdpwssd, else vpmaddwd + vpaddd."""
+    if HAVE_VNNI256:
+        return builder.call(_fn(builder, "llvm.x86.avx512.vpdpwssd.256", V(I32, 8), [V(I32, 8)] * 3), [acc, a, b])
+    pm = builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", V(I32, 8), [V(I16, 16), V(I16, 16)]),
+                      [builder.bitcast(a, V(I16, 16)), builder.bitcast(b, V(I16, 16))])
+    return builder.add(acc, pm)
+
+
+def _qtile_gen(G: int, mins: bool, NV: int):
+    """Codegen: C[MR, 8 NV] += rows A16 [MR, KC] (int16, natural order; scales SC, negated mins MN [MR, KC / 16])
+    times 8 NV tokens of a qpack_into block Pk [panel_width(cols), NT], over columns [c0, c0 + kc) of rows of
+    nb 32-blocks: per G-value sub-block, G / 2 steps of MR x NV vpdpwssd (a row's pair broadcast, the tokens' pairs
+    loaded), then per accumulator one convert and one fma with (row scale x token dx), and one fma with the min
+    term. The accumulators take 2 MR NV of the 32 ymm registers."""
+    def gen(context, builder, sig, args):
+        A, SC, MN, Pk, C = (cgutils.create_struct_proxy(sig.args[i])(context, builder, value=args[i])
+                            for i in (0, 1, 2, 3, 7))
+        c0, kc, nb = args[4], args[5], args[6]
+        i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+        fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
+        a_s = cgutils.unpack_tuple(builder, A.strides, 2)[0]
+        s_s = cgutils.unpack_tuple(builder, SC.strides, 2)[0]
+        p8 = builder.bitcast(Pk.data, I8.as_pointer())
+
+        def row(ary, s, i, ty):  # row i of a 2-D array as a pointer to ty
+            return builder.bitcast(builder.gep(builder.bitcast(ary.data, I8.as_pointer()), [builder.mul(s, i64(i))]),
+                                   ty.as_pointer())
+
+        def pvec(r, j, ty):  # <8 x ty> at row r, tokens 8 j .. 8 j + 7 of the block
+            p = builder.gep(p8, [builder.add(builder.mul(r, i64(4 * NT)), i64(32 * j))])
+            return builder.load(builder.bitcast(p, V(ty, 8).as_pointer()), align=4)
+        arows = [row(A, a_s, i, I16) for i in range(MR)]
+        srows = [row(SC, s_s, i, F32) for i in range(MR)]
+        mrows = [row(MN, s_s, i, F32) for i in range(MR)] if mins else None
+
+        def cp(i, j):
+            return builder.bitcast(builder.gep(C.data, [i64(i * NT + 8 * j)]), V(F32, 8).as_pointer())
+        acc = [[cgutils.alloca_once_value(builder, builder.load(cp(i, j), align=4)) for j in range(NV)]
+               for i in range(MR)]
+        zero = ir.Constant(V(I32, 8), [0] * 8)
+        pair0, blk0 = builder.udiv(c0, i64(2)), builder.udiv(c0, i64(32))
+        with cgutils.for_range(builder, builder.udiv(kc, i64(32))) as loop:
+            b = loop.index
+            gb = builder.add(blk0, b)
+            dv = [pvec(builder.add(builder.mul(nb, i64(16)), gb), j, F32) for j in range(NV)]
+            for g in range(32 // G):
+                ia = [[zero] * NV for _ in range(MR)]
+                for p in range(G // 2):
+                    pr = builder.add(pair0, builder.add(builder.mul(b, i64(16)), i64(g * G // 2 + p)))
+                    tv = [pvec(pr, j, I32) for j in range(NV)]
+                    col = builder.add(builder.mul(b, i64(32)), i64(g * G + 2 * p))
+                    for i in range(MR):
+                        wp = builder.bitcast(builder.gep(arows[i], [col]), I32.as_pointer())
+                        wv = _splat(builder, builder.load(wp, align=2), 8)
+                        for j in range(NV):
+                            ia[i][j] = _dp(builder, ia[i][j], tv[j], wv)
+                sub = builder.add(builder.mul(b, i64(32 // G)), i64(g))
+                if mins:  # dx sum(x16) of the block (G = 32) or of its half g (G = 16)
+                    sr = (builder.add(builder.mul(nb, i64(17)), gb) if G == 32 else
+                          builder.add(builder.mul(nb, i64(18)), builder.add(builder.mul(gb, i64(2)), i64(g))))
+                    sv = [pvec(sr, j, F32) for j in range(NV)]
+                for i in range(MR):
+                    s = _splat(builder, builder.load(builder.gep(srows[i], [sub])), 8)
+                    mv = _splat(builder, builder.load(builder.gep(mrows[i], [sub])), 8) if mins else None
+                    for j in range(NV):
+                        f = builder.call(fma, [builder.sitofp(ia[i][j], V(F32, 8)), _fmul(builder, s, dv[j]),
+                                               builder.load(acc[i][j])])
+                        if mins:
+                            f = builder.call(fma, [mv, sv[j], f])
+                        builder.store(f, acc[i][j])
+        for i in range(MR):
+            for j in range(NV):
+                builder.store(builder.load(acc[i][j]), cp(i, j), align=4)
+        return context.get_dummy_value()
+    return gen
+
+
+def _tile(G: int, mins: bool, NV: int):
+    @intrinsic
+    def tile(typingctx, A16, SC, MN, Pk, c0, kc, nb, C):
+        return types.none(A16, SC, MN, Pk, c0, kc, nb, C), _qtile_gen(G, mins, NV)
+    return tile
+
+
+_TILES = {(g, m): (_tile(g, m, 2), _tile(g, m, 1)) for g in (16, 32) for m in (False, True)}
+
+
+def q_tile(code, A16, SC, MN, Pk, c0, kc, nb, C, wide):
+    """C[MR, :16 (wide) or :8] += the panel's rows times a token block, over columns [c0, c0 + kc) (the tile of
+    type `code`'s sub-blocks and mins); numba code only."""
+    raise TypeError("qgemm.q_tile runs inside numba code only")
+
+
+@overload(q_tile, prefer_literal=True, jit_options={"fastmath": True})
+def _q_tile_typed(code, A16, SC, MN, Pk, c0, kc, nb, C, wide):
+    c = code.literal_value
+    t16, t8 = _TILES[(SUB[c], MINS[c])]
+
+    def impl(code, A16, SC, MN, Pk, c0, kc, nb, C, wide):
+        if wide:
+            t16(A16, SC, MN, Pk, c0, kc, nb, C)
+        else:
+            t8(A16, SC, MN, Pk, c0, kc, nb, C)
+    return impl
+
+
+@njit(fastmath=True, inline="always")
+def q_matmul(code, w, r0, r1, rb, P, m, res, off):
+    """res[k, off + r - r0] = row_r . token k for rows [r0, r1) of flat bytes w (type `code`, row stride rb) and
+    the m tokens packed by qpack_into in P (rows of 8 / 5 P.shape[1] values: panel_width); each weight decoded to its
+    integer once."""
+    cols = P.shape[1] * 8 // 5
+    nb = cols // 32
+    nkb = P.shape[0]
+    npn = (r1 - r0 + MR - 1) // MR
+    A = np.empty((MR, KC), np.int16)
+    S = np.empty((MR, KC // 16), np.float32)
+    N = np.zeros((MR, KC // 16), np.float32)
+    C = np.zeros((npn, nkb, MR, NT), np.float32)
+    for c0 in range(0, cols, KC):
+        kc = min(KC, cols - c0)
+        cb = _col_bytes(code, c0)
+        for p in range(npn):
+            r = r0 + p * MR
+            nr = min(MR, r1 - r)
+            for i in range(nr):
+                q_decode(code, w, _U(r + i) * _U(rb) + _U(cb), A[i], S[i], N[i], kc)
+            for i in range(nr, MR):  # a short last panel: zero rows, results dropped below
+                A[i, :] = 0
+                S[i, :] = 0.0
+                N[i, :] = 0.0
+            for kb in range(nkb):
+                q_tile(code, A, S, N, P[kb], np.int64(c0), np.int64(kc), np.int64(nb), C[p, kb], m - kb * NT > 8)
+    for p in range(npn):
+        nr = min(MR, r1 - r0 - p * MR)
+        for k in range(m):
+            for i in range(nr):
+                res[k, off + p * MR + i] = C[p, k // NT, i, k % NT]
