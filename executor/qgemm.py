@@ -5,7 +5,7 @@ sums scaled once in float. The BLIS loop order of gemm.deq_matmul, with integer 
 - tokens (qpack_into, once per matrix of tokens): a 16-token block holds, for each pair of adjacent activations
   (x[2p], x[2p+1]) of a row, the two int16 as one int32 per token (a pair's 16 tokens side by side), then per token
   each 32-block's scale dx, and dx times the sum of the block's x16 and of each 16-value half (the mins' terms);
-- weights (q_decode, 6 rows x 256 columns at a time into an L1 panel): each value's integer in natural order
+- weights (q_decode, 6 whole rows at a time, QKC columns at most, into a panel): each value's integer in natural order
   (Q4_K's nibble, Q6_K's q - 32, IQ4's codebook byte ...), each sub-block's float scale (d sc) and negated min
   (dmin m: the types with mins) per row;
 - the register tile: 6 rows x 16 tokens, 12 int32 accumulators; per pair of columns a row's two int16 are
@@ -30,7 +30,7 @@ from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
-from .gemm import KC, MR, NT, _col_bytes
+from .gemm import MR, NT, _col_bytes
 from .nbcache import drop_stale_cache
 from .qdecode import q_decode
 from .simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fmul, _fn, _splat
@@ -43,6 +43,11 @@ HAVE_VNNI256 = all(f"+{f}" in _FEATURES for f in ("avx512vnni", "avx512vl"))  # 
 # it off / on whatever the CPU (to compare or test the paths; the kernels' caches follow it: nbcache._SWITCHES)
 HAVE_QGEMM = HAVE_AVX2 and {"0": False, "1": True}.get(os.environ.get("MOE_OFFLOAD_QGEMM", ""), HAVE_VNNI256)
 _U = np.uint64
+# Columns a slice (q_matmul): whole rows up to 4,096 values, the largest MoE experts' (a 4,096-column slice of a
+# 16-token block's panels, 160 KB, stays in L2). gemm.deq_matmul's 256-column slices, read a row's 256 columns at a
+# time down all its rows, ran from DRAM at 0.80-0.83x this (`small-q4k`, a 64-token layer job, 1 and 2 threads;
+# 512 tokens 0.93x: weights that stream from DRAM want long runs of a row, not the 144 bytes of a super-block)
+QKC = 4096
 
 # The values a sub-block of each type code spans (its scale's reach) and whether it has a min: Q4_K / Q5_K per 32,
 # Q6_K / Q3_K / Q2_K per 16 (ggml-quants.c dequantize_row_q*_K), Q8_0 / Q4_0 / IQ4 per 32-block.
@@ -100,7 +105,7 @@ def _dp(builder, acc, a, b):
 
 
 def _qtile_gen(G: int, mins: bool, NV: int):
-    """Codegen: C[MR, 8 NV] += rows A16 [MR, KC] (int16, natural order; scales SC, negated mins MN [MR, KC / 16])
+    """Codegen: C[MR, 8 NV] += rows A16 [MR, kc] (int16, natural order; scales SC, negated mins MN [MR, kc / 16])
     times 8 NV tokens of a qpack_into block Pk [panel_width(cols), NT], over columns [c0, c0 + kc) of rows of
     nb 32-blocks: per G-value sub-block, G / 2 steps of MR x NV vpdpwssd (a row's pair broadcast, the tokens' pairs
     loaded), then per accumulator one convert and one fma with (row scale x token dx), and one fma with the min
@@ -206,12 +211,13 @@ def q_matmul(code, w, r0, r1, rb, P, m, res, off):
     nb = cols // 32
     nkb = P.shape[0]
     npn = (r1 - r0 + MR - 1) // MR
-    A = np.empty((MR, KC), np.int16)
-    S = np.empty((MR, KC // 16), np.float32)
-    N = np.zeros((MR, KC // 16), np.float32)
+    ks = min(cols, QKC)
+    A = np.empty((MR, ks), np.int16)
+    S = np.empty((MR, ks // 16), np.float32)
+    N = np.zeros((MR, ks // 16), np.float32)
     C = np.zeros((npn, nkb, MR, NT), np.float32)
-    for c0 in range(0, cols, KC):
-        kc = min(KC, cols - c0)
+    for c0 in range(0, cols, ks):
+        kc = min(ks, cols - c0)
         cb = _col_bytes(code, c0)
         for p in range(npn):
             r = r0 + p * MR
