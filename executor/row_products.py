@@ -42,8 +42,8 @@ else:
                                                             simd.rows4x2_q4, simd.rows8x4_q4)
 
 # Tokens per expert up to which each token gets fused in-place dots, by type code (-, F16, Q8_0, Q4_0, Q4_K, Q6_K, Q5_K,
-# Q3_K, Q2_K, IQ4_NL, IQ4_XS);
-# more dequantise each row once for a GEMM (gemm.deq_matmul). Dequantise-then-GEMM against the fused path, one core,
+# Q3_K, Q2_K, IQ4_NL, IQ4_XS); more take a GEMM. Without VNNI (_FUSED_FLOAT) that GEMM dequantises each row once
+# (gemm.deq_matmul) and runs in float. Dequantise-then-GEMM against the fused path, one core,
 # an expert's rows in cache (bench_token_pairs.py --presets small small-q4, --presets small-q4k --parts gate down):
 # - Q4_0, four tokens a row group (session 17, two runs): 1.23-1.26 at 16 tokens, 1.10-1.16 at 24, 1.07-1.13 at 32;
 # - Q8_0, token pairs (four-token groups of 8 rows were only 1.06x pairs in cache, and `small` pp64 0.91x in one
@@ -62,10 +62,11 @@ else:
 # at 16; Q4_0 1.14-1.17 at 16, 0.99-1.15 at 24, 0.93-1.01 at 32; Q4_K 0.88-1.14 at 12; Q6_K 1.47-1.50 at 6, 0.59-0.93
 # at 8; it wins where an expert has many tokens and its packed tokens are reused (prefill, from GEMM_TOKENS).
 _FUSED_FLOAT = (0, 16, 16, 32, 12, 6, 6, 8, 4, 8, 4)
-# With the integer GEMM (qgemm.py, AVX-512 VNNI) it takes over from the fused rows at fewer tokens (session 31, Zen 4,
-# one core, a `small`-sized expert matrix in cache, qgemm / fused at 5, 6, 7 tokens: Q8_0 0.65 0.86 1.01, Q4_0 0.60
-# 0.67 1.08, Q4_K 0.79 0.87 1.11, Q6_K 0.47 1.09 1.33, Q5_K 1.03 0.78 1.08, Q3_K 0.87 1.01 1.27, Q2_K 0.97 1.61 1.68,
-# IQ4_NL 0.98 1.22 1.49, IQ4_XS (at 4) 1.06; at 16 tokens 1.6-2.3: benchmarks/bench_qgemm.py); F16 keeps its 16
+# With the integer GEMM (qgemm.py, AVX-512 VNNI) it takes over from the fused rows at fewer tokens. One Zen 4 core, a
+# `small`-sized expert matrix in cache, qgemm / fused (session 31, `python benchmarks/bench_qgemm.py`): at 4, 6, 8 tokens
+# Q8_0 0.54 0.90 1.26, Q4_K 0.58 0.91 1.17, Q6_K 0.94 1.35 1.83, Q2_K 0.85 1.28 1.69, IQ4_XS 0.78 1.23 1.54; at 5, 6, 7
+# (a first version) Q4_0 0.60 0.67 1.08, Q5_K 1.03 0.78 1.08, Q3_K 0.87 1.01 1.27, IQ4_NL 0.98 1.22 1.49; at 16 tokens
+# 1.7-2.3. F16 keeps its 16.
 _FUSED = (0, 16, 7, 6, 6, 5, 6, 5, 5, 5, 4) if HAVE_QGEMM else _FUSED_FLOAT
 
 
