@@ -19,7 +19,7 @@ from .gemm import pack_into
 from .kernel_table import table_rows_matmul
 from .kernels import (_FUSED, _SERIAL_BYTES, NT, _parts, _parts_serial, _quant_rows, flat, gemm_path, int_panels,
                       item_rows, panels, prange_only)
-from .qgemm import panel_width, qpack_into
+from .qgemm import panel_width, qpack_into, row_range
 from .nbcache import drop_stale_cache
 from .simd import silu_mul
 
@@ -67,16 +67,6 @@ def _pack_expert(P, b, xs, x16, dx, rows, ints):
         qpack_into(P, b, x16, dx, rows)
     else:
         pack_into(P, b, xs)
-
-
-@njit(cache=True)
-def _csr_rows(tok):
-    """0 .. M - 1 in tok's integer type: the rows of a CSR job's own arrays (the down products' activations), for
-    _pack_expert as tok indexes the tokens' rows (one compiled signature, not one an integer type)."""
-    rows = np.empty_like(tok)
-    for a in range(rows.shape[0]):
-        rows[a] = a
-    return rows
 
 
 @njit(cache=True)
@@ -231,7 +221,7 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nth
     ints = int_panels(dc)
     P = _panel_array(pb[-1], F, ints)
     if pb[-1]:
-        rows = _csr_rows(tok)
+        rows = row_range(tok.shape[0])
         for i in prange(experts.shape[0]):
             if pb[i + 1] > pb[i]:
                 _pack_expert(P, pb[i], act[offs[i]:offs[i + 1]], a16, da, rows[offs[i]:offs[i + 1]], ints)
@@ -249,7 +239,7 @@ def _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, o
     for i in range(experts.shape[0]):  # each expert's matrices in one call (F rows an item)
         _moe_up(np.int64(i), gd, gc, ud, uc, F, experts, offs, xg, x16, dx, P, pb, F, act)
     a16, da = _quant_rows(act[:tok.shape[0]])  # the rows phase 1 wrote (act may be longer)
-    P, pb = _expert_panels(act, a16, da, _csr_rows(tok), offs, dc, dc)
+    P, pb = _expert_panels(act, a16, da, row_range(tok.shape[0]), offs, dc, dc)
     _moe_down(np.int64(0), dd, dc, H, experts, offs, tok, wts, act, a16, da, P, pb, H, maxm, out)
 
 

@@ -23,7 +23,7 @@ from .gemm import (F16, GEMM_TOKENS, IQ4_NL, IQ4_XS, MR, NT, Q2_K, Q3_K, Q4_0, Q
                    Q8_0, pack_tokens)  # (the type codes are re-exported)
 from .kernel_table import table_rows_matmul
 from .nbcache import drop_stale_cache
-from .qgemm import HAVE_QGEMM, panel_width, qpack_into
+from .qgemm import HAVE_QGEMM, panel_width, qpack_into, row_range
 from .row_products import _FUSED, gemm_path  # noqa: F401 (re-exported)
 from .simd import quant16
 from .vnni import HAVE_VNNI512, SPLIT_FLOATS, split8
@@ -75,10 +75,7 @@ def panels(x, x16, dx, gemm, ints):
         return np.zeros((0, C, NT), np.float32)
     if ints:
         P = np.empty(((T + NT - 1) // NT, panel_width(C), NT), np.float32)
-        rows = np.empty(T, np.int32)  # int32 as cpu_experts' token indices: one compiled qpack_into
-        for t in range(T):
-            rows[t] = t
-        qpack_into(P, np.int64(0), x16, dx, rows)
+        qpack_into(P, np.int64(0), x16, dx, row_range(T))
         return P
     return pack_tokens(x)
 

@@ -567,7 +567,7 @@ def _super_block_ir(fmt: str, builder, p, slot) -> list:
 
 
 def _deq_ir(fmt: str):
-    """Codegen: buf[0 : 256 nsb] = the nsb Q4_K / Q5_K / Q6_K super-blocks at byte o of w, as gguf.dequantize
+    """Codegen: buf[0 : 256 nsb] = the nsb K-quant super-blocks at byte o of w, as gguf.dequantize
     gives them (Q4_K, Q5_K: (d sc) q - (dmin m); Q6_K: (d sc) (q - 32)): _super_block_ir's integers widened eight at
     a time (vpmovzxbd / vpmovsxbd), converted and scaled."""
     bs, mins = _BS[fmt], fmt in ("Q4_K", "Q5_K", "Q2_K")

@@ -16,8 +16,9 @@ sums scaled once in float. The BLIS loop order of gemm.deq_matmul, with integer 
 Integer sums of a sub-block stay below 2**31: |weight| <= 128 and |x16| <= 32639 (simd.quant16), 32 products.
 The activations are simd.quant16's (per 32-block int16, <= 1.54e-5 of the block's largest value), so results
 match the fused int16 rows (row_products.rows_fused) to float rounding, and gguf.dequantize-then-matmul as they do.
-Without VNNI the same code runs on `vpmaddwd` + `vpaddd` (AVX2: correct, not faster than the fp32 GEMM, so
-row_products takes this path only where HAVE_QGEMM). F16 weights have no integers: they stay on gemm.py.
+Without VNNI the same code runs on `vpmaddwd` + `vpaddd` (AVX2, 16 ymm registers: the tests run it there; its speed
+against the fp32 GEMM is not measured, so the executor takes this path only where HAVE_QGEMM). F16 weights have no
+integers: they stay on gemm.py.
 """
 from __future__ import annotations
 
@@ -60,6 +61,16 @@ def panel_width(cols):
     """Floats a token's column of a qpack_into block takes for a row of `cols` values: cols / 2 pairs, then per
     32-block dx, dx sum(x16), and dx sum(x16) of each 16-value half (cols / 8 in all)."""
     return cols // 2 + cols // 8
+
+
+@njit(cache=True)
+def row_range(n):
+    """0 .. n - 1 as int32, the type of a CSR job's token indices (cpu_experts.csr): rows for qpack_into that index the
+    arrays they come with, in qpack_into's one compiled signature."""
+    rows = np.empty(n, np.int32)
+    for i in range(n):
+        rows[i] = i
+    return rows
 
 
 @njit(fastmath=True, cache=True)
