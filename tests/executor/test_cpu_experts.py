@@ -66,6 +66,33 @@ def test_prefill_sized_job_takes_the_gemm_and_matches_dequantised(qk, types):
         qk.close(got, want, mag + np.abs(want).max(axis=1, keepdims=True), tol=2e-4)
 
 
+@pytest.mark.parametrize("types", [(QT.Q4_K, QT.Q4_K, QT.Q6_K), (QT.F16, QT.Q8_0, QT.Q4_0), (QT.IQ4_XS, QT.F16, QT.Q2_K)],
+                         ids=["Q4_K_M", "F16-gate", "F16-up"])
+def test_experts_past_the_fused_rows_match_dequantised_on_every_path(qk, types):
+    """8 tokens an expert, past every type's _FUSED with VNNI (4-7: the integer GEMM) and under gemm.GEMM_TOKENS: whole
+    experts per thread (each packs its own panels, from its tokens' int16 rows), rows split across threads (one
+    packing a job) and the serial kernel all match dequantise-then-matmul; where gate or up is F16 the pair's panels
+    are float ones (kernels.int_panels) and the quantised matrix reads them through the float GEMM."""
+    rng = np.random.default_rng(11)
+    E, H, F, T = 4, 512, 256, 8
+    g, u = qk.tensor(rng, types[0], E, F, H), qk.tensor(rng, types[1], E, F, H)
+    d = qk.tensor(rng, types[2], E, H, F)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    ids = np.tile(np.arange(E), (T, 1))
+    wts = rng.random((T, E)).astype(np.float32)
+    want = np.zeros((T, H), np.float32)
+    mag = np.zeros((T, H), np.float32)
+    for e in range(E):
+        a = x @ qk.deq(g, e).T
+        act = a / (1 + np.exp(-a)) * (x @ qk.deq(u, e).T)
+        want += wts[:, e:e + 1] * (act @ qk.deq(d, e).T)
+        mag += wts[:, e:e + 1] * (np.abs(act) @ np.abs(qk.deq(d, e)).T)
+    routing = CE.csr(ids, wts)
+    for fn, nthr, whole in ((CE._moe, 2, True), (CE._moe, 2, False), (CE._moe_serial, 1, False)):
+        got = _moe_direct(fn, g, u, d, x, routing, nthr, whole)
+        qk.close(got, want, mag + np.abs(want).max(axis=1, keepdims=True), tol=2e-4)
+
+
 def test_moe_subset_of_experts(qk):
     """csr(keep=...) computes only the kept experts (the CPU tier's share of a layer)."""
     rng = np.random.default_rng(1)

@@ -149,3 +149,16 @@ def test_integer_gemm_sums_the_fused_rows_integers(qt):
     mag = np.abs(x) @ np.abs(W).T
     assert (np.abs(got - fused) / mag).max() < 1e-6
 
+
+
+@pytest.mark.parametrize("qt", [QT.Q8_0, QT.Q4_K], ids=lambda q: q.name)
+def test_rows_wider_than_a_slice_match_dequantised(qk, qt):
+    """Rows of 4,352 values: q_matmul's first slice takes qgemm.QKC = 4,096 columns, the second the last 256."""
+    rng = np.random.default_rng(9)
+    width = gguf.GGML_QUANT_SIZES[qt][0]
+    cols = qgemm.QKC + 256
+    raw = _raw_rows(rng, qt, 7, cols // width)
+    W = gguf.dequantize(raw, qt).reshape(7, cols)
+    x = rng.standard_normal((11, cols)).astype(np.float32)
+    got, _, _ = _q_products(EXPERT_TYPES[qt], raw, x)
+    qk.close(got, x @ W.T, np.abs(x) @ np.abs(W).T)
