@@ -38,6 +38,24 @@ def test_moe_matches_dequantised(qk, types, H32, F32, T, k, seed):
     qk.close(got, want, mag + np.abs(want).max(axis=1, keepdims=True), tol=2e-4)
 
 
+def _all_to_all_job(qk, types, E, H, F, T, seed):
+    """T tokens each routed to all E synthetic experts of `types` (gate, up, down) -> (g, u, d, x, routing, out, sum of
+    |terms|), the expected output in float from gguf.dequantize."""
+    rng = np.random.default_rng(seed)
+    g, u = qk.tensor(rng, types[0], E, F, H), qk.tensor(rng, types[1], E, F, H)
+    d = qk.tensor(rng, types[2], E, H, F)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    wts = rng.random((T, E)).astype(np.float32)
+    want = np.zeros((T, H), np.float32)
+    mag = np.zeros_like(want)
+    for e in range(E):
+        a = x @ qk.deq(g, e).T
+        act = a / (1 + np.exp(-a)) * (x @ qk.deq(u, e).T)
+        want += wts[:, e:e + 1] * (act @ qk.deq(d, e).T)
+        mag += wts[:, e:e + 1] * (np.abs(act) @ np.abs(qk.deq(d, e)).T)
+    return g, u, d, x, CE.csr(np.tile(np.arange(E), (T, 1)), wts), want, mag + np.abs(want).max(axis=1, keepdims=True)
+
+
 @pytest.mark.parametrize("types", [(QT.Q4_0, QT.Q4_0, QT.Q8_0), (QT.Q4_K, QT.Q4_K, QT.Q6_K), (QT.Q5_K, QT.Q5_K, QT.Q6_K),
                                    (QT.Q3_K, QT.Q3_K, QT.Q5_K),
                                    (QT.Q2_K, QT.Q2_K, QT.Q3_K), (QT.IQ4_XS, QT.IQ4_XS, QT.IQ4_NL)],
@@ -46,24 +64,9 @@ def test_prefill_sized_job_takes_the_gemm_and_matches_dequantised(qk, types):
     """60 tokens, each routed to all 3 experts: 60 tokens an expert, over gemm.GEMM_TOKENS, so gate, up and down
     run the packed-panel GEMM in few large items; the parallel and the serial kernel match dequantise-then-matmul."""
     assert 60 >= K.GEMM_TOKENS
-    rng = np.random.default_rng(7)
-    E, H, F, T = 3, 512, 256, 60
-    g, u = qk.tensor(rng, types[0], E, F, H), qk.tensor(rng, types[1], E, F, H)
-    d = qk.tensor(rng, types[2], E, H, F)
-    x = rng.standard_normal((T, H)).astype(np.float32)
-    ids = np.tile(np.arange(E), (T, 1))
-    wts = rng.random((T, E)).astype(np.float32)
-    want = np.zeros((T, H), np.float32)
-    mag = np.zeros((T, H), np.float32)
-    for e in range(E):
-        a = x @ qk.deq(g, e).T
-        act = a / (1 + np.exp(-a)) * (x @ qk.deq(u, e).T)
-        want += wts[:, e:e + 1] * (act @ qk.deq(d, e).T)
-        mag += wts[:, e:e + 1] * (np.abs(act) @ np.abs(qk.deq(d, e)).T)
-    routing = CE.csr(ids, wts)
+    g, u, d, x, routing, want, mag = _all_to_all_job(qk, types, 3, 512, 256, 60, 7)
     for fn, nthr in ((CE._moe, 2), (CE._moe_serial, 1)):
-        got = _moe_direct(fn, g, u, d, x, routing, nthr, False)
-        qk.close(got, want, mag + np.abs(want).max(axis=1, keepdims=True), tol=2e-4)
+        qk.close(_moe_direct(fn, g, u, d, x, routing, nthr, False), want, mag, tol=2e-4)
 
 
 @pytest.mark.parametrize("types", [(QT.Q4_K, QT.Q4_K, QT.Q6_K), (QT.F16, QT.Q8_0, QT.Q4_0), (QT.IQ4_XS, QT.F16, QT.Q2_K)],
@@ -73,24 +76,9 @@ def test_experts_past_the_fused_rows_match_dequantised_on_every_path(qk, types):
     experts per thread (each packs its own panels, from its tokens' int16 rows), rows split across threads (one
     packing a job) and the serial kernel all match dequantise-then-matmul; where gate or up is F16 the pair's panels
     are float ones (kernels.int_panels) and the quantised matrix reads them through the float GEMM."""
-    rng = np.random.default_rng(11)
-    E, H, F, T = 4, 512, 256, 8
-    g, u = qk.tensor(rng, types[0], E, F, H), qk.tensor(rng, types[1], E, F, H)
-    d = qk.tensor(rng, types[2], E, H, F)
-    x = rng.standard_normal((T, H)).astype(np.float32)
-    ids = np.tile(np.arange(E), (T, 1))
-    wts = rng.random((T, E)).astype(np.float32)
-    want = np.zeros((T, H), np.float32)
-    mag = np.zeros((T, H), np.float32)
-    for e in range(E):
-        a = x @ qk.deq(g, e).T
-        act = a / (1 + np.exp(-a)) * (x @ qk.deq(u, e).T)
-        want += wts[:, e:e + 1] * (act @ qk.deq(d, e).T)
-        mag += wts[:, e:e + 1] * (np.abs(act) @ np.abs(qk.deq(d, e)).T)
-    routing = CE.csr(ids, wts)
+    g, u, d, x, routing, want, mag = _all_to_all_job(qk, types, 4, 512, 256, 8, 11)
     for fn, nthr, whole in ((CE._moe, 2, True), (CE._moe, 2, False), (CE._moe_serial, 1, False)):
-        got = _moe_direct(fn, g, u, d, x, routing, nthr, whole)
-        qk.close(got, want, mag + np.abs(want).max(axis=1, keepdims=True), tol=2e-4)
+        qk.close(_moe_direct(fn, g, u, d, x, routing, nthr, whole), want, mag, tol=2e-4)
 
 
 def test_moe_subset_of_experts(qk):
