@@ -46,8 +46,9 @@ HAVE_QGEMM = HAVE_AVX2 and {"0": False, "1": True}.get(os.environ.get("MOE_OFFLO
 _U = np.uint64
 # Columns a slice (q_matmul): whole rows up to 4,096 values, the largest MoE experts' (a 4,096-column slice of a
 # 16-token block's panels, 160 KB, stays in L2). gemm.deq_matmul's 256-column slices, read a row's 256 columns at a
-# time down all its rows, ran from DRAM at 0.80-0.83x this (`small-q4k`, a 64-token layer job, 1 and 2 threads;
-# 512 tokens 0.93x: weights that stream from DRAM want long runs of a row, not the 144 bytes of a super-block)
+# time down all its rows, ran from DRAM at 0.74-0.84x this (`small-q4k`, a 64-token layer job: 67 against 84-90
+# GFLOP/s on 1 thread, 127 against 152-166 on 2; 512 tokens 198 against 213: weights that stream from DRAM want long
+# runs of a row, not the 144 bytes of a super-block)
 QKC = 4096
 
 # The values a sub-block of each type code spans (its scale's reach) and whether it has a min: Q4_K / Q5_K per 32,
