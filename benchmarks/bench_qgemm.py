@@ -7,7 +7,7 @@
 Prints GFLOP/s (2 rows x cols x tokens over the median time of `rounds` calls) of each path and the ratios
 qgemm / deq_matmul and qgemm / fused; the fused column up to 32 tokens. The token packing (qpack_into) is timed
 apart and printed as a share of the integer GEMM's time (it is done once per matrix of tokens, not per row range).
-Synthetic rows: random bytes with sane fp16 scales (the weights' values do not change the kernels' speed).
+Synthetic rows: calibrate's (calibration.bench_kernel._synth_tensor).
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402
 
+from calibration.bench_kernel import _synth_tensor  # noqa: E402
 from executor import qdecode, qgemm  # noqa: E402
 from executor import row_products as RP  # noqa: E402
 from executor.gemm import KC, _col_bytes, deq_row, pack_tokens  # noqa: E402
@@ -31,19 +32,13 @@ from executor.gguf_model import EXPERT_TYPES  # noqa: E402
 from executor.kernels import _quant_rows, panels  # noqa: E402
 
 QT = gguf.GGMLQuantizationType
-FP16_AT = {"Q6_K": [208], "Q3_K": [108], "Q2_K": [80, 82], "IQ4_XS": [0], "IQ4_NL": [0], "Q4_0": [0], "Q8_0": [0],
-           "Q4_K": [0, 2], "Q5_K": [0, 2]}
 _U = np.uint64
 
 
 def rows_of(name: str, rows: int, cols: int, rng) -> np.ndarray:
-    """rows x cols weights of type `name` as raw blocks: random bytes, fp16 scales in [-0.1, 0.1]."""
-    qt = QT[name]
-    width, size = gguf.GGML_QUANT_SIZES[qt]
-    raw = rng.integers(0, 256, size=(rows, cols // width, size), dtype=np.uint8)
-    for o in FP16_AT[name]:
-        raw[..., o:o + 2] = rng.uniform(-0.1, 0.1, (rows, cols // width, 1)).astype(np.float16).view(np.uint8)
-    return np.ascontiguousarray(raw.reshape(rows, -1))
+    """rows x cols weights of type `name` as raw row bytes: calibrate's synthetic experts (make_model's random weights,
+    block scales spread as real ones)."""
+    return _synth_tensor(name, 1, rows, cols, rng).data[0]
 
 
 def median_s(f, rounds: int) -> float:
