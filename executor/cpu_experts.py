@@ -30,14 +30,16 @@ numba.get_num_threads()
 
 
 @njit(fastmath=True, cache=True)
-def _moe_prep(x, experts, offs, tok, fused):
+def _moe_prep(x, experts, offs, tok, fused, floats=True):
     """Gather each expert's tokens (CSR order) and their int16 activations -> (xg [M, H], x16, dx, max
     tokens per expert). Each token is quantised once, however many of its experts run here (decode: 1
     token and top-k experts, 27 -> 6 us a layer on `small`). The int16 rows are copied only for experts of
     at most `fused` tokens (the largest _FUSED of the gate's and up's types): above it the products read the
     GEMM's panels, packed from the float rows or from each token's int16 row (q16 / qd [T, ..], returned too), and
     dx's rows are long with AVX-512 VNNI (vnni.split8: prefill's 4,096 copies a `small-q4` layer cost ~100 ms a
-    512-token prompt)."""
+    512-token prompt). The float rows are gathered only where `floats`: the fused int16 rows and the integer
+    panels read none (kernels.int_panels; xg is then uninitialised, its shape all they take), and at 64 tokens the
+    4 MB copy of a `small` layer's xg was 2.5 ms of a 32 ms job on 2 threads, run on one."""
     M, H = tok.shape[0], x.shape[1]
     q16, qd = _quant_rows(x)  # [T, H], [T, 2 H/32 ..]
     xg = np.empty((M, H), np.float32)
@@ -49,8 +51,9 @@ def _moe_prep(x, experts, offs, tok, fused):
         maxm = max(maxm, m)
         for a in range(offs[i], offs[i + 1]):  # element loops: numba's row assignment xg[a] = x[t] is 3x slower
             t = tok[a]
-            for h in range(H):
-                xg[a, h] = x[t, h]
+            if floats:
+                for h in range(H):
+                    xg[a, h] = x[t, h]
             if m <= fused:
                 for h in range(H):
                     x16[a, h] = q16[t, h]
@@ -194,7 +197,8 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nth
     barrier between the up and the down products (expert GB/s at 2 threads, side by side: 1.07x on
     `small-q4`, 1.05-1.11x on `small`). Otherwise each matrix's rows split across the threads.
     """
-    xg, x16, dx, maxm, q16, qd = _moe_prep(x, experts, offs, tok, max(_FUSED[gc], _FUSED[uc]))
+    xg, x16, dx, maxm, q16, qd = _moe_prep(x, experts, offs, tok, max(_FUSED[gc], _FUSED[uc]),
+                                               not int_panels(gc, uc, R1=1))
     if whole:
         owner = _owners(offs, nthr)
         part = np.zeros((nthr, out.shape[0], H), np.float32)
@@ -234,7 +238,8 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nth
 def _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nthr=1, whole=False):
     """_moe on the calling thread (little work: a parallel region costs more than it saves); nthr and
     whole unused."""
-    xg, x16, dx, maxm, q16, qd = _moe_prep(x, experts, offs, tok, max(_FUSED[gc], _FUSED[uc]))
+    xg, x16, dx, maxm, q16, qd = _moe_prep(x, experts, offs, tok, max(_FUSED[gc], _FUSED[uc]),
+                                               not int_panels(gc, uc, R1=1))
     P, pb = _expert_panels(xg, q16, qd, tok, offs, gc, uc)
     for i in range(experts.shape[0]):  # each expert's matrices in one call (F rows an item)
         _moe_up(np.int64(i), gd, gc, ud, uc, F, experts, offs, xg, x16, dx, P, pb, F, act)

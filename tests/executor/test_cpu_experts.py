@@ -205,3 +205,26 @@ def test_moe_routed_fresh_and_resid_are_the_callers_fill_and_add(qk, types, T, s
     CE.moe_routed(*args, junk, eb, serial, numba.get_num_threads(), True, x)
     assert np.array_equal(junk.view(np.uint32), y.view(np.uint32))
     assert np.array_equal(x.view(np.uint32), want.view(np.uint32))
+
+
+def test_moe_prep_gathers_float_rows_only_where_a_product_reads_them():
+    """_moe_prep: with floats (some product reads float rows: F16, the float GEMM) xg holds each CSR entry's token;
+    without (integer panels and fused int16 rows only: a 4 MB copy at 64 tokens of `small`) xg is not written and
+    the int16 rows, scales, tokens per expert and the tokens' own int16 rows are the same."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((12, 128)).astype(np.float32)
+    ids = np.stack([rng.choice(6, 3, replace=False) for _ in range(12)])
+    experts, offs, tok, _ = CE.csr(ids, np.ones((12, 3), np.float32))
+    fused = int(np.median(offs[1:] - offs[:-1]))  # experts on both sides of it
+    full = CE._moe_prep(x, experts, offs, tok, fused, True)
+    lean = CE._moe_prep(x, experts, offs, tok, fused, False)
+    np.testing.assert_array_equal(full[0], x[tok])
+    for i in range(experts.shape[0]):
+        if offs[i + 1] - offs[i] <= fused:
+            s = slice(offs[i], offs[i + 1])
+            np.testing.assert_array_equal(full[1][s], lean[1][s])
+            np.testing.assert_array_equal(full[2][s], lean[2][s])
+            np.testing.assert_array_equal(full[1][s], full[4][tok[s]])
+    assert full[3] == lean[3] == (offs[1:] - offs[:-1]).max()
+    for j in (4, 5):
+        np.testing.assert_array_equal(full[j], lean[j])
