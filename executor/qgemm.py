@@ -121,11 +121,12 @@ def _dp(builder, acc, a, b):
 
 
 def _qtile_gen(G: int, mins: bool, NV: int):
-    """Codegen: C[MR, 8 NV] += rows A16 [MR, kc] (int16, natural order; scales SC, negated mins MN [MR, kc / 16])
-    times 8 NV tokens of a qpack_into block Pk [panel_width(cols), NT], over columns [c0, c0 + kc) of rows of
-    nb 32-blocks: per G-value sub-block, G / 2 steps of MR x NV vpdpwssd (a row's pair broadcast, the tokens' pairs
-    loaded), then per accumulator one convert and one fma with (row scale x token dx), and one fma with the min
-    term. The accumulators take 2 MR NV of the 32 ymm registers."""
+    """Codegen: C [blocks, MR, NT] += rows A16 [MR, kc] (int16, natural order; scales SC, negated mins MN [MR,
+    kc / 16]) times the first 8 NV tokens of qpack_into blocks Pk [blocks, panel_width(cols), NT] (8 lanes j at
+    block j // 2, half j % 2), over columns [c0, c0 + kc) of rows of nb 32-blocks: per G-value sub-block, G / 2
+    steps of MR x NV vpdpwssd (a row's pair broadcast, the tokens' pairs loaded), then per accumulator one convert
+    and one fma with (row scale x token dx), and one fma with the min term. The int32 accumulators take MR NV of the
+    32 ymm registers, the float ones as many (NV = 3: LLVM keeps some of those in L1)."""
     def gen(context, builder, sig, args):
         A, SC, MN, Pk, C, W = (cgutils.create_struct_proxy(sig.args[i])(context, builder, value=args[i])
                                for i in (0, 1, 2, 3, 7, 8))
@@ -135,20 +136,25 @@ def _qtile_gen(G: int, mins: bool, NV: int):
         a_s = cgutils.unpack_tuple(builder, A.strides, 2)[0]
         s_s = cgutils.unpack_tuple(builder, SC.strides, 2)[0]
         p8 = builder.bitcast(Pk.data, I8.as_pointer())
+        p_blk = cgutils.unpack_tuple(builder, Pk.strides, 3)[0]
+        c8 = builder.bitcast(C.data, I8.as_pointer())
+        c_blk = cgutils.unpack_tuple(builder, C.strides, 3)[0]
 
         def row(ary, s, i, ty):  # row i of a 2-D array as a pointer to ty
             return builder.bitcast(builder.gep(builder.bitcast(ary.data, I8.as_pointer()), [builder.mul(s, i64(i))]),
                                    ty.as_pointer())
 
-        def pvec(r, j, ty):  # <8 x ty> at row r, tokens 8 j .. 8 j + 7 of the block
-            p = builder.gep(p8, [builder.add(builder.mul(r, i64(4 * NT)), i64(32 * j))])
+        def pvec(r, j, ty):  # <8 x ty> at row r, tokens 8 j .. 8 j + 7 of the blocks
+            at = builder.add(builder.mul(r, i64(4 * NT)), i64(32 * (j % 2)))
+            p = builder.gep(p8, [builder.add(at, builder.mul(p_blk, i64(j // 2)))])
             return builder.load(builder.bitcast(p, V(ty, 8).as_pointer()), align=4)
         arows = [row(A, a_s, i, I16) for i in range(MR)]
         srows = [row(SC, s_s, i, F32) for i in range(MR)]
         mrows = [row(MN, s_s, i, F32) for i in range(MR)] if mins else None
 
         def cp(i, j):
-            return builder.bitcast(builder.gep(C.data, [i64(i * NT + 8 * j)]), V(F32, 8).as_pointer())
+            at = builder.add(builder.mul(c_blk, i64(j // 2)), i64(4 * (i * NT + 8 * (j % 2))))
+            return builder.bitcast(builder.gep(c8, [at]), V(F32, 8).as_pointer())
         acc = [[cgutils.alloca_once_value(builder, builder.load(cp(i, j), align=4)) for j in range(NV)]
                for i in range(MR)]
         zero = ir.Constant(V(I32, 8), [0] * 8)
@@ -205,23 +211,25 @@ def _tile(G: int, mins: bool, NV: int):
     return tile
 
 
-_TILES = {(g, m): (_tile(g, m, 2), _tile(g, m, 1)) for g in (16, 32) for m in (False, True)}
+_TILES = {(g, m): (_tile(g, m, 1), _tile(g, m, 2), _tile(g, m, 3)) for g in (16, 32) for m in (False, True)}
 
 
-def q_tile(code, A16, SC, MN, Pk, c0, kc, nb, C, wide, W, pfo, rb, sb):
-    """C[MR, :16 (wide) or :8] += the panel's rows times a token block, over columns [c0, c0 + kc) (the tile of
-    type `code`'s sub-blocks and mins), prefetching into L2 meanwhile the sb bytes of each of MR rows of W from byte
-    pfo (row stride rb; sb = 0: none); numba code only."""
+def q_tile(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
+    """C[:, MR, :] += the panel's rows times the first 8 nv tokens of blocks Pk (nv 1, 2 or 3: one block or two),
+    over columns [c0, c0 + kc) (the tile of type `code`'s sub-blocks and mins), prefetching into L2 meanwhile the sb
+    bytes of each of MR rows of W from byte pfo (row stride rb; sb = 0: none); numba code only."""
     raise TypeError("qgemm.q_tile runs inside numba code only")
 
 
 @overload(q_tile, prefer_literal=True, jit_options={"fastmath": True})
-def _q_tile_typed(code, A16, SC, MN, Pk, c0, kc, nb, C, wide, W, pfo, rb, sb):
+def _q_tile_typed(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
     c = code.literal_value
-    t16, t8 = _TILES[(SUB[c], MINS[c])]
+    t8, t16, t24 = _TILES[(SUB[c], MINS[c])]
 
-    def impl(code, A16, SC, MN, Pk, c0, kc, nb, C, wide, W, pfo, rb, sb):
-        if wide:
+    def impl(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
+        if nv == 3:
+            t24(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb)
+        elif nv == 2:
             t16(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb)
         else:
             t8(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb)
@@ -258,9 +266,13 @@ def q_matmul(code, w, r0, r1, rb, P, m, res, off):
             # them in L2 rather than waiting on DRAM, where the hardware's stream prefetch stopped during the tiles
             sb = np.int64(_col_bytes(code, kc)) if p + 1 < npn else np.int64(0)
             pfo = np.int64((r + MR) * rb + cb)
-            for kb in range(nkb):
-                q_tile(code, A, S, N, P[kb], np.int64(c0), np.int64(kc), np.int64(nb), C[p, kb], m - kb * NT > 8,
+            kb = 0
+            while kb < nkb:  # 16-token tiles; a last 17-24 tokens in one 24-token tile (over two blocks), 1-8 in 8
+                rem = m - kb * NT
+                nv = 1 if rem <= 8 else (3 if 16 < rem <= 24 else 2)
+                q_tile(code, A, S, N, P[kb:kb + 2], np.int64(c0), np.int64(kc), np.int64(nb), C[p, kb:kb + 2], nv,
                        w, pfo, np.int64(rb), sb if kb == 0 else np.int64(0))
+                kb += 2 if nv == 3 else 1
     for p in range(npn):
         nr = min(MR, r1 - r0 - p * MR)
         for k in range(m):

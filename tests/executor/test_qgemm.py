@@ -121,7 +121,7 @@ def _q_products(code, raw, x):
 @given(qt=st.sampled_from(TYPES), rows=st.integers(1, 20), units=st.integers(1, 3), T=st.integers(1, 40),
        seed=st.integers(0, 2**31))
 def test_integer_gemm_matches_dequantised_then_matmul(qk, qt, rows, units, T, seed):
-    """q_matmul over any rows (short last 6-row panels), tokens (short last 16-token blocks: the 8-token tile) and
+    """q_matmul over any rows (short last 6-row panels), tokens (short last 16-token blocks: the 8- and 24-token tiles) and
     columns (several KC slices for 32-blocks) matches gguf.dequantize then a float matmul (qk.close: the int16
     activations' error, relative to the sum of |terms|)."""
     rng = np.random.default_rng(seed)
@@ -130,6 +130,20 @@ def test_integer_gemm_matches_dequantised_then_matmul(qk, qt, rows, units, T, se
     raw = _raw_rows(rng, qt, rows, units)
     W = gguf.dequantize(raw, qt).reshape(rows, units * width)
     x = rng.standard_normal((T, units * width)).astype(np.float32)
+    got, _, _ = _q_products(EXPERT_TYPES[qt], raw, x)
+    qk.close(got, x @ W.T, np.abs(x) @ np.abs(W).T)
+
+
+@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q2_K, QT.IQ4_XS], ids=lambda q: q.name)
+@pytest.mark.parametrize("T", [8, 16, 17, 24, 25, 40, 41])
+def test_each_token_tiling_matches_dequantised_then_matmul(qk, qt, T):
+    """Tokens tile as 16s, then a last 1-8 in the 8-token tile, 9-16 in the 16-token one, 17-24 in one 24-token tile
+    over two blocks (40 = 16 + 24, 41 = 16 + 16 + 8); each matches gguf.dequantize then a float matmul (32-value
+    sub-blocks with mins, 16-value ones with mins, 32-blocks without)."""
+    rng = np.random.default_rng(T)
+    raw = _raw_rows(rng, qt, 13, 2)
+    W = gguf.dequantize(raw, qt).reshape(13, 512)
+    x = rng.standard_normal((T, 512)).astype(np.float32)
     got, _, _ = _q_products(EXPERT_TYPES[qt], raw, x)
     qk.close(got, x @ W.T, np.abs(x) @ np.abs(W).T)
 
