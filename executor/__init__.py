@@ -8,3 +8,8 @@ import os
 # compromise. Must be set before torch / numba load libgomp; the user's settings win.
 if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
     os.environ["GOMP_SPINCOUNT"] = "3000"
+
+# the kernels' scratch arrays stay mapped between jobs rather than faulting in fresh pages each time (heap.py)
+from .heap import keep_freed_memory  # noqa: E402
+
+keep_freed_memory()
