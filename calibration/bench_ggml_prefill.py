@@ -16,10 +16,13 @@ expert on one Zen 3 core it runs Q4_0 at 27 GFLOP/s where ggml's MUL_MAT_ID does
 against 34.4 (test-backend-ops perf, qwen3-30b-a3b's 768 x 2048 experts, 32 tokens an expert). Repacked
 Q4_0 runs ggml's AVX2 q4_0 8x8 gemv rebuilt (ggml_vec_dot.gemv_q4_0x8: int8 activations, 8 rows' blocks side
 by side): 46-55 GFLOP/s on one Zen 3 core, where llama-bench's pp512 implies ~48 for ggml's own (the executor's
-int16 interleaved rows, which stood in for it before, 38-45). The tiled GEMM and repacked Q4_K have no such rebuild
-(the executor's BLIS-style GEMM and a Q4_K row at a time ran 0.73x and ~0.45x of ggml's), so a llama.cpp
-plan prefills them at the executor's GEMM rate, as every other plan does. The simulator's llama.cpp plans
-take these rates for their CPU prefill (`cpu.ggml_prefill_gflops`; simulator.resources).
+int16 interleaved rows, which stood in for it before, 38-45). Repacked Q4_K (and IQ4_NL, MXFP4) runs the same
+repack.cpp structure with its own 8x8 gemv, which has no rebuild: it takes the Q4_0 gemv's rate
+(specs.formats.LLAMACPP_REPACKED_STAND_IN; on the Zen 4 VM, llama.cpp's repacked Q4_K pp64 predicted -16% / -10% at
+1 / 2 threads, against +30% / +43% at the executor's integer GEMM rate, session 32). The tiled GEMM has no rebuild
+(the executor's BLIS-style GEMM ran 0.73x of ggml's), so a llama.cpp plan prefills it at the executor's GEMM rate,
+as every other plan does. The simulator's llama.cpp plans take these rates for their CPU prefill
+(`cpu.ggml_prefill_gflops`; simulator.resources).
 """
 from __future__ import annotations
 

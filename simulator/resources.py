@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from specs.formats import llamacpp_prefill_key, llamacpp_prefill_path, llamacpp_repacks, parse_format
+from specs.formats import llamacpp_prefill_keys, llamacpp_prefill_path, llamacpp_repacks, parse_format
 
 from .engine import FluidNet, Pool, Serial, Sim
 
@@ -91,12 +91,14 @@ def cpu_gbs(hw, fmt, threads: int, plan) -> float:
 def cpu_prefill_gflops(hw, plan, fmt, tokens_per_expert: float, threads: int, c: Constants) -> float:
     """GFLOP/s per core of `plan`'s engine's CPU expert products on a prefill batch with that many tokens an
     expert: for llama.cpp, the rate of the structure ggml gives `fmt` there (specs.formats.llamacpp_prefill_path)
-    where the profile has it; else the profile's one prefill rate (the executor's kernel)."""
+    where the profile has it (on the repacked path, the rebuilt format's: specs.formats.llamacpp_prefill_keys); else
+    the profile's one prefill rate (the executor's kernel)."""
     if plan.engine == "llamacpp" and hw.cpu.ggml_prefill_gflops:
         path = llamacpp_prefill_path(fmt, repacked(hw, plan, fmt), tokens_per_expert, hw.cpu.isa)
-        own = hw.cpu.ggml_prefill_gflops_for(llamacpp_prefill_key(fmt.name, path), threads)
-        if own is not None:
-            return own
+        for key in llamacpp_prefill_keys(fmt.name, path):
+            own = hw.cpu.ggml_prefill_gflops_for(key, threads)
+            if own is not None:
+                return own
     return c.cpu_prefill_gflops_per_core
 
 

@@ -117,3 +117,18 @@ def llamacpp_prefill_path(fmt: WeightFormat, repacked: bool, tokens_per_expert: 
 def llamacpp_prefill_key(fmt_name: str, path: str) -> str:
     """A profile's key for a format's prefill rate on a ggml path: 'Q8_0', 'Q4_0:repacked', 'Q4_K:tiled'."""
     return fmt_name if path == "vecdot" else f"{fmt_name}:{path}"
+
+
+# repack.cpp's MUL_MAT_ID runs every format it repacks the same way, a gemv per token over 8 interleaved rows of
+# int8-activation products (q4_0_8x8, q4_K_8x8, iq4_nl_8x8: one template, tensor_traits::forward_mul_mat_id); the
+# profile times the one rebuilt (Q4_0's, calibration.bench_ggml_prefill), which stands in for the others' path
+LLAMACPP_REPACKED_STAND_IN = "Q4_0"
+
+
+def llamacpp_prefill_keys(fmt_name: str, path: str) -> tuple[str, ...]:
+    """The profile keys that rate a format's prefill on a ggml path, best first: its own, then on the repacked path
+    the rebuilt format's (LLAMACPP_REPACKED_STAND_IN)."""
+    own = llamacpp_prefill_key(fmt_name, path)
+    if path == "repacked" and fmt_name != LLAMACPP_REPACKED_STAND_IN:
+        return own, llamacpp_prefill_key(LLAMACPP_REPACKED_STAND_IN, path)
+    return (own,)

@@ -6,7 +6,7 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from .figure import Figure
-from .formats import WeightFormat
+from .formats import LLAMACPP_REPACKED_STAND_IN, WeightFormat, parse_format
 
 
 def _positive(f: Figure) -> Figure:
@@ -115,7 +115,8 @@ class CPU(_Strict):
         threads_used rate scaled linearly (arithmetic or bus bound). rowwise (llama.cpp plans), where
         the profile has `rowwise_gbs`: the format's rowwise rate, else its kernel rate times the
         rowwise / kernel ratio of the default format. repacked (llama.cpp plans whose weights of `fmt`
-        are repacked): the format's `repacked_gbs` rate where the profile has one, else as rowwise."""
+        are repacked): the format's `repacked_gbs` rate where the profile has one, else the same weights a second
+        as the rebuilt format's (specs.formats.LLAMACPP_REPACKED_STAND_IN), else as rowwise."""
         family = fmt.name.split(":")[0]
         keys = (fmt.name, family, "codebook" if fmt.codebook else "block", "default")
         rate = self._rate(self.expert_gbs, keys, threads)
@@ -123,6 +124,9 @@ class CPU(_Strict):
             raise KeyError(f"cpu.expert_gbs has no entry for {fmt.name} (nor 'default')")
         if repacked and self.repacked_gbs:
             own = self._rate(self.repacked_gbs, (fmt.name,), threads)
+            if own is None:  # the rebuilt gemv's weights a second: every repacked format runs its structure
+                ref = self._rate(self.repacked_gbs, (LLAMACPP_REPACKED_STAND_IN,), threads)
+                own = ref * fmt.bits / parse_format(LLAMACPP_REPACKED_STAND_IN).bits if ref else None
             if own is not None:
                 return own
         if rowwise and self.rowwise_gbs:

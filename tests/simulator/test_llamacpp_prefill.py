@@ -75,3 +75,17 @@ def test_a_faster_ggml_prefill_rate_never_lengthens_ttft(gflops, factor):
     a = _cpu_only("Q8_0", {"Q8_0": gflops})[:3]
     b = _cpu_only("Q8_0", {"Q8_0": gflops * factor})[:3]
     assert _ttft(*b, prompt=64) <= _ttft(*a, prompt=64) * (1 + 1e-9)
+
+
+def test_repacked_q4_k_prefill_runs_at_the_rebuilt_q4_0_gemvs_rate():
+    """Q4_K on an AVX2 CPU is repacked too and prefills through repack.cpp's same gemv per token: without a Q4_K
+    figure on that path it takes Q4_0's (specs.formats.LLAMACPP_REPACKED_STAND_IN), exactly as a Q4_K:repacked
+    figure of the same rate would; not the profile's one rate (the executor's integer GEMM), and its own figure
+    wins where the profile has one."""
+    stand_in = _cpu_only("Q4_K", {"Q4_0:repacked": 60.0, "Q4_0": 10.0})[:3]
+    own = _cpu_only("Q4_K", {"Q4_K:repacked": 60.0})[:3]
+    none = _cpu_only("Q4_K", {"Q4_0": 10.0})[:3]
+    both = _cpu_only("Q4_K", {"Q4_K:repacked": 20.0, "Q4_0:repacked": 60.0})[:3]
+    assert _ttft(*stand_in) == pytest.approx(_ttft(*own), rel=1e-12)
+    assert _ttft(*stand_in) < 0.7 * _ttft(*none)
+    assert _ttft(*both) > 1.5 * _ttft(*own)

@@ -54,7 +54,9 @@ def test_a_format_without_a_rowwise_figure_scales_by_the_default_formats_ratio()
 
 def test_repacked_rates_are_read_for_a_repacked_format_only():
     """repacked=True (a llama.cpp plan whose weights of this format it repacks) reads cpu.repacked_gbs for
-    the format, by the same thread rule; a format without a repacked figure falls back to its rowwise rate."""
+    the format, by the same thread rule; a format without its own repacked figure runs repack.cpp's one gemv
+    structure at the rebuilt format's (Q4_0's) weights a second, 21 GB/s x 8.5 / 4.5 bits for Q8_0; with no
+    repacked figure at all, its rowwise rate."""
     cpu = _cpu(Q8_0=30.0, Q4_0=28.0, default=20.0)
     q8, q4 = parse_format("Q8_0"), parse_format("Q4_0")
     f = lambda v: Figure(v, "measured", "test")  # noqa: E731
@@ -63,7 +65,10 @@ def test_repacked_rates_are_read_for_a_repacked_format_only():
     assert cpu.expert_gbs_for(q4, 2, rowwise=True, repacked=True) == 21.0
     assert cpu.expert_gbs_for(q4, 1, rowwise=True, repacked=True) == 12.0
     assert cpu.expert_gbs_for(q4, 2, rowwise=True) == 15.0  # --no-repack: one row per dot product
-    assert cpu.expert_gbs_for(q8, 2, rowwise=True, repacked=True) == 24.0  # no repacked figure
+    assert cpu.expert_gbs_for(q8, 2, rowwise=True, repacked=True) == pytest.approx(21.0 * 8.5 / 4.5)
+    assert cpu.expert_gbs_for(q8, 1, rowwise=True, repacked=True) == pytest.approx(12.0 * 8.5 / 4.5)
+    bare = cpu.model_copy(update={"repacked_gbs": {}})
+    assert bare.expert_gbs_for(q8, 2, rowwise=True, repacked=True) == 24.0  # no repacked figure at all
 
 
 def test_a_second_card_joins_a_profile_by_name():
