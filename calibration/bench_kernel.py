@@ -290,10 +290,28 @@ class PrefillResult:
         """Routed expert GFLOP/s per thread."""
         return self.flops / (self.t_ms * 1e-3) / 1e9 / self.threads
 
+    @property
+    def tokens_per_expert(self) -> float:
+        """Tokens each expert's products take (executor_prefill_job routes every token to top_k distinct experts,
+        drawn alike: at 64 x 8 of 32 all are touched, bar a chance of 1e-8)."""
+        return self.tokens * self.top_k / self.experts
+
     def method(self) -> str:
         return (f"{self.label}: {self.tokens} tokens x top-{self.top_k} of {self.experts} experts, "
                 f"{self.flops / 1e9:.2f} GFLOP per batch in {self.t_ms:.2f} ms (lower quintile of {self.repeats}), "
                 f"{self.threads} threads, {self.noise.describe()}")
+
+
+def prefill_fixed_tokens(m1: float, gflops1: float, m2: float, gflops2: float) -> float:
+    """m0 such that an expert product of m tokens takes the time of m + m0 tokens' multiply-adds (the simulator's
+    cpu_prefill_fixed_tokens), from the rates measured at m1 < m2 tokens an expert: gflops2 / gflops1 = m2 (m1 + m0)
+    / (m1 (m2 + m0)). 0 where the larger batch is no faster; capped at 1,000 tokens."""
+    q = gflops2 / gflops1
+    if q <= 1.0:
+        return 0.0
+    if q * m1 >= m2:
+        return 1000.0
+    return min(1000.0, m1 * m2 * (q - 1.0) / (m2 - q * m1))
 
 
 def executor_prefill_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, n_experts: int = 32,

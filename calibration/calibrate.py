@@ -8,7 +8,9 @@ one, over what `detect_hardware` reads off this machine. Constants for the simul
     sync_ms         device sync + hand-off to a CPU worker thread and back (per handover)
     c_a_ms, c_b_ms  CPU expert job: fixed cost per job and cost per expert (default format),
                     and `c_a_ms.<FMT>` / `c_b_ms.<FMT>` for every benchmarked format
-    cpu_prefill_gflops_per_core  the same kernel on a prefill batch (64 tokens, default format)
+    cpu_prefill_gflops_per_core  the same kernel on a prefill batch (64 tokens, default format), at
+                    `cpu_prefill_ref_tokens` tokens an expert; `cpu_prefill_fixed_tokens` from the same batch at
+                    512 tokens: an expert product's cost beyond its multiply-adds, in tokens' worth of them
     cpu_layer_ms    a CPU-only decode layer (attention block, then the experts) timed in a loop, less
                     its bytes at the kernels' rates and its two job costs: what alternating costs; on
                     two layer sizes, split into a fixed part and `cpu_layer_ms_per_mb` (per MB the
@@ -94,6 +96,9 @@ class Settings:
     prefill_experts: int = 32
     prefill_top_k: int = 8
     prefill_repeats: int = 7
+    # the same batch at pp512's size (128 tokens an expert): with the 64-token one, what an expert's product costs
+    # beyond its multiply-adds (cpu_prefill_fixed_tokens); 0: not timed
+    prefill_long_tokens: int = 512
     # ggml's prefill structures: a batch of `ggml_prefill_tokens` tokens each routed to every one of
     # `ggml_prefill_experts` experts (as many tokens an expert: pp512 of a top-8-of-32 model has 128)
     ggml_prefill_tokens: int = 64
@@ -126,6 +131,7 @@ TINY = Settings(label="tiny", mem_bytes=1 << 20, mem_repeats=2, hit_hidden=64, h
                 kernel_formats=("Q4_0",),
                 kernel_hidden=64, kernel_ffn=32, kernel_pool_bytes=1 << 20, kernel_ks=(1, 2, 4),
                 kernel_repeats=3, prefill_tokens=8, prefill_experts=4, prefill_top_k=2, prefill_repeats=2,
+                prefill_long_tokens=32,
                 ggml_prefill_tokens=8, ggml_prefill_experts=2, ggml_prefill_repeats=1,
                 prefill_budget_s=0.2, total_budget_s=3, mem_budget_s=0.2, kernel_budget_s=0.2, hit_budget_s=0.2,
                 dense_budget_s=0.2, handover_budget_s=0.2, disk_budget_s=0.2)
@@ -144,6 +150,7 @@ class Results:
     repacked: dict[str, KernelFit] = field(default_factory=dict)  # llama.cpp's repacked layout (bench_rowwise)
     repacked_1t: dict[str, KernelFit] = field(default_factory=dict)
     prefill: PrefillResult | None = None
+    prefill_long: PrefillResult | None = None  # the same batch at Settings.prefill_long_tokens
     # ggml's prefill structures (bench_ggml_prefill), keyed 'Q4_K:tiled', 'Q8_0@1t' (specs.formats.llamacpp_prefill_key)
     ggml_prefill: dict[str, PrefillResult] = field(default_factory=dict)
     layer_loop: LayerLoop | None = None
@@ -341,6 +348,15 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                                           top_k=s.prefill_top_k, threads=numba.get_num_threads(), tick=tick,
                                           budget_s=bud.take("prefill", s.prefill_budget_s))
                 del run
+                if s.prefill_long_tokens > s.prefill_tokens:
+                    tick = pg.stage(f"CPU prefill batch {fmt}, {s.prefill_long_tokens} tokens", s.prefill_repeats)
+                    run, flops = executor_prefill_job(fmt, s.kernel_hidden, s.kernel_ffn, s.prefill_experts,
+                                                      s.prefill_top_k, s.prefill_long_tokens)
+                    r.prefill_long = bench_prefill(run, flops, s.prefill_repeats, label=r.prefill.label,
+                                                   tokens=s.prefill_long_tokens, experts=s.prefill_experts,
+                                                   top_k=s.prefill_top_k, threads=numba.get_num_threads(), tick=tick,
+                                                   budget_s=bud.take("prefill", s.prefill_budget_s))
+                    del run
                 r.wall_s["prefill"] = time.perf_counter() - t0
                 _ggml_prefill(s, r, formats, maxt, pg, bud)
                 t0 = time.perf_counter()

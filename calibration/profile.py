@@ -8,7 +8,7 @@ from specs.figure import Figure
 from specs.hardware import HardwareSpec
 
 from . import store
-from .bench_kernel import kernel_version
+from .bench_kernel import kernel_version, prefill_fixed_tokens
 from .sampling import Noise, today
 
 if TYPE_CHECKING:
@@ -161,7 +161,18 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
     if r.ggml_prefill:  # ggml's prefill structures: the prefill rates of llama.cpp plans (CPU.ggml_prefill_gflops)
         data["cpu"]["ggml_prefill_gflops"] = {k: _m(f.gflops_per_core, f.method(), date) for k, f in r.ggml_prefill.items()}
     if r.prefill:
-        consts["cpu_prefill_gflops_per_core"] = _m(r.prefill.gflops_per_core, r.prefill.method(), date)
+        pf = r.prefill
+        consts["cpu_prefill_gflops_per_core"] = _m(pf.gflops_per_core, pf.method(), date)
+        consts["cpu_prefill_ref_tokens"] = _m(pf.tokens_per_expert, f"tokens an expert of that batch: {pf.tokens} x "
+                                              f"top-{pf.top_k} of {pf.experts}", date)
+        if r.prefill_long:
+            lg = r.prefill_long
+            m0 = prefill_fixed_tokens(pf.tokens_per_expert, pf.gflops_per_core, lg.tokens_per_expert,
+                                      lg.gflops_per_core)
+            consts["cpu_prefill_fixed_tokens"] = _m(m0, f"{pf.gflops_per_core:.1f} GFLOP/s a core at "
+                                                    f"{pf.tokens_per_expert:g} tokens an expert, {lg.gflops_per_core:.1f} "
+                                                    f"at {lg.tokens_per_expert:g} ({lg.method()}): time per expert "
+                                                    f"product as m + m0 tokens' multiply-adds", date)
     if r.layer_loop and r.layer_loop.fmt in r.kernels and "F16" in r.kernels:
         f, fd = r.kernels[r.layer_loop.fmt], r.kernels["F16"]
 

@@ -12,7 +12,8 @@ Each constant is read off the records that isolate it (no joint fudge):
     token_overhead_ms          steps of several tokens (streams): what is left per layer and
                                further token beyond the one-token model plus the further
                                (token, expert) products at the prefill-measured GEMM rates
-    prefill_gflops_per_core    prefill CPU expert jobs: routed FLOPs / t_cpu / threads
+    prefill_gflops_per_core    prefill CPU expert jobs: routed FLOPs / t_cpu / threads, at
+                               prefill_tokens_per_expert: their (token, expert) products / experts run
     host_gemm_gflops           prefill dense path: dense + attention FLOPs / the rest of the layer
     engram_row_us              host us per Engram row gathered inline: median of t_engram_ms 1e3 /
                                engram_rows over decode records whose rows were all in the page
@@ -79,6 +80,7 @@ class HostFit:
     n: dict = field(default_factory=dict)
     device_layer_ms: float = 0.0  # further per-layer host time where the layer has device work
     engram_row_us: float = 0.0  # host us per Engram row gathered inline (page-cache hits)
+    prefill_tokens_per_expert: float | None = None  # of the prefill jobs prefill_gflops_per_core comes from
     # a discrete GPU (CUDA host): layers whose device hits overlap a CPU job on the worker thread cost
     # a hand-off (host time beyond the host's own rest) and slow both sides (the dispatching thread
     # and the CPU job share the cores); device_layer_ms then comes from device-only layers
@@ -250,6 +252,8 @@ def fit(traces: dict[str, list[dict]], model, dense_gbs: float, threads: int,
         flops = sum(_pairs(r, r["cpu"]) * model.expert_flops for r in pre if r["cpu"])
         t = sum(r["t_cpu_ms"] for r in pre if r["cpu"]) * 1e-3
         f.prefill_gflops_per_core = flops / t / 1e9 / threads if t > 0 else None
+        jobs = sum(len(r["cpu"]) for r in pre)
+        f.prefill_tokens_per_expert = sum(_pairs(r, r["cpu"]) for r in pre) / jobs if jobs else None
         from simulator.prefill import attention_flops
         # the head once per stream (its last prompt token's logits); traces before `streams` was recorded: one
         dflops = sum((model.prefill_dense_flops(r["tokens"], outputs=r.get("streams", 1))

@@ -74,6 +74,9 @@ def fitted_profile(base, model, f: HostFit, sources: list[str], date: str):
         consts["dev_expert_gbs"] = d(dev_eb / f.hit_ms / 1e6, f"f32 expert bytes / hit_ms {f.hit_ms:.3f} ms")
     if f.prefill_gflops_per_core:
         consts["cpu_prefill_gflops_per_core"] = d(f.prefill_gflops_per_core, "prefill routed FLOPs / t_cpu / threads")
+        if f.prefill_tokens_per_expert:  # the rate's batch size, for cpu_prefill_fixed_tokens (the base's, if any)
+            consts["cpu_prefill_ref_tokens"] = d(f.prefill_tokens_per_expert, "prefill (token, expert) products / "
+                                                 "experts run, over the same records")
     eg = dict(base.cpu.expert_gbs)
     eg[model.fmt_experts.name] = d(model.expert_bytes / f.cpu_expert_ms / 1e6,
                                    f"expert bytes / c_b {f.cpu_expert_ms:.3f} ms")

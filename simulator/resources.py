@@ -28,6 +28,11 @@ class Constants:
     gpu_expert_efficiency: float = 0.47
     gemm_efficiency: float = 0.30  # fraction of fp16_tflops prefill GEMMs attain (assumed, see README)
     cpu_prefill_gflops_per_core: float = 50.0  # CPU prefill expert GEMM rate per core, GFLOP/s (assumed)
+    cpu_prefill_ref_tokens: float = 16.0  # tokens an expert of the batch that rate was measured on (calibrate: 64 x 8 / 32)
+    # what an expert's product costs beyond its multiply-adds (its weights decoded once, its tokens' last, part-filled
+    # register tile), in tokens' worth of them: the executor's GEMM runs at m / (m + m0) of its peak at m tokens an
+    # expert (calibrate: two batch sizes; 0: one rate at every m)
+    cpu_prefill_fixed_tokens: float = 0.0
     cpu_job_ms: float = 0.0  # fixed cost of one CPU expert job (kernel launch, routing tables), ms
     # a decode layer whose dense path runs on the host cores, beyond its bytes and job costs: what
     # alternating attention and expert work costs (calibrate's layer loop), ms
@@ -99,7 +104,17 @@ def cpu_prefill_gflops(hw, plan, fmt, tokens_per_expert: float, threads: int, c:
             own = hw.cpu.ggml_prefill_gflops_for(key, threads)
             if own is not None:
                 return own
-    return c.cpu_prefill_gflops_per_core
+    return executor_prefill_gflops(c, tokens_per_expert)
+
+
+def executor_prefill_gflops(c: Constants, tokens_per_expert: float) -> float:
+    """GFLOP/s per core of the executor's CPU expert GEMM at that many tokens an expert: the measured rate at
+    cpu_prefill_ref_tokens times m / (m + m0) over its value there (m0 = cpu_prefill_fixed_tokens)."""
+    m0 = c.cpu_prefill_fixed_tokens
+    if m0 <= 0:
+        return c.cpu_prefill_gflops_per_core
+    m, ref = max(tokens_per_expert, 1.0), c.cpu_prefill_ref_tokens
+    return c.cpu_prefill_gflops_per_core * (m / (m + m0)) / (ref / (ref + m0))
 
 
 def cpu_pair_s(model, c: Constants, threads: int) -> float:

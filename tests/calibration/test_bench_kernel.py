@@ -4,9 +4,12 @@ import time
 import numpy as np
 import pytest
 
+from hypothesis import given, strategies as st
+
 from calibration.bench_kernel import (_ROW_BYTES, KernelBench, KernelFit, _synth_tensor, bench_expert_kernel,
                                       executor_expert_job, executor_kernel_available, fit_job_costs,
-                                      toy_expert_job, kernel_sources, kernel_version)
+                                      prefill_fixed_tokens, toy_expert_job, kernel_sources, kernel_version)
+from simulator.resources import Constants, executor_prefill_gflops
 
 
 def test_fit_recovers_line_exactly():
@@ -135,3 +138,19 @@ def test_kernel_version_covers_every_kernel_source():
     assert {"cpu_experts.py", "dense_kernels.py", "attention.py", "kernels.py", "kernel_table.py", "row_products.py",
             "gemm.py", "simd.py", "vnni.py", "kquants.py", "iquants.py"} <= names
     assert len(kernel_version()) == 12
+
+
+@given(m0=st.floats(0.0, 200.0), rate=st.floats(5.0, 500.0), m1=st.floats(2.0, 32.0), k=st.floats(2.0, 16.0))
+def test_fixed_tokens_come_back_from_the_rates_the_simulator_gives(m0, rate, m1, k):
+    """Rates at m1 and m2 = k m1 tokens an expert drawn from the simulator's model (simulator.resources.
+    executor_prefill_gflops with cpu_prefill_fixed_tokens = m0) give m0 back (to 1e-6 of m1 + m0)."""
+    c = Constants(cpu_prefill_gflops_per_core=rate, cpu_prefill_ref_tokens=m1, cpu_prefill_fixed_tokens=m0)
+    m2 = k * m1
+    got = prefill_fixed_tokens(m1, executor_prefill_gflops(c, m1), m2, executor_prefill_gflops(c, m2))
+    assert got == pytest.approx(m0, abs=1e-6 * (m1 + m0))
+
+
+def test_no_faster_at_the_larger_batch_gives_no_fixed_tokens():
+    """A larger batch no faster (a loaded host, or a kernel with no per-expert cost): m0 = 0, one rate at every m."""
+    assert prefill_fixed_tokens(16, 100.0, 128, 100.0) == 0.0
+    assert prefill_fixed_tokens(16, 100.0, 128, 90.0) == 0.0

@@ -94,6 +94,20 @@ def test_ggml_prefill_structures_timed_for_llamacpp_plans(run):
     assert len(rows) == len(g)
 
 
+def test_prefill_timed_at_two_batch_sizes_gives_the_fixed_tokens(run):
+    """calibrate times the executor's prefill batch at prefill_tokens and prefill_long_tokens (TINY: 8 and 32 tokens,
+    top-2 of 4 experts: 4 and 16 tokens an expert) and writes the first's rate, its tokens an expert and m0 from the
+    two (bench_kernel.prefill_fixed_tokens), each measured."""
+    hw, _, _, _ = run
+    if not executor_kernel_available():
+        pytest.skip("no executor kernels")
+    c = hw.constants
+    assert float(c["cpu_prefill_ref_tokens"]) == TINY.prefill_tokens * TINY.prefill_top_k / TINY.prefill_experts
+    m0 = c["cpu_prefill_fixed_tokens"]
+    assert m0.source == "measured" and "tokens an expert" in m0.ref and 0 <= float(m0) <= 1000
+    assert c["cpu_prefill_gflops_per_core"].source == "measured"
+
+
 def test_describe_calibrated_profile(run):
     from calibration.detect import describe
     hw, _, _, _ = run

@@ -89,3 +89,26 @@ def test_repacked_q4_k_prefill_runs_at_the_rebuilt_q4_0_gemvs_rate():
     assert _ttft(*stand_in) == pytest.approx(_ttft(*own), rel=1e-12)
     assert _ttft(*stand_in) < 0.7 * _ttft(*none)
     assert _ttft(*both) > 1.5 * _ttft(*own)
+
+
+@settings(max_examples=30, deadline=None)
+@given(m0=st.floats(0.0, 50.0), m=st.floats(1.0, 512.0), more=st.floats(1.0, 8.0))
+def test_more_tokens_an_expert_never_lower_the_executors_prefill_rate(m0, m, more):
+    """The executor's GEMM at m / (m + m0) of its peak (simulator.resources.executor_prefill_gflops): at the
+    calibration batch's tokens an expert it is the measured rate, and more tokens an expert never lower it."""
+    from simulator.resources import Constants, executor_prefill_gflops
+    c = Constants(cpu_prefill_gflops_per_core=100.0, cpu_prefill_ref_tokens=16.0, cpu_prefill_fixed_tokens=m0)
+    assert executor_prefill_gflops(c, 16.0) == pytest.approx(100.0)
+    assert executor_prefill_gflops(c, m * more) >= executor_prefill_gflops(c, m) * (1 - 1e-12)
+
+
+def test_the_executors_plan_prefills_a_long_prompt_faster_with_fixed_tokens():
+    """An all-CPU executor plan on a profile with cpu_prefill_fixed_tokens = 4.4 (session 32's calibrate on the Zen 4
+    VM: 105.5 GFLOP/s a core at 16 tokens an expert, 130 at 128): a 512-token prompt's tokens a second rise over
+    the 64-token one's, by more than on the same profile with one rate."""
+    model, hw, _, plan = _cpu_only("Q8_0", {})
+    fixed = hw.model_copy(update={"constants": {**hw.constants, "cpu_prefill_fixed_tokens": Figure(4.4, "measured", "test"),
+                                                "cpu_prefill_ref_tokens": Figure(16.0, "measured", "test")}})
+    def tok_s(h, n):
+        return n / _ttft(model, h, plan, prompt=n)
+    assert tok_s(fixed, 512) / tok_s(fixed, 64) > 1.05 * tok_s(hw, 512) / tok_s(hw, 64)
