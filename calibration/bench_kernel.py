@@ -297,7 +297,8 @@ class PrefillResult:
         return self.tokens * self.top_k / self.experts
 
     def method(self) -> str:
-        return (f"{self.label}: {self.tokens} tokens x top-{self.top_k} of {self.experts} experts, "
+        batch = f"{self.tokens} tokens x top-{self.top_k} of {self.experts} experts" if self.experts else f"{self.tokens} tokens"
+        return (f"{self.label}: {batch}, "
                 f"{self.flops / 1e9:.2f} GFLOP per batch in {self.t_ms:.2f} ms (lower quintile of {self.repeats}), "
                 f"{self.threads} threads, {self.noise.describe()}")
 
@@ -332,6 +333,48 @@ def executor_prefill_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, 
         out[:] = 0.0
         cpu_experts.moe_cpu(gate, up, down, x, *route, out=out)
     return run, 6.0 * hidden * ffn * tokens * top_k
+
+
+def executor_dense_prefill_jobs(hidden: int = 2048, head_dim: int = 64, n_experts: int = 32, tokens: int = 512,
+                                seed: int = 0):
+    """((run, flops), (run, flops)): an n-token prefill batch through one synthetic F16 attention block's products
+    (executor.dense_kernels: Q/K/V stacked, the output projection, norms and the f32 router of n_experts, as
+    attention_step and norm_route run them) and through its causal attention from position 0
+    (executor.attention.attn_cached), with the FLOPs the simulator counts for each (2 per weight and token;
+    4 n_heads head_dim a (query, earlier key) pair: simulator.prefill.attention_flops). The heads as
+    executor_layer_loop's: a quarter of the hidden width in query heads, half that in K/V."""
+    from executor.attention import attn_cached
+    from executor.dense_kernels import _stacked, norm_route
+    rng = np.random.default_rng(seed)
+    nh = max(1, hidden // (4 * head_dim))
+    nkv = max(1, nh // 2)
+    Rq, Rk = nh * head_dim, nkv * head_dim
+
+    def f16(rows, cols):
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16).view(np.uint8).ravel()
+    wq, wk, wv, wo = f16(Rq, hidden), f16(Rk, hidden), f16(Rk, hidden), f16(hidden, Rq)
+    router = (rng.standard_normal((n_experts, hidden), dtype=np.float32) * 0.02)
+    x = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    h, a = np.empty_like(x), np.empty_like(x)
+    qkv = np.empty((tokens, Rq + 2 * Rk), np.float32)
+    o = rng.standard_normal((tokens, Rq)).astype(np.float32)
+    ids, wts = np.empty((tokens, 8), np.int64), np.empty((tokens, 8), np.float32)
+    ones = np.ones(hidden, np.float32)
+    none = wo[:0]
+
+    def dense():
+        _stacked(wq, 1, Rq, wk, 1, Rk, wv, 1, Rk, x, qkv)
+        _stacked(wo, 1, hidden, none, 1, 0, none, 1, 0, o, a)
+        norm_route(x, ones, 1e-6, router, min(8, n_experts), h, ids, wts)
+    q3 = rng.standard_normal((tokens, nh + 2 * nkv, head_dim)).astype(np.float32)
+    kc = np.zeros((1, nkv, tokens, head_dim), np.float32)
+    vc = np.zeros_like(kc)
+
+    def attention():
+        attn_cached(q3, kc, vc, 0, tokens, nh, nkv, o)
+    dense_flops = 2.0 * tokens * (2 * Rq * hidden + 2 * Rk * hidden + n_experts * hidden)
+    attn_flops = 4.0 * nh * head_dim * tokens * (tokens - 1) / 2
+    return (dense, dense_flops), (attention, attn_flops)
 
 
 def bench_prefill(run: Callable[[], object], flops: float, repeats: int = 7, label: str = "kernel",

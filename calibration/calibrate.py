@@ -53,7 +53,8 @@ from .bench_device import DenseResult, H2DResult, HitResult, bench_dense, bench_
 from .bench_disk import DiskResult, bench_disk
 from .bench_handover import HandoverResult, bench_handover
 from .bench_kernel import (KernelBench, KernelFit, LayerLoop, LayerLoopBench, PrefillResult,
-                           bench_prefill, executor_expert_job, executor_kernel_available, executor_prefill_job,
+                           bench_prefill, executor_dense_prefill_jobs, executor_expert_job, executor_kernel_available,
+                           executor_prefill_job,
                            kernel_version, toy_expert_job)
 from .bench_memory import MemBandwidth, MemoryBench, default_thread_counts
 from .profile import DEFAULT_FORMAT, build_profile, noise_of, store_rows  # noqa: F401  (noise_of: re-exported)
@@ -99,6 +100,9 @@ class Settings:
     # the same batch at pp512's size (128 tokens an expert): with the 64-token one, what an expert's product costs
     # beyond its multiply-adds (cpu_prefill_fixed_tokens); 0: not timed
     prefill_long_tokens: int = 512
+    # an F16 attention block's products and its causal attention on a prompt of this many tokens (the host dense
+    # path of all-CPU prefill: cpu_dense_gflops_per_core, cpu_attention_gflops_per_core); 0: not timed
+    dense_prefill_tokens: int = 512
     # ggml's prefill structures: a batch of `ggml_prefill_tokens` tokens each routed to every one of
     # `ggml_prefill_experts` experts (as many tokens an expert: pp512 of a top-8-of-32 model has 128)
     ggml_prefill_tokens: int = 64
@@ -131,7 +135,7 @@ TINY = Settings(label="tiny", mem_bytes=1 << 20, mem_repeats=2, hit_hidden=64, h
                 kernel_formats=("Q4_0",),
                 kernel_hidden=64, kernel_ffn=32, kernel_pool_bytes=1 << 20, kernel_ks=(1, 2, 4),
                 kernel_repeats=3, prefill_tokens=8, prefill_experts=4, prefill_top_k=2, prefill_repeats=2,
-                prefill_long_tokens=32,
+                prefill_long_tokens=32, dense_prefill_tokens=16,
                 ggml_prefill_tokens=8, ggml_prefill_experts=2, ggml_prefill_repeats=1,
                 prefill_budget_s=0.2, total_budget_s=3, mem_budget_s=0.2, kernel_budget_s=0.2, hit_budget_s=0.2,
                 dense_budget_s=0.2, handover_budget_s=0.2, disk_budget_s=0.2)
@@ -151,6 +155,8 @@ class Results:
     repacked_1t: dict[str, KernelFit] = field(default_factory=dict)
     prefill: PrefillResult | None = None
     prefill_long: PrefillResult | None = None  # the same batch at Settings.prefill_long_tokens
+    dense_prefill: PrefillResult | None = None  # an attention block's products at Settings.dense_prefill_tokens
+    attention_prefill: PrefillResult | None = None  # its causal attention, the same prompt
     # ggml's prefill structures (bench_ggml_prefill), keyed 'Q4_K:tiled', 'Q8_0@1t' (specs.formats.llamacpp_prefill_key)
     ggml_prefill: dict[str, PrefillResult] = field(default_factory=dict)
     layer_loop: LayerLoop | None = None
@@ -357,6 +363,20 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                                                    top_k=s.prefill_top_k, threads=numba.get_num_threads(), tick=tick,
                                                    budget_s=bud.take("prefill", s.prefill_budget_s))
                     del run
+                if s.dense_prefill_tokens:
+                    parts = executor_dense_prefill_jobs(s.kernel_hidden, tokens=s.dense_prefill_tokens,
+                                                        n_experts=s.prefill_experts)
+                    for (run, flops), what in zip(parts, ("dense", "attention")):
+                        tick = pg.stage(f"CPU prefill {what}, {s.dense_prefill_tokens} tokens", s.prefill_repeats)
+                        res = bench_prefill(run, flops, s.prefill_repeats, tokens=s.dense_prefill_tokens,
+                                            experts=0, top_k=0, threads=numba.get_num_threads(), tick=tick,
+                                            label=f"executor.{'dense_kernels' if what == 'dense' else 'attention'}"
+                                                  f"@{kernel_version()} F16 attention block of {s.kernel_hidden}, "
+                                                  + ("Q/K/V, output and router products" if what == "dense"
+                                                     else "causal attention from position 0"),
+                                            budget_s=bud.take("prefill", s.prefill_budget_s))
+                        setattr(r, f"{what}_prefill", res)
+                    del parts, run
                 r.wall_s["prefill"] = time.perf_counter() - t0
                 _ggml_prefill(s, r, formats, maxt, pg, bud)
                 t0 = time.perf_counter()

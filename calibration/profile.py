@@ -25,7 +25,9 @@ def noise_of(r: Results) -> list[tuple[str, Noise]]:
             for k, f in fits.items()]
     out += [(f"repacked rows {k}{t}", f.noise) for t, fits in (("", r.repacked), (" 1 thread", r.repacked_1t))
             for k, f in fits.items()]
-    out += [("prefill", r.prefill.noise)] if r.prefill else []
+    out += [(name, res.noise) for name, res in (("prefill", r.prefill), ("prefill 512", r.prefill_long),
+                                                ("prefill dense", r.dense_prefill),
+                                                ("prefill attention", r.attention_prefill)) if res]
     out += [(f"ggml prefill {k}", f.noise) for k, f in r.ggml_prefill.items()]
     out += [("layer loop", r.layer_loop.noise)] if r.layer_loop else []
     out += [("small layer loop", r.layer_loop_small.noise)] if r.layer_loop_small else []
@@ -173,6 +175,10 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
                                                     f"{pf.tokens_per_expert:g} tokens an expert, {lg.gflops_per_core:.1f} "
                                                     f"at {lg.tokens_per_expert:g} ({lg.method()}): time per expert "
                                                     f"product as m + m0 tokens' multiply-adds", date)
+    for name, res in (("cpu_dense_gflops_per_core", r.dense_prefill), ("cpu_attention_gflops_per_core",
+                                                                       r.attention_prefill)):
+        if res:  # the host dense path of all-CPU prefill (simulator.resources.host_dense_s)
+            consts[name] = _m(res.gflops_per_core, res.method(), date)
     if r.layer_loop and r.layer_loop.fmt in r.kernels and "F16" in r.kernels:
         f, fd = r.kernels[r.layer_loop.fmt], r.kernels["F16"]
 
@@ -265,11 +271,12 @@ def store_rows(r: Results) -> list[dict]:
     for case, ll in (("cpu_layer_loop", r.layer_loop), ("cpu_layer_loop_small", r.layer_loop_small)):
         if ll:
             add(case, "t_layer_ms", ll.t_layer_ms, threads=ll.threads, kernel=kv, method=ll.method())
-    if r.prefill:
-        pf = r.prefill
-        add("cpu_prefill", "gflops_per_core", pf.gflops_per_core, threads=pf.threads, kernel=kv,
-            tokens=pf.tokens, method=pf.method())
-        _noise(add, "cpu_prefill", pf.noise)
+    for case, pf in (("cpu_prefill", r.prefill), ("cpu_prefill_long", r.prefill_long),
+                     ("cpu_prefill_dense", r.dense_prefill), ("cpu_prefill_attention", r.attention_prefill)):
+        if pf:
+            add(case, "gflops_per_core", pf.gflops_per_core, threads=pf.threads, kernel=kv,
+                tokens=pf.tokens, method=pf.method())
+            _noise(add, case, pf.noise)
     for key, pf in r.ggml_prefill.items():
         case = "cpu_ggml_prefill_" + key.replace(":", "_").replace("@", "_")
         add(case, "gflops_per_core", pf.gflops_per_core, threads=pf.threads, kernel=kv, tokens=pf.tokens, method=pf.method())

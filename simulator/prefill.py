@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .engram import gathers_inline, layer_gather_s
 from .policies import chunks, expected_touched, op_offload, ubatches
-from .resources import cpu_prefill_gflops
+from .resources import cpu_prefill_gflops, host_dense_s
 
 # Sparse attention: each query attends at most this many earlier tokens (DeepSeek V3.2+/V4 DSA
 # top-k). ModelSpec has no field for it yet (reported to the lead); keyed by architecture here.
@@ -95,8 +95,9 @@ class PrefillRun:
 
     def _host_dense_s(self, pos: int, n: int) -> float:
         """Host-core seconds for one layer's dense path and attention of an n-token batch (no device)."""
-        m = self.m
-        return self._dense_flops(pos, n) / (m.c.cpu_prefill_gflops_per_core * 1e9 * m.threads)
+        md, m = self.model, self.m
+        return host_dense_s(md.prefill_dense_flops(n, self.outputs) / md.n_layers,
+                            attention_flops(md, pos, n) / md.n_layers, m.c, m.threads, self.plan.engine)
 
     def _dense_flops(self, pos: int, n: int) -> float:
         """FLOPs of one layer's share of an n-token batch's dense path (the head for its outputs) and attention."""

@@ -33,6 +33,10 @@ class Constants:
     # register tile), in tokens' worth of them: the executor's GEMM runs at m / (m + m0) of its peak at m tokens an
     # expert (calibrate: two batch sizes; 0: one rate at every m)
     cpu_prefill_fixed_tokens: float = 0.0
+    # the executor's dense products (attention projections, router, head) and its attention on the host cores in
+    # prefill, GFLOP/s per core (calibrate: a synthetic F16 attention block at 512 tokens); 0: the expert rate above
+    cpu_dense_gflops_per_core: float = 0.0
+    cpu_attention_gflops_per_core: float = 0.0
     cpu_job_ms: float = 0.0  # fixed cost of one CPU expert job (kernel launch, routing tables), ms
     # a decode layer whose dense path runs on the host cores, beyond its bytes and job costs: what
     # alternating attention and expert work costs (calibrate's layer loop), ms
@@ -115,6 +119,17 @@ def executor_prefill_gflops(c: Constants, tokens_per_expert: float) -> float:
         return c.cpu_prefill_gflops_per_core
     m, ref = max(tokens_per_expert, 1.0), c.cpu_prefill_ref_tokens
     return c.cpu_prefill_gflops_per_core * (m / (m + m0)) / (ref / (ref + m0))
+
+
+def host_dense_s(dense_flops: float, attention_flops: float, c: Constants, threads: int, engine: str) -> float:
+    """Seconds `threads` host cores take for a prefill batch's dense products and attention (FLOPs): for the
+    executor at its measured dense and attention rates where the profile has them; else, and for llama.cpp, at
+    the expert GEMM's rate (cpu_prefill_gflops_per_core)."""
+    base = c.cpu_prefill_gflops_per_core
+    own = engine != "llamacpp"
+    dense = c.cpu_dense_gflops_per_core if own and c.cpu_dense_gflops_per_core > 0 else base
+    attn = c.cpu_attention_gflops_per_core if own and c.cpu_attention_gflops_per_core > 0 else dense
+    return (dense_flops / dense + attention_flops / attn) / (1e9 * threads)
 
 
 def cpu_pair_s(model, c: Constants, threads: int) -> float:

@@ -17,7 +17,7 @@ import math
 from .engram import EngramText, gathers_inline, layer_gather_s, ram_room
 from .policies import auction_split, chunks, expected_touched, mtp_tokens, ubatches
 from .prefill import TOUCH_LOCALITY, attention_flops
-from .resources import GB, Constants, cpu_gbs, cpu_pair_s, cpu_prefill_gflops
+from .resources import GB, Constants, cpu_gbs, cpu_pair_s, cpu_prefill_gflops, host_dense_s
 from .routing import distinct_per_layer, inclusion, make_routing
 
 
@@ -250,13 +250,13 @@ def _prefill_compute_s(model, hw, plan, prompt_tokens: int, c: Constants) -> flo
         gflops = cpu_prefill_gflops(hw, plan, model.fmt_experts, n * k / max(touched, 1e-9), threads, c)
         return n * k * model.expert_flops * layers / (gflops * 1e9 * threads)
     if hw.gpu is None:  # no device: dense path, attention and experts all on the host cores
-        rate = c.cpu_prefill_gflops_per_core * 1e9 * threads
         total, pos = 0.0, 0
         for ch in chunks(prompt_tokens, plan.prefill.chunk_tokens):
             ubs = ubatches(ch, plan.prefill.ubatch_tokens)
             for i, n in enumerate(ubs):  # the head for the chunk's last token (prefill.py's `outputs`)
-                flops = model.prefill_dense_flops(n, int(i == len(ubs) - 1)) + attention_flops(model, pos, n)
-                total += flops / rate + experts_s(n, model.n_moe_layers) + model.n_moe_layers * c.cpu_job_ms * 1e-3
+                dense_s = host_dense_s(model.prefill_dense_flops(n, int(i == len(ubs) - 1)),
+                                       attention_flops(model, pos, n), c, threads, plan.engine)
+                total += dense_s + experts_s(n, model.n_moe_layers) + model.n_moe_layers * c.cpu_job_ms * 1e-3
                 pos += n
         return total
     flops_s = hw.gpu.fp16_tflops * 1e12 * c.gemm_efficiency

@@ -108,6 +108,19 @@ def test_prefill_timed_at_two_batch_sizes_gives_the_fixed_tokens(run):
     assert c["cpu_prefill_gflops_per_core"].source == "measured"
 
 
+def test_the_host_dense_path_is_timed_for_all_cpu_prefill(run):
+    """calibrate times an F16 attention block's products and its causal attention on a TINY.dense_prefill_tokens
+    prompt (bench_kernel.executor_dense_prefill_jobs) into cpu_dense_gflops_per_core and
+    cpu_attention_gflops_per_core, each measured, with a store row each."""
+    hw, _, st, _ = run
+    if not executor_kernel_available():
+        pytest.skip("no executor kernels")
+    for name, case in (("cpu_dense_gflops_per_core", "dense"), ("cpu_attention_gflops_per_core", "attention")):
+        f = hw.constants[name]
+        assert f.source == "measured" and f"{TINY.dense_prefill_tokens} tokens" in f.ref and f > 0
+        assert any(r["case"] == f"calibrate:cpu_prefill_{case}" for r in store.read_rows(st))
+
+
 def test_describe_calibrated_profile(run):
     from calibration.detect import describe
     hw, _, _, _ = run

@@ -112,3 +112,33 @@ def test_the_executors_plan_prefills_a_long_prompt_faster_with_fixed_tokens():
     def tok_s(h, n):
         return n / _ttft(model, h, plan, prompt=n)
     assert tok_s(fixed, 512) / tok_s(fixed, 64) > 1.05 * tok_s(hw, 512) / tok_s(hw, 64)
+
+
+def _with_constants(hw, **vals):
+    return hw.model_copy(update={"constants": {**hw.constants, **{k: Figure(v, "measured", "test") for k, v in vals.items()}}})
+
+
+def test_the_executors_dense_path_runs_at_its_measured_dense_and_attention_rates():
+    """All-CPU prefill's dense products and attention (simulator.resources.host_dense_s): the executor's plan at
+    cpu_dense_gflops_per_core / cpu_attention_gflops_per_core where the profile has them, so slower attention
+    lengthens a 2,048-token prompt's TTFT by more than a 64-token one's; a llama.cpp plan keeps the expert GEMM's
+    rate for them (ggml's own dense products are not timed), and the screen agrees with the events."""
+    model, hw, ll, ex = _cpu_only("Q8_0", {})
+    fast = _with_constants(hw, cpu_dense_gflops_per_core=10.0, cpu_attention_gflops_per_core=10.0)
+    slow = _with_constants(hw, cpu_dense_gflops_per_core=10.0, cpu_attention_gflops_per_core=1.0)
+    grow = [_ttft(model, slow, ex, prompt=n) / _ttft(model, fast, ex, prompt=n) for n in (64, 2048)]
+    assert 1.0 < grow[0] < grow[1]
+    assert _ttft(model, slow, ll) == pytest.approx(_ttft(model, hw, ll), rel=1e-12)
+    assert _ttft(model, fast, ex) == pytest.approx(_ttft(model, hw, ex), rel=1e-12)  # 10 = the expert rate
+    for h in (fast, slow):
+        assert screen(model, h, ex, prompt_tokens=256).ttft_s == pytest.approx(_ttft(model, h, ex), rel=0.05)
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.floats(1.0, 50.0), st.floats(1.0, 4.0), st.sampled_from(["cpu_dense_gflops_per_core",
+                                                                   "cpu_attention_gflops_per_core"]))
+def test_a_faster_host_dense_rate_never_lengthens_ttft(gflops, factor, name):
+    """More GFLOP/s for the host's dense products or its attention never lengthens an all-CPU executor plan's TTFT."""
+    model, hw, _, ex = _cpu_only("Q8_0", {})
+    a, b = _with_constants(hw, **{name: gflops}), _with_constants(hw, **{name: gflops * factor})
+    assert _ttft(model, b, ex, prompt=512) <= _ttft(model, a, ex, prompt=512) * (1 + 1e-9)
