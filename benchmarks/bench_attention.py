@@ -3,7 +3,7 @@
     python benchmarks/bench_attention.py [--root CHECKOUT] [--reps 400]
 
 Shapes: head dim 64; `tiny`'s heads (6 query / 2 KV) and `small`'s (8 / 4); one decode token at a 16,
-200, 1,000 and 4,000-token context, and a 64 and 512-token prompt. --root imports the executor of
+200, 1,000 and 4,000-token context, and a 64, 512 and 2,048-token prompt. --root imports the executor of
 another checkout (one from before executor/attention.py existed takes its kernel from
 dense_kernels.py), so two versions can be timed in alternating processes. Median of --reps calls.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-CASES = [(16, 1), (200, 1), (1000, 1), (4000, 1), (0, 64), (0, 512)]  # (cached tokens, new tokens)
+CASES = [(16, 1), (200, 1), (1000, 1), (4000, 1), (0, 64), (0, 512), (0, 2048)]  # (cached tokens, new tokens)
 
 
 def main() -> None:
@@ -42,7 +42,7 @@ def main() -> None:
             o = np.empty((n, nh * hd), np.float32)
             attn_cached(qkv, kc, vc, p0, n, nh, nkv, o)
             ts = []
-            for _ in range(a.reps if n < 512 else max(1, a.reps // 8)):
+            for _ in range(a.reps if n < 512 else max(1, a.reps // (8 if n == 512 else 40))):
                 t = time.perf_counter()
                 attn_cached(qkv, kc, vc, p0, n, nh, nkv, o)
                 ts.append(time.perf_counter() - t)

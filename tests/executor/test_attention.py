@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -73,9 +74,11 @@ def parallel_and_serial():
     par = np.empty((S * n, nh * hd), np.float32)
     A.attn_cached(qkv, kc, vc, p0, n, nh, nkv, par)
     ser = np.empty_like(par)
-    sc = np.empty(p0 + n, np.float32)
-    for it in range(S * n * nh):
-        A._attend(qkv, kc, vc, it, p0, n, nh, nkv, sc, ser)
+    assert A.by_blocks(n, hd)  # a prompt: QB queries an item
+    KT = A._keys_transposed(kc, p0 + n)
+    Qb, P, Ob = (np.empty((A.QB, c), np.float32) for c in (hd, KT.shape[3], hd))
+    for it in range(S * (n // A.QB) * nh):
+        A._attend_block(qkv, KT, vc, it, p0, n, nh, nkv, Qb, P, Ob, ser)
     return par, ser
 
 
@@ -83,6 +86,34 @@ def test_parallel_and_serial_items_same_bits():
     """Above SERIAL_MACS the work items run across threads; each item is computed the same way, so the
     result is bitwise the one of the serial loop (a 64-token prompt on a 300-token context)."""
     np.testing.assert_array_equal(*parallel_and_serial())
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(4, 23), p0=st.integers(0, 70), hd=st.sampled_from([32, 64, 128]), serial=st.booleans())
+def test_query_blocks_match_a_query_at_a_time(n, p0, hd, serial):
+    """A prompt's queries QB at a time through attention_tiles' register tiles (short last blocks, keys past a
+    KT_KEYS boundary, one thread or several) give _attend's outputs to float rounding (2e-6 of the largest): the
+    value sums add the keys in the same order, the scores sum the head dimensions in another."""
+    rng = np.random.default_rng(n * 1000 + p0)
+    nh, nkv, ctx = 4, 2, p0 + n
+    qkv = rng.standard_normal((n, nh + 2 * nkv, hd), dtype=np.float32)
+    kc = rng.standard_normal((1, nkv, ctx, hd), dtype=np.float32)
+    vc = rng.standard_normal((1, nkv, ctx, hd), dtype=np.float32)
+    mp = pytest.MonkeyPatch()
+    if serial:
+        mp.setattr(A, "SERIAL_MACS", 1 << 62)  # read at call time from Python only: the blocks' own loop below
+    got = np.empty((n, nh * hd), np.float32)
+    if serial:
+        A.attn_cached.py_func(qkv, kc, vc, p0, n, nh, nkv, got)
+    else:
+        A._append(qkv, kc, vc, p0, n, nh, nkv)
+        A._attend_all(qkv, kc, vc, p0, n, nh, nkv, got)
+    mp.undo()
+    one = np.empty_like(got)
+    sc = np.empty(p0 + n, np.float32)
+    for it in range(n * nh):
+        A._attend(qkv, kc, vc, it, p0, n, nh, nkv, sc, one)
+    assert np.abs(got - one).max() <= 2e-6 * np.abs(one).max()
 
 
 _IN_A_PROCESS = """
