@@ -37,82 +37,72 @@ def _vec(builder, p, off_floats):
     return builder.bitcast(builder.gep(builder.bitcast(p, F32.as_pointer()), [off_floats]), V(F32, 8).as_pointer())
 
 
-def _scores_ir(context, builder, sig, args):
-    """S[q, t0:t0 + 16] = sum over d of Q[q, d] KT[d, t0:t0 + 16], q < QB (Q [QB, hd], KT [hd, T], S [QB, T])."""
-    Q, KT, S = (cgutils.create_struct_proxy(sig.args[i])(context, builder, value=args[i]) for i in (0, 1, 3))
-    t0 = args[2]
-    i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
-    hd = cgutils.unpack_tuple(builder, Q.shape, 2)[1]
-    qs, ks, ss = (cgutils.unpack_tuple(builder, a.strides, 2)[0] for a in (Q, KT, S))
-    fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
-    zero = ir.Constant(V(F32, 8), [0.0] * 8)
-    acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(QB)]
-    qrows = [builder.bitcast(_row(builder, Q, i64(q), qs), F32.as_pointer()) for q in range(QB)]
-    with cgutils.for_range(builder, hd) as loop:
-        d = loop.index
-        krow = _row(builder, KT, d, ks)
-        kv = [builder.load(_vec(builder, krow, builder.add(t0, i64(8 * j))), align=4) for j in range(2)]
+def _tile_ir(nv: int, accumulate: bool):
+    """Codegen: Out[q, at:at + 8 nv] (+)= sum over k < K, in order, of A[q, k] B[k, at:at + 8 nv] for the QB rows q
+    (A [QB, >= K], B [>= K, ...], Out [QB, ...], float32 with unit inner strides): one broadcast of A[q, k] and nv
+    FMAs a row q, B's nv vectors loaded once for all QB; the QB x nv sums in registers."""
+    def gen(context, builder, sig, args):
+        A, B, Out = (cgutils.create_struct_proxy(sig.args[i])(context, builder, value=args[i]) for i in (0, 1, 4))
+        K, at = args[2], args[3]
+        i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+        a_s, b_s, o_s = (cgutils.unpack_tuple(builder, x.strides, 2)[0] for x in (A, B, Out))
+        fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
+        orows = [_row(builder, Out, i64(q), o_s) for q in range(QB)]
+        outv = [[_vec(builder, orows[q], builder.add(at, i64(8 * j))) for j in range(nv)] for q in range(QB)]
+        zero = ir.Constant(V(F32, 8), [0.0] * 8)
+        acc = [[cgutils.alloca_once_value(builder, builder.load(outv[q][j], align=4) if accumulate else zero)
+                for j in range(nv)] for q in range(QB)]
+        arows = [builder.bitcast(_row(builder, A, i64(q), a_s), F32.as_pointer()) for q in range(QB)]
+        with cgutils.for_range(builder, K) as loop:
+            k = loop.index
+            brow = _row(builder, B, k, b_s)
+            bv = [builder.load(_vec(builder, brow, builder.add(at, i64(8 * j))), align=4) for j in range(nv)]
+            for q in range(QB):
+                a = _splat(builder, builder.load(builder.gep(arows[q], [k])), 8)
+                for j in range(nv):
+                    builder.store(builder.call(fma, [a, bv[j], builder.load(acc[q][j])]), acc[q][j])
         for q in range(QB):
-            b = _splat(builder, builder.load(builder.gep(qrows[q], [d])), 8)
-            for j in range(2):
-                builder.store(builder.call(fma, [b, kv[j], builder.load(acc[q][j])]), acc[q][j])
-    for q in range(QB):
-        srow = _row(builder, S, i64(q), ss)
-        for j in range(2):
-            builder.store(builder.load(acc[q][j]), _vec(builder, srow, builder.add(t0, i64(8 * j))), align=4)
-    return context.get_dummy_value()
+            for j in range(nv):
+                builder.store(builder.load(acc[q][j]), outv[q][j], align=4)
+        return context.get_dummy_value()
+    return gen
 
 
-def _values_ir(context, builder, sig, args):
-    """O[q, d0:d0 + 32] += sum over t < tn of P[q, t] Vr[t, d0:d0 + 32], keys in order (P [QB, T], Vr [T, hd])."""
-    P, Vr, O = (cgutils.create_struct_proxy(sig.args[i])(context, builder, value=args[i]) for i in (0, 1, 4))
-    tn, d0 = args[2], args[3]
-    i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
-    ps, vs, os_ = (cgutils.unpack_tuple(builder, a.strides, 2)[0] for a in (P, Vr, O))
-    fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
-    orows = [_row(builder, O, i64(q), os_) for q in range(QB)]
-    acc = [[cgutils.alloca_once_value(builder, builder.load(_vec(builder, orows[q], builder.add(d0, i64(8 * j))),
-                                                              align=4)) for j in range(4)] for q in range(QB)]
-    prows = [builder.bitcast(_row(builder, P, i64(q), ps), F32.as_pointer()) for q in range(QB)]
-    with cgutils.for_range(builder, tn) as loop:
-        t = loop.index
-        vrow = _row(builder, Vr, t, vs)
-        vv = [builder.load(_vec(builder, vrow, builder.add(d0, i64(8 * j))), align=4) for j in range(4)]
-        for q in range(QB):
-            b = _splat(builder, builder.load(builder.gep(prows[q], [t])), 8)
-            for j in range(4):
-                builder.store(builder.call(fma, [b, vv[j], builder.load(acc[q][j])]), acc[q][j])
+@njit(fastmath=True)
+def scores_plain(Q, KT, t0, S):
+    """scores_tile as plain loops (CPUs without AVX2; the reference the tile is tested against)."""
     for q in range(QB):
-        for j in range(4):
-            builder.store(builder.load(acc[q][j]), _vec(builder, orows[q], builder.add(d0, i64(8 * j))), align=4)
-    return context.get_dummy_value()
+        for i in range(KT_KEYS):
+            a = np.float32(0.0)
+            for d in range(Q.shape[1]):
+                a = np.float32(a + Q[q, d] * KT[d, t0 + i])
+            S[q, t0 + i] = a
+
+
+@njit(fastmath=True)
+def values_plain(P, Vr, tn, d0, O):
+    """values_tile as plain loops."""
+    for q in range(QB):
+        for i in range(PV_DIMS):
+            a = O[q, d0 + i]
+            for t in range(tn):
+                a = np.float32(a + P[q, t] * Vr[t, d0 + i])
+            O[q, d0 + i] = a
 
 
 if HAVE_AVX2:
     @intrinsic
-    def scores_tile(typingctx, Q, KT, t0, S):
+    def _scores(typingctx, Q, KT, hd, t0, S):
+        return types.none(Q, KT, hd, t0, S), _tile_ir(KT_KEYS // 8, False)
+
+    @njit(inline="always")
+    def scores_tile(Q, KT, t0, S):
         """S[q, t0:t0 + 16] = Q[q] . KT[:, t0 + i] for the QB queries (Q [QB, hd], KT [hd, T] keys transposed)."""
-        return types.none(Q, KT, t0, S), _scores_ir
+        _scores(Q, KT, np.int64(Q.shape[1]), t0, S)
 
     @intrinsic
     def values_tile(typingctx, P, Vr, tn, d0, O):
         """O[q, d0:d0 + 32] += sum over keys t < tn, in order, of P[q, t] Vr[t, d0:d0 + 32]."""
-        return types.none(P, Vr, tn, d0, O), _values_ir
+        return types.none(P, Vr, tn, d0, O), _tile_ir(PV_DIMS // 8, True)
 else:
-    @njit(fastmath=True, inline="always")
-    def scores_tile(Q, KT, t0, S):
-        for q in range(QB):
-            for i in range(KT_KEYS):
-                a = np.float32(0.0)
-                for d in range(Q.shape[1]):
-                    a = np.float32(a + Q[q, d] * KT[d, t0 + i])
-                S[q, t0 + i] = a
-
-    @njit(fastmath=True, inline="always")
-    def values_tile(P, Vr, tn, d0, O):
-        for q in range(QB):
-            for i in range(PV_DIMS):
-                a = O[q, d0 + i]
-                for t in range(tn):
-                    a = np.float32(a + P[q, t] * Vr[t, d0 + i])
-                O[q, d0 + i] = a
+    scores_tile, values_tile = scores_plain, values_plain

@@ -135,3 +135,32 @@ def test_parallel_items_keep_their_bits_when_loaded_from_numbas_cache(tmp_path):
                              cwd=root, timeout=600)
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.strip().splitlines()[-1] == "SAME"
+
+
+@settings(max_examples=15, deadline=None)
+@given(hd=st.sampled_from([32, 64, 128]), T=st.integers(1, 40), seed=st.integers(0, 2**31))
+def test_register_tiles_match_their_plain_loops(hd, T, seed):
+    """attention_tiles' scores tile (QB queries x KT_KEYS keys) and value tile (QB x PV_DIMS dims, added to what
+    the output holds, keys in order) against the plain loops CPUs without AVX2 run: within float rounding."""
+    from numba import njit
+
+    from executor import attention_tiles as AT
+    scores_tile = njit(lambda Q, KT, t0, S: AT.scores_tile(Q, KT, t0, S))  # the tiles run in numba code only
+    values_tile = njit(lambda P, Vr, tn, d0, O: AT.values_tile(P, Vr, tn, d0, O))
+    rng = np.random.default_rng(seed)
+    Tp = (T + AT.KT_KEYS - 1) // AT.KT_KEYS * AT.KT_KEYS
+    Q = rng.standard_normal((AT.QB, hd), dtype=np.float32)
+    KT = rng.standard_normal((hd, Tp), dtype=np.float32)
+    S1, S2 = np.zeros((AT.QB, Tp), np.float32), np.zeros((AT.QB, Tp), np.float32)
+    for t0 in range(0, Tp, AT.KT_KEYS):
+        scores_tile(Q, KT, np.int64(t0), S1)
+        AT.scores_plain(Q, KT, np.int64(t0), S2)
+    np.testing.assert_allclose(S1, S2, rtol=1e-5, atol=1e-5 * np.abs(S2).max())
+    P = rng.random((AT.QB, Tp), dtype=np.float32)
+    Vr = rng.standard_normal((T, hd), dtype=np.float32)
+    O1 = rng.standard_normal((AT.QB, hd), dtype=np.float32)
+    O2 = O1.copy()
+    for d0 in range(0, hd, AT.PV_DIMS):
+        values_tile(P, Vr, np.int64(T), np.int64(d0), O1)
+        AT.values_plain(P, Vr, np.int64(T), np.int64(d0), O2)
+    np.testing.assert_allclose(O1, O2, rtol=1e-5, atol=1e-5 * np.abs(O2).max())
