@@ -25,7 +25,7 @@ def noise_of(r: Results) -> list[tuple[str, Noise]]:
             for k, f in fits.items()]
     out += [(f"repacked rows {k}{t}", f.noise) for t, fits in (("", r.repacked), (" 1 thread", r.repacked_1t))
             for k, f in fits.items()]
-    out += [(name, res.noise) for name, res in (("prefill", r.prefill), ("prefill 512", r.prefill_long),
+    out += [(name, res.noise) for name, res in (("prefill", r.prefill), ("prefill long", r.prefill_long),
                                                 ("prefill dense", r.dense_prefill),
                                                 ("prefill attention", r.attention_prefill)) if res]
     out += [(f"ggml prefill {k}", f.noise) for k, f in r.ggml_prefill.items()]
