@@ -315,24 +315,33 @@ def prefill_fixed_tokens(m1: float, gflops1: float, m2: float, gflops2: float) -
     return min(1000.0, m1 * m2 * (q - 1.0) / (m2 - q * m1))
 
 
-def executor_prefill_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, n_experts: int = 32,
-                         top_k: int = 8, tokens: int = 64, seed: int = 0):
-    """(run, flops): one prefill batch of `tokens` tokens, each routed to `top_k` distinct experts of
-    `n_experts` synthetic `fmt` experts, through executor.cpu_experts.moe_cpu."""
+def executor_prefill_jobs(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, n_experts: int = 32,
+                          top_k: int = 8, sizes: tuple[int, ...] = (64,), seed: int = 0) -> list:
+    """[(run, flops)]: a prefill batch of each of `sizes` tokens, each token routed to `top_k` distinct experts of
+    the same `n_experts` synthetic `fmt` experts, through executor.cpu_experts.moe_cpu."""
     from executor import cpu_experts
     rng = np.random.default_rng(seed)
     gate = _synth_tensor(fmt, n_experts, ffn, hidden, rng)
     up = _synth_tensor(fmt, n_experts, ffn, hidden, rng)
     down = _synth_tensor(fmt, n_experts, hidden, ffn, rng)
-    x = rng.standard_normal((tokens, hidden)).astype(np.float32)
-    ids = np.argsort(rng.random((tokens, n_experts)), axis=1)[:, :top_k]
-    route = cpu_experts.csr(ids, np.full((tokens, top_k), 1.0 / top_k, np.float32))
-    out = np.zeros((tokens, hidden), np.float32)
 
-    def run():
-        out[:] = 0.0
-        cpu_experts.moe_cpu(gate, up, down, x, *route, out=out)
-    return run, 6.0 * hidden * ffn * tokens * top_k
+    def job(tokens: int):
+        x = rng.standard_normal((tokens, hidden)).astype(np.float32)
+        ids = np.argsort(rng.random((tokens, n_experts)), axis=1)[:, :top_k]
+        route = cpu_experts.csr(ids, np.full((tokens, top_k), 1.0 / top_k, np.float32))
+        out = np.zeros((tokens, hidden), np.float32)
+
+        def run():
+            out[:] = 0.0
+            cpu_experts.moe_cpu(gate, up, down, x, *route, out=out)
+        return run, 6.0 * hidden * ffn * tokens * top_k
+    return [job(t) for t in sizes]
+
+
+def executor_prefill_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, n_experts: int = 32,
+                         top_k: int = 8, tokens: int = 64, seed: int = 0):
+    """(run, flops): executor_prefill_jobs for one batch of `tokens` tokens."""
+    return executor_prefill_jobs(fmt, hidden, ffn, n_experts, top_k, (tokens,), seed)[0]
 
 
 def executor_dense_prefill_jobs(hidden: int = 2048, head_dim: int = 64, n_experts: int = 32, tokens: int = 512,

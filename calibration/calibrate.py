@@ -54,8 +54,7 @@ from .bench_disk import DiskResult, bench_disk
 from .bench_handover import HandoverResult, bench_handover
 from .bench_kernel import (KernelBench, KernelFit, LayerLoop, LayerLoopBench, PrefillResult,
                            bench_prefill, executor_dense_prefill_jobs, executor_expert_job, executor_kernel_available,
-                           executor_prefill_job,
-                           kernel_version, toy_expert_job)
+                           executor_prefill_jobs, kernel_version, toy_expert_job)
 from .bench_memory import MemBandwidth, MemoryBench, default_thread_counts
 from .profile import DEFAULT_FORMAT, build_profile, noise_of, store_rows  # noqa: F401  (noise_of: re-exported)
 
@@ -345,8 +344,10 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                 t0 = time.perf_counter()
                 fmt = DEFAULT_FORMAT if DEFAULT_FORMAT in formats else formats[0]
                 tick = pg.stage(f"CPU prefill batch {fmt}", s.prefill_repeats)
-                run, flops = executor_prefill_job(fmt, s.kernel_hidden, s.kernel_ffn, s.prefill_experts,
-                                                  s.prefill_top_k, s.prefill_tokens)
+                long = s.prefill_long_tokens > s.prefill_tokens  # and the same experts at pp512's size: m0
+                jobs = executor_prefill_jobs(fmt, s.kernel_hidden, s.kernel_ffn, s.prefill_experts, s.prefill_top_k,
+                                             (s.prefill_tokens, s.prefill_long_tokens) if long else (s.prefill_tokens,))
+                run, flops = jobs[0]
                 r.prefill = bench_prefill(run, flops, s.prefill_repeats,
                                           label=f"executor.cpu_experts.moe_cpu@{kernel_version()} {fmt} SwiGLU "
                                                 f"{s.kernel_hidden}x{s.kernel_ffn}",
@@ -354,15 +355,15 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                                           top_k=s.prefill_top_k, threads=numba.get_num_threads(), tick=tick,
                                           budget_s=bud.take("prefill", s.prefill_budget_s))
                 del run
-                if s.prefill_long_tokens > s.prefill_tokens:
+                if long:
                     tick = pg.stage(f"CPU prefill batch {fmt}, {s.prefill_long_tokens} tokens", s.prefill_repeats)
-                    run, flops = executor_prefill_job(fmt, s.kernel_hidden, s.kernel_ffn, s.prefill_experts,
-                                                      s.prefill_top_k, s.prefill_long_tokens)
+                    run, flops = jobs[1]
                     r.prefill_long = bench_prefill(run, flops, s.prefill_repeats, label=r.prefill.label,
                                                    tokens=s.prefill_long_tokens, experts=s.prefill_experts,
                                                    top_k=s.prefill_top_k, threads=numba.get_num_threads(), tick=tick,
                                                    budget_s=bud.take("prefill", s.prefill_budget_s))
                     del run
+                del jobs
                 if s.dense_prefill_tokens:
                     parts = executor_dense_prefill_jobs(s.kernel_hidden, tokens=s.dense_prefill_tokens,
                                                         n_experts=s.prefill_experts)
