@@ -44,17 +44,26 @@ _ROWS = 32  # rows per parallel work item (16 -> 32: ~5% on Q4_0 expert GB/s, fe
 
 
 @njit(fastmath=True, cache=True)
+def quant_empty(T, C):
+    """Uninitialised int16 activations of T rows of C values in _quant_rows's layout -> (x16 [T, C], dx)."""
+    return np.empty((T, C), np.int16), np.empty((T, (2 + SPLIT_FLOATS * HAVE_VNNI512) * (C // 32)), np.float32)
+
+
+@njit(fastmath=True, inline="always")
+def quant_row(x, x16, dx):
+    """One row of _quant_rows: x [C] into x16 [C] / dx (simd.quant16, then vnni.split8 with AVX-512 VNNI)."""
+    quant16(x, x16, dx)
+    if HAVE_VNNI512:
+        split8(x16, dx, x.shape[0] // 32)
+
+
+@njit(fastmath=True, cache=True)
 def _quant_rows(x):
     """int16 activations of x [T, C]: (x16 [T, C], dx [T, 2 C/32], with AVX-512 VNNI [T, (2 + 32) C/32]: the
     split bytes of the VNNI Q4_0 rows behind the scales and sums) (layouts: simd.quant16, vnni.split8)."""
-    T, C = x.shape
-    nb = C // 32
-    x16 = np.empty((T, C), np.int16)
-    dx = np.empty((T, (2 + SPLIT_FLOATS * HAVE_VNNI512) * nb), np.float32)
-    for t in range(T):
-        quant16(x[t], x16[t], dx[t])
-        if HAVE_VNNI512:
-            split8(x16[t], dx[t], nb)
+    x16, dx = quant_empty(x.shape[0], x.shape[1])
+    for t in range(x.shape[0]):
+        quant_row(x[t], x16[t], dx[t])
     return x16, dx
 
 
