@@ -105,6 +105,12 @@ def _keys_transposed(kc, T):
     return KT
 
 
+@njit(cache=True)
+def _block_scratch(hd, KT):
+    """One lane's scratch for _attend_block: (Qb [QB, hd], P [QB, KT's keys], Ob [QB, hd])."""
+    return np.empty((QB, hd), np.float32), np.empty((QB, KT.shape[3]), np.float32), np.empty((QB, hd), np.float32)
+
+
 @njit(fastmath=True, error_model="numpy", cache=True)
 def _attend_block(qkv, KT, vc, it, p0, n, nh, nkv, Qb, P, Ob, out):
     """Work item it = (s, b, h) of S * ceil(n / QB) * nh: new tokens QB b .. QB b + QB - 1 of stream s through query
@@ -162,9 +168,7 @@ def _attend_all(qkv, kc, vc, p0, n, nh, nkv, out):
         m = (qkv.shape[0] // n) * ((n + QB - 1) // QB) * nh
         lanes = min(LANES, m)
         for c in prange(lanes):
-            Qb = np.empty((QB, hd), np.float32)
-            P = np.empty((QB, KT.shape[3]), np.float32)
-            Ob = np.empty((QB, hd), np.float32)
+            Qb, P, Ob = _block_scratch(hd, KT)
             for it in range(c, m, lanes):
                 _attend_block(qkv, KT, vc, it, p0, n, nh, nkv, Qb, P, Ob, out)
         return
@@ -188,7 +192,7 @@ def attn_cached(qkv, kc, vc, p0, n, nh, nkv, out):
     hd = qkv.shape[2]
     if macs < SERIAL_MACS and by_blocks(n, hd):
         KT = _keys_transposed(kc, p0 + n)
-        Qb, P, Ob = np.empty((QB, hd), np.float32), np.empty((QB, KT.shape[3]), np.float32), np.empty((QB, hd), np.float32)
+        Qb, P, Ob = _block_scratch(hd, KT)
         for it in range(S * ((n + QB - 1) // QB) * nh):
             _attend_block(qkv, KT, vc, it, p0, n, nh, nkv, Qb, P, Ob, out)
     elif macs < SERIAL_MACS:
