@@ -7,8 +7,10 @@ dequantize_row_q4_K / _q5_K / _q6_K / _q3_K / _q2_K; Q5_K is Q4_K with a fifth b
 nibbles); tokens in pairs as simd._rows. Also whole super-blocks to float32 (deq_q*_k_row), for dequantise-then-GEMM
 (gemm.py).
 One core, in cache, one token (`benchmarks/bench_token_pairs.py --presets small-q4k --parts gate down`):
-Q4_K 20-21 G weights/s, Q6_K 14, against simd.py's Q4_0 at 24-25; the same products in float
-(LLVM-vectorised loops) ran at 6.6 and 4.2. Without AVX2: plain numba loops of the same signatures.
+Q4_K 20-21 G weights/s, Q6_K 14, against simd.py's Q4_0 at 24-25 (session 12, Zen 3); the same products in float
+(LLVM-vectorised loops) ran at 6.6 and 4.2. Session 33 (Zen 4, `python benchmarks/bench_q8_rows.py --fmt F --l2`):
+Q4_K 34.8, Q6_K 23.9, each super-block's sub-block sums reduced across lanes before one float step (simd.lane_sums,
+run_sums). Without AVX2: plain numba loops of the same signatures.
 """
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from .simd import (F32, HAVE_AVX2, I8, I16, I32, I64, V, _fadd, _fmul, _fn, _fsub, _pmadd, _qsig, _splat, h2f,
-                   hsum8, prefetch_lines, token_rows, x_halves)
+from .simd import (F32, HAVE_AVX2, I8, I16, I32, I64, V, _fmul, _fn, _fsub, _pmadd, _qsig, _splat, h2f,
+                   hsum8, lane_sums, prefetch_lines, run_sums, token_rows, x_halves)
 
 _U = np.uint64
 
@@ -139,17 +141,31 @@ def _super_block(builder, wd, woff, rbk, pfo, sb, bs: int, prefetch: bool = True
 
 
 def _q4_k_scales_ir(builder, p):
-    """Codegen: the eight 6-bit scales and mins of the Q4_K super-block at p as two <8 x i32> (ggml's
-    get_scale_min_k4 on eight lanes: sub-blocks 0-3 from bytes 0-3 / 4-7 of the 12, sub-blocks 4-7 from the
-    nibbles of bytes 8-11 and the top two bits of bytes 0-3 / 4-7), by byte shuffles and lane shifts."""
-    b16 = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(I64, 4)]), V(I8, 16).as_pointer()), align=1)
-    pick = lambda idx: builder.zext(builder.shuffle_vector(b16, b16, ir.Constant(V(I32, 8), idx)), V(I32, 8))  # noqa: E731
-    c32 = lambda lo, hi: ir.Constant(V(I32, 8), [lo] * 4 + [hi] * 4)  # noqa: E731
-    top = lambda v: builder.and_(builder.lshr(v, c32(2, 2)), c32(0, 0x30))  # noqa: E731
-    sc = builder.or_(builder.and_(pick([0, 1, 2, 3, 8, 9, 10, 11]), c32(63, 15)), top(pick([0, 1, 2, 3] * 2)))
-    mn = builder.or_(builder.and_(builder.lshr(pick([4, 5, 6, 7, 8, 9, 10, 11]), c32(0, 4)), c32(63, 15)),
-                     top(pick([4, 5, 6, 7] * 2)))
-    return sc, mn
+    """Codegen: the eight 6-bit scales and mins of the Q4_K super-block at p as two <8 x i32>, unpacked in general
+    registers as ggml's AVX2 dot product does (its utmp and kmask1-3: sub-blocks 0-3 from bytes 0-3 / 4-7 of the 12,
+    4-7 from the nibbles of bytes 8-11 and the top two bits of bytes 0-3 / 4-7), then one byte widening each. Done
+    with byte shuffles and lane shifts in vectors instead (session 14), it took ~30% of the row loop's time: the
+    vector pipes are what the products need, the integer ones idle (one core, in L2, with _rows_q4_k_ir's lane
+    sums: 30.3 -> 33.1 G weights/s)."""
+    i32 = lambda v: ir.Constant(I32, v)  # noqa: E731
+    u = [builder.load(builder.bitcast(builder.gep(p, [ir.Constant(I64, 4 + 4 * i)]), I32.as_pointer()), align=1)
+         for i in range(3)]
+    k1, k2, k3 = i32(0x3F3F3F3F), i32(0x0F0F0F0F), i32(0x03030303)
+    top = lambda v: builder.shl(builder.and_(builder.lshr(v, i32(6)), k3), i32(4))  # noqa: E731
+
+    def widened(lo, hi):  # eight bytes (lo's four, then hi's) -> <8 x i32>, through one 64-bit move
+        q = builder.or_(builder.zext(lo, I64), builder.shl(builder.zext(hi, I64), ir.Constant(I64, 32)))
+        v = builder.bitcast(builder.insert_element(ir.Constant(V(I64, 2), [0, 0]), q, i32(0)), V(I8, 16))
+        return builder.zext(builder.shuffle_vector(v, v, ir.Constant(V(I32, 8), list(range(8)))), V(I32, 8))
+    return (widened(builder.and_(u[0], k1), builder.or_(builder.and_(u[2], k2), top(u[0]))),
+            widened(builder.and_(u[1], k1), builder.or_(builder.and_(builder.lshr(u[2], i32(4)), k2), top(u[1]))))
+
+
+def _h16x8(builder, p):
+    """Codegen: the fp16 at byte pointer p as <8 x f32> (vpbroadcastw from memory, vcvtph2ps: two vector ops where
+    a lone lane's insert, convert and broadcast took three)."""
+    h = builder.load(builder.bitcast(p, I16.as_pointer()), align=1)
+    return builder.fpext(builder.bitcast(_splat(builder, h, 8), V(ir.HalfType(), 8)), V(F32, 8))
 
 
 def _rows_q4_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q5: bool = False):
@@ -159,27 +175,28 @@ def _rows_q4_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q5: bool = False)
 
     A Q4_K sub-block is one 32-block of x. Byte chunk j (32 bytes) holds sub-blocks 2j (low nibbles) and 2j + 1
     (high): as 16 words w = q[2i] | q[2i+1] << 8, sub-block 2j's even / odd values are w & 15 and (w >> 8) & 15,
-    2j + 1's (w >> 4) & 15 and w >> 12, each against x's even / odd half (vpmaddwd: no widening). A sub-block's
-    int32 sums are scaled by d sc dx (float, one fma), its mins subtracted as dmin m dx sum(x16); both for the
-    eight sub-blocks of a super-block at once, in vectors (the 6-bit fields unpacked by byte shuffles and lane
-    shifts: 14.4 -> 21.1 G weights/s, one core, against scalar code per sub-block). With MT tokens a row's
-    weights and scales are decoded once for all of them; each token's products and adds are those of MT = 1.
+    2j + 1's (w >> 4) & 15 and w >> 12, each against x's even / odd half (vpmaddwd: no widening), eight int32 lanes
+    a sub-block. The eight sub-blocks' vectors are summed across their lanes at once (simd.lane_sums: lane c the
+    sum of sub-block c, exact), then one convert and one fma a super-block with d sc dx (each lane its sub-block's);
+    the mins, dmin m dx sum(x16), into a second accumulator. Until session 33 each sub-block's eight lanes were
+    converted and scaled by a broadcast of its own d sc dx (an fma each, the broadcasts by shuffles): one core, in
+    L2, 30.5 against 34.8 G weights/s now (2 rows x 4 tokens 43.0 -> 48.8 G token-weights/s), with the scales
+    unpacked in general registers (_q4_k_scales_ir; the sums times the scales in int32, vpmulld, ran 33.7-34.4). With MT tokens a row's weights and scales are decoded
+    once for all of them; each token's products and adds are those of MT = 1.
     q5: Q5_K rows (176-byte super-blocks: qh's 32 bytes at 16, the nibbles at 48): qh as 16 words v, loaded
     once a super-block, gives sub-block c's fifth bits at 16 (0x10) by one shift and one and per half
-    (even values: bit c of the low byte, odd ones: bit 8 + c), or-ed into the nibbles: q in 0..31."""
+    (even values: bit c of the low byte, odd ones: bit 8 + c), or-ed into the nibbles: q in 0..31 (25.4 -> 28.8
+    G weights/s, the same core)."""
     bs, q0 = (176, 48) if q5 else (144, 16)
 
     def gen(context, builder, sig, args):
         woff, nb, roff = args[1], args[6], args[8]
         i64, wd, xds, dds, rds, rbk, pfo, nsb = _prologue(context, builder, sig, args, NR, MT)
-        i32 = lambda v: ir.Constant(I32, v)  # noqa: E731
         zero = ir.Constant(V(F32, 8), [0.0] * 8)
         accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(MT)] for _ in range(NR)]
         corr = [[cgutils.alloca_once_value(builder, zero) for _ in range(MT)] for _ in range(NR)]
-        slots = [[cgutils.alloca_once(builder, V(F32, 8)) for _ in range(MT)] for _ in range(NR)]  # d sc dx
         fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
         c16 = lambda v: ir.Constant(V(I16, 16), [v] * 16)  # noqa: E731
-        half = ir.HalfType()
         with cgutils.for_range(builder, nsb) as loop:
             sb = loop.index
             ps = _super_block(builder, wd, woff, rbk, pfo, sb, bs, prefetch)
@@ -191,29 +208,23 @@ def _rows_q4_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q5: bool = False)
                 s8 = builder.load(builder.bitcast(builder.gep(dd, [builder.add(nb, blk0)]), V(F32, 8).as_pointer()), align=4)
                 dxv.append(v)
                 s8v.append(_fmul(builder, _fmul(builder, s8, ir.Constant(V(F32, 8), [0.125] * 8)), v))
-            for k, p in enumerate(ps):  # each row's eight d sc dx to its slots; dmin m dx sum(x16) to its corr
-                ld16 = lambda off: builder.fpext(builder.load(builder.bitcast(builder.gep(p, [i64(off)]),  # noqa: E731
-                                                                              half.as_pointer()), align=1), F32)
+            # [t][c]: x halves (even, odd) of sub-block c
+            xs = [[x_halves(builder, xd, builder.add(blk0, i64(c))) for c in range(8)] for xd in xds]
+            for k, p in enumerate(ps):
                 sc, mn = _q4_k_scales_ir(builder, p)
-                dsc = _fmul(builder, _splat(builder, ld16(0), 8), builder.sitofp(sc, V(F32, 8)))
-                dmn = _fmul(builder, _splat(builder, ld16(2), 8), builder.sitofp(mn, V(F32, 8)))
-                for t in range(MT):
-                    builder.store(_fmul(builder, dsc, dxv[t]), slots[k][t])
-                    builder.store(_fadd(builder, builder.load(corr[k][t]), _fmul(builder, dmn, s8v[t])), corr[k][t])
-            qh = [builder.load(builder.bitcast(builder.gep(p, [i64(16)]), V(I16, 16).as_pointer()), align=1)
-                  for p in ps] if q5 else None
-            for j in range(4):
-                # [t][h]: x block of sub-block 2j + h, even / odd halves
-                xs = [[x_halves(builder, xd, builder.add(blk0, i64(2 * j + h))) for h in range(2)] for xd in xds]
-                for k, p in enumerate(ps):
+                d8 = _h16x8(builder, p)
+                dmn = _fmul(builder, _h16x8(builder, builder.gep(p, [i64(2)])), builder.sitofp(mn, V(F32, 8)))
+                qh = builder.load(builder.bitcast(builder.gep(p, [i64(16)]), V(I16, 16).as_pointer()), align=1) \
+                    if q5 else None
+                sums = [[None] * 8 for _ in range(MT)]  # [t][c]: <8 x i32>
+                for j in range(4):
                     q = builder.load(builder.bitcast(builder.gep(p, [i64(q0 + 32 * j)]), V(I16, 16).as_pointer()), align=1)
                     if q5:  # sub-block c = 2j + h: its nibbles of both bytes of a word (& 0x0F0F), its fifth bits
                         # (bit c of both bytes of qh's word) moved to bit 4 of each byte by one shift, or-ed in;
                         # then the low byte (even values) and the high one (odd): 7 ops a half where or-ing each
                         # half's bits into Q4_K's values took 9 (one core, in L2: 1.2x)
                         def five(c, nib):
-                            v = qh[k]
-                            hb = builder.shl(v, c16(4 - c)) if c < 4 else builder.lshr(v, c16(c - 4)) if c > 4 else v
+                            hb = builder.shl(qh, c16(4 - c)) if c < 4 else builder.lshr(qh, c16(c - 4)) if c > 4 else qh
                             x = builder.or_(builder.and_(nib, c16(0x0F0F)), builder.and_(hb, c16(0x1010)))
                             return builder.and_(x, c16(0xFF)), builder.lshr(x, c16(8))
                         halves = (five(2 * j, q), five(2 * j + 1, builder.lshr(q, c16(4))))
@@ -222,12 +233,13 @@ def _rows_q4_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q5: bool = False)
                                   (builder.and_(builder.lshr(q, c16(4)), c16(15)), builder.lshr(q, c16(12))))
                     for h, (we, wo) in enumerate(halves):
                         for t in range(MT):
-                            xe, xo = xs[t][h]
-                            m = builder.add(_pmadd(builder, we, xe), _pmadd(builder, wo, xo))  # [8] int32
-                            fs = builder.bitcast(slots[k][t], F32.as_pointer())
-                            fc = _splat(builder, builder.load(builder.gep(fs, [i32(2 * j + h)]), align=4), 8)
-                            builder.store(builder.call(fma, [builder.sitofp(m, V(F32, 8)), fc,
-                                                             builder.load(accs[k][t])]), accs[k][t])
+                            xe, xo = xs[t][2 * j + h]
+                            sums[t][2 * j + h] = builder.add(_pmadd(builder, we, xe), _pmadd(builder, wo, xo))
+                dsc = _fmul(builder, d8, builder.sitofp(sc, V(F32, 8)))
+                for t in range(MT):
+                    s = builder.sitofp(lane_sums(builder, sums[t]), V(F32, 8))
+                    builder.store(builder.call(fma, [s, _fmul(builder, dsc, dxv[t]), builder.load(accs[k][t])]), accs[k][t])
+                    builder.store(builder.call(fma, [dmn, s8v[t], builder.load(corr[k][t])]), corr[k][t])
         for t in range(MT):
             for k in range(NR):
                 v = _fsub(builder, hsum8(builder, builder.load(accs[k][t])), hsum8(builder, builder.load(corr[k][t])))
@@ -257,8 +269,13 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
     k0 of X16 / DX, as _rows_q4_k_ir. The 32 values of block (h, i) of a super-block (one 32-block of x) take the
     nibbles of ql bytes 64h + 32(i % 2) + l (the high ones for i >= 2) and bit pair i of qh bytes 32h + l: with
     words of two bytes, even values from the low bytes, odd from the high, each (nibble | pair << 4) - 32 in
-    int16. A block's eight int32 lanes are its two 16-value runs (lanes 0-3, 4-7): one fma with
-    [f0 x 4, f1 x 4], f = d sc dx of each run, the sixteen runs' f computed per super-block in two vectors.
+    int16. A block's eight int32 lanes are its two 16-value runs (lanes 0-3, 4-7); four blocks' vectors are summed
+    across lanes at once (simd.run_sums: runs 0 2 4 6 1 3 5 7 of the four, in eight lanes, exact), then one convert
+    and one fma with d sc dx (each lane its run's), twice a super-block. Until session 33 each block took a convert
+    and an fma with [f0 x 4, f1 x 4], f = d sc dx of its runs, broadcast by shuffles. One core, in L2, 2 rows a
+    pass: Q6_K 23.7 -> 23.9 G weights/s, Q3_K 22.7 -> 23.2, Q2_K 21.6 -> 23.0 (one row 17.0 -> 19.3); 2 rows x 4
+    tokens 38.2 -> 47.2, 37.7 -> 43.8, 27.1 -> 28.9 G token-weights/s (the sums times the scales in int32 instead,
+    vpmulld: Q2_K 19.8).
     q3: Q3_K rows (110 bytes: hmask 32, qs 64, 12 bytes of packed scales, d), in the same runs and slots: block
     (n, j) takes bit pair j of qs bytes 32 + 32n + l and bit 4n + j of hmask byte l, both bytes of a word at once
     (the pairs at bits 0-1 and 8-9, the hmask bits moved to 2 and 10), then each byte minus 4.
@@ -271,10 +288,8 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
     def gen(context, builder, sig, args):
         woff, roff = args[1], args[8]
         i64, wd, xds, dds, rds, rbk, pfo, nsb = _prologue(context, builder, sig, args, NR, MT)
-        i32 = lambda v: ir.Constant(I32, v)  # noqa: E731
         accs = [[cgutils.alloca_once_value(builder, ir.Constant(V(F32, 8), [0.0] * 8)) for _ in range(MT)]
                 for _ in range(NR)]
-        slots = [[cgutils.alloca_once(builder, V(F32, 16)) for _ in range(MT)] for _ in range(NR)]  # d sc dx per run
         fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
         c16 = lambda v: ir.Constant(V(I16, 16), [v] * 16)  # noqa: E731
         vec16 = V(I16, 16).as_pointer()
@@ -282,20 +297,19 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
             corr = [[cgutils.alloca_once_value(builder, ir.Constant(V(F32, 8), [0.0] * 8)) for _ in range(MT)]
                     for _ in range(NR)]
             phadd = lambda a, b: builder.call(_fn(builder, "llvm.x86.avx2.phadd.d", V(I32, 8), [V(I32, 8)] * 2), [a, b])  # noqa: E731
-            odd_even = ir.Constant(V(I32, 8), [0, 2, 4, 6, 1, 3, 5, 7])  # runs in the order the run sums come
-
-        def run_pair(fp, r):  # [f_r x 4, f_r+1 x 4] from a row's 16 per-run floats at fp
-            f0, f1 = (_splat(builder, builder.load(builder.gep(fp, [i32(r + u)]), align=4), 8) for u in range(2))
-            return builder.shuffle_vector(f0, f1, ir.Constant(V(I32, 8), [0, 1, 2, 3, 12, 13, 14, 15]))
+        odd_even = [0, 2, 4, 6, 1, 3, 5, 7]  # the runs (of eight) in the order run_sums gives their sums
         with cgutils.for_range(builder, nsb) as loop:
             sb = loop.index
             ps = _super_block(builder, wd, woff, rbk, pfo, sb, bs, prefetch)
             # per token, dx of each run (its 32-block's: two runs a block), as two vectors
             blk0 = builder.mul(sb, i64(8))
-            dxr = []
+            dxr, dxs = [], []  # per token, each run's dx: runs 8u .. 8u + 7 in order (Q2_K's mins), in run_sums' order
             for dd in dds:
                 dxv = builder.load(builder.bitcast(builder.gep(dd, [blk0]), V(F32, 8).as_pointer()), align=4)
-                dxr.append([builder.shuffle_vector(dxv, dxv, ir.Constant(V(I32, 8), [b // 2 for b in range(8 * u, 8 * u + 8)]))
+                if q2:
+                    dxr.append([builder.shuffle_vector(dxv, dxv, ir.Constant(V(I32, 8), [b // 2 for b in range(8 * u, 8 * u + 8)]))
+                                for u in range(2)])
+                dxs.append([builder.shuffle_vector(dxv, dxv, ir.Constant(V(I32, 8), [4 * u + b % 4 for b in range(8)]))
                             for u in range(2)])
             if q2:  # each token's sixteen run sums of x16, once for all the rows: [8 x f32] runs 0 2 4 6 1 3 5 7, then + 8
                 rsums = []
@@ -306,35 +320,34 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
                         rs.append(builder.add(_pmadd(builder, xe, c16(1)), _pmadd(builder, xo, c16(1))))  # lanes: 2 runs
                     h = [phadd(rs[2 * i], rs[2 * i + 1]) for i in range(4)]
                     rsums.append([builder.sitofp(phadd(h[2 * u], h[2 * u + 1]), V(F32, 8)) for u in range(2)])
+            ds, isc = [], []  # per row: d on eight lanes; [u] the run scales of runs 8u .. 8u + 7, in run_sums' order
             for k, p in enumerate(ps):
-                d = _splat(builder, builder.fpext(builder.load(builder.bitcast(builder.gep(p, [i64(d_at)]),
-                                                                               ir.HalfType().as_pointer()), align=1), F32), 8)
+                d = _h16x8(builder, builder.gep(p, [i64(d_at)]))
+                ds.append(d)
                 if q2:
                     sc = builder.load(builder.bitcast(p, V(I8, 16).as_pointer()), align=1)
-                    dmin = _splat(builder, builder.fpext(builder.load(builder.bitcast(builder.gep(p, [i64(82)]),
-                                                                                      ir.HalfType().as_pointer()), align=1), F32), 8)
+                    dmin = _h16x8(builder, builder.gep(p, [i64(82)]))
                     half = [builder.zext(builder.shuffle_vector(sc, sc, ir.Constant(V(I32, 8), list(range(8 * u, 8 * u + 8)))),
                                          V(I32, 8)) for u in range(2)]
                     c32 = lambda v: ir.Constant(V(I32, 8), [v] * 8)  # noqa: E731
-                    dsc = [_fmul(builder, d, builder.sitofp(builder.and_(v, c32(15)), V(F32, 8))) for v in half]
+                    isc.append([builder.shuffle_vector(v, v, ir.Constant(V(I32, 8), odd_even)) for v in
+                                (builder.and_(v, c32(15)) for v in half)])
                     dmn = [_fmul(builder, dmin, builder.sitofp(builder.lshr(v, c32(4)), V(F32, 8))) for v in half]
                     for t in range(MT):  # the mins' term: (dmin m dx) . (run sums), a super-block at a time
                         for u in range(2):
                             g = _fmul(builder, dmn[u], dxr[t][u])
-                            g = builder.shuffle_vector(g, g, odd_even)
+                            g = builder.shuffle_vector(g, g, ir.Constant(V(I32, 8), odd_even))
                             builder.store(builder.call(fma, [rsums[t][u], g, builder.load(corr[k][t])]), corr[k][t])
                 elif q3:
-                    dsc = [_fmul(builder, d, builder.sitofp(v, V(F32, 8))) for v in _q3_k_scales_ir(builder, p)]
-                else:
+                    isc.append([builder.shuffle_vector(v, v, ir.Constant(V(I32, 8), odd_even))
+                                for v in _q3_k_scales_ir(builder, p)])
+                else:  # int8 scales at 192, picked in run_sums' order
                     sc = builder.load(builder.bitcast(builder.gep(p, [i64(192)]), V(I8, 16).as_pointer()), align=1)
-                    dsc = [_fmul(builder, d, builder.sitofp(builder.shuffle_vector(
-                        sc, sc, ir.Constant(V(I32, 8), list(range(8 * u, 8 * u + 8)))), V(F32, 8))) for u in range(2)]
-                for t in range(MT):
-                    fs = builder.bitcast(slots[k][t], V(F32, 8).as_pointer())
-                    for u in range(2):
-                        builder.store(_fmul(builder, dsc[u], dxr[t][u]), builder.gep(fs, [i64(u)]), align=4)
+                    isc.append([builder.sext(builder.shuffle_vector(sc, sc, ir.Constant(V(I32, 8), [8 * u + r for r in odd_even])),
+                                             V(I32, 8)) for u in range(2)])
             hm = [builder.load(builder.bitcast(p, vec16), align=1) for p in ps] if q3 else None
             for h in range(2):
+                sums = [[[] for _ in range(MT)] for _ in range(NR)]  # [k][t]: blocks (h, 0..3), <8 x i32> each
                 for i in range(4):
                     xs = [x_halves(builder, xd, builder.add(blk0, i64(4 * h + i))) for xd in xds]
                     s = 4 * (i // 2)
@@ -361,11 +374,13 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
                             hi_o = builder.and_(builder.lshr(wh, c16(4 + 2 * i)), c16(0x30))
                             we = builder.sub(builder.or_(lo_e, hi_e), c16(32))
                             wo = builder.sub(builder.or_(lo_o, hi_o), c16(32))
-                        for t, (xe, xo) in enumerate(xs):
-                            m = builder.add(_pmadd(builder, we, xe), _pmadd(builder, wo, xo))  # [8] int32: two runs
-                            fv = run_pair(builder.bitcast(slots[k][t], F32.as_pointer()), 8 * h + 2 * i)
-                            builder.store(builder.call(fma, [builder.sitofp(m, V(F32, 8)), fv,
-                                                             builder.load(accs[k][t])]), accs[k][t])
+                        for t, (xe, xo) in enumerate(xs):  # [8] int32: two runs
+                            sums[k][t].append(builder.add(_pmadd(builder, we, xe), _pmadd(builder, wo, xo)))
+                for k in range(NR):  # runs 8h .. 8h + 7
+                    for t in range(MT):
+                        f = _fmul(builder, _fmul(builder, ds[k], builder.sitofp(isc[k][h], V(F32, 8))), dxs[t][h])  # d sc dx
+                        v = builder.sitofp(run_sums(builder, sums[k][t]), V(F32, 8))
+                        builder.store(builder.call(fma, [v, f, builder.load(accs[k][t])]), accs[k][t])
         for t in range(MT):
             for k in range(NR):
                 v = hsum8(builder, builder.load(accs[k][t]))

@@ -63,6 +63,28 @@ def hsum8(builder, a):
     return _fadd(builder, builder.extract_element(s, ir.Constant(I32, 0)), builder.extract_element(s, ir.Constant(I32, 1)))
 
 
+def _sum_level(builder, vs, lo, hi):
+    """Codegen: pairs of <8 x i32> (vs[2i], vs[2i + 1]) -> shuffle lo + shuffle hi of each pair."""
+    def sh(a, b, idx):
+        return builder.shuffle_vector(a, b, ir.Constant(V(I32, 8), idx))
+    return [builder.add(sh(vs[2 * i], vs[2 * i + 1], lo), sh(vs[2 * i], vs[2 * i + 1], hi)) for i in range(len(vs) // 2)]
+
+
+def run_sums(builder, vs):
+    """Codegen: four <8 x i32> a, b, c, d -> [a0..3 b0..3 c0..3 d0..3 | a4..7 b4..7 c4..7 d4..7] (the sums of each
+    vector's lanes 0-3 and 4-7), by pairs interleaved by dwords, then by qwords: 9 shuffles and adds."""
+    p = _sum_level(builder, vs, [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15])  # [a0+a2 b0+b2 a1+a3 b1+b3 | ..]
+    return _sum_level(builder, p, [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15])[0]
+
+
+def lane_sums(builder, vs):
+    """Codegen: eight <8 x i32> -> one <8 x i32> whose lane c is the sum of vs[c]'s lanes: run_sums of each four,
+    then their 128-bit halves added (21 shuffles and adds for eight vectors, where a convert, a broadcast and an
+    fma each took 32). Integer adds: exact in any order."""
+    q = [run_sums(builder, vs[:4]), run_sums(builder, vs[4:])]
+    return _sum_level(builder, q, [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])[0]
+
+
 def _splat(builder, v, n):
     """Scalar v -> <n x v>."""
     t = builder.insert_element(ir.Constant(V(v.type, n), ir.Undefined), v, ir.Constant(I32, 0))

@@ -66,3 +66,72 @@ def test_a_lone_rows_block_scale_is_no_lane_insert_into_a_live_register():
     _one_row_q8(np.zeros(68, np.uint8), 68, x16, dx, out)
     asm = next(iter(_one_row_q8.inspect_asm().values()))
     assert "vmovd" in asm and "vpinsrw\t$0," not in asm
+
+
+def _sums_kernel(which: str):
+    """A compiled f(a [8, 8] int32 or [4, 8], out [8] int32) applying simd.lane_sums / run_sums to a's rows."""
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    from executor.simd import I32, I64, V, lane_sums, run_sums
+
+    @intrinsic
+    def apply(typingctx, a, out):
+        def gen(context, builder, sig, args):
+            pa, po = (cgutils.create_struct_proxy(t)(context, builder, value=v).data for t, v in zip(sig.args, args))
+            vp = builder.bitcast(pa, V(I32, 8).as_pointer())
+            n = 8 if which == "lane" else 4
+            vs = [builder.load(builder.gep(vp, [ir.Constant(I64, i)]), align=4) for i in range(n)]
+            r = (lane_sums if which == "lane" else run_sums)(builder, vs)
+            builder.store(r, builder.bitcast(po, V(I32, 8).as_pointer()), align=4)
+            return context.get_dummy_value()
+        return types.none(a, out), gen
+
+    @njit
+    def f(a, out):
+        apply(a, out)
+    return f
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31))
+def test_lane_sums_lane_c_is_the_sum_of_vector_c(seed):
+    """simd.lane_sums (the Q4_K / Q5_K rows' sub-block sums): eight <8 x i32> in, lane c of the result = the sum of
+    vector c's eight lanes, exactly (int32 values up to 2^27, sums well inside int32)."""
+    a = np.random.default_rng(seed).integers(-2**27, 2**27, (8, 8)).astype(np.int32)
+    out = np.zeros(8, np.int32)
+    _sums_kernel("lane")(a, out)
+    assert out.tolist() == a.astype(np.int64).sum(axis=1).tolist()
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31))
+def test_run_sums_gives_each_vectors_two_half_sums_in_run_order(seed):
+    """simd.run_sums (the Q6_K / Q3_K / Q2_K rows' 16-value runs): four <8 x i32> a, b, c, d in, out
+    [a0..3 b0..3 c0..3 d0..3 | a4..7 b4..7 c4..7 d4..7], each the exact sum of those four lanes."""
+    a = np.random.default_rng(seed).integers(-2**27, 2**27, (4, 8)).astype(np.int32)
+    out = np.zeros(8, np.int32)
+    _sums_kernel("run")(a, out)
+    half = a.astype(np.int64).reshape(4, 2, 4).sum(axis=2)  # [vector, half]
+    assert out.tolist() == half[:, 0].tolist() + half[:, 1].tolist()
+
+
+@pytest.mark.skipif(not HAVE_AVX2, reason="the AVX2 kernels' code")
+def test_q4_k_row_loop_scales_its_sub_blocks_without_broadcast_shuffles():
+    """kquants._rows_q4_k_ir: a super-block's eight sub-block sums are reduced to one vector (simd.lane_sums) and
+    scaled by one fma; its 6-bit scales unpacked in general registers (ggml's kmask arithmetic). The loop that
+    broadcast each sub-block's scale by shuffles (vbroadcastss / vpermpd / vshufps from a register) and unpacked the
+    scales by byte shuffles ran 30.3 against 34.8-35.3 G weights/s, one core in L2 (session 33;
+    `python benchmarks/bench_q8_rows.py --fmt Q4_K --l2`)."""
+    from executor.kquants import rows1_q4_k
+
+    @njit(nogil=True)
+    def one_row(w, x16, dx, nb, out):
+        rows1_q4_k(w, 0, 144 * (nb // 8), x16, dx, 0, nb, out, 0)
+    x16, dx = np.zeros((1, 512), np.int16), np.ones((1, 32), np.float32)
+    one_row(np.zeros(288, np.uint8), x16, dx, 16, np.zeros((1, 1), np.float32))
+    asm = next(iter(one_row.inspect_asm().values()))
+    assert "vpermpd" not in asm and "vgf2p8affineqb" not in asm
+    assert asm.count("vfmadd") <= 4  # the sums' fma and the mins', not one a sub-block (8)
