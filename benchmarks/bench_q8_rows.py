@@ -12,6 +12,8 @@ ratios between variants alike); printed: each variant's median GB/s of expert by
 ratio to the most rows, and the read. Why row_products.rows_token computes Q8_0 2 rows a pass, Q4_0 8 and the
 K-quants 2 (session 16, 2 rows against 4: Q4_K 1.00-1.05x, Q6_K 1.02-1.20x, the most while slow).
 --l2: the kernels' arithmetic alone, one core, 128 rows of one expert's gate in L2 (1 row a pass too).
+--l2 --tokens T (K-quants): T tokens a pass, 2 and 4 rows (the fused rows of prefill and several streams), in
+G token-weights/s.
 --l2 --threads N: the same loop on 1 and on N threads (each its own copy of the rows, in its own L2),
 alternating rounds, Q8_0 / Q4_0 only: the arithmetic ceiling of N threads and how it scales
 (decode_l2_scaling; bench_executor.py times DecodeRowsL2 beside the kernel bars).
@@ -128,9 +130,10 @@ def per_round_ratio(v: list[float], ref: list[float]) -> float:
 
 
 def l2_rates(kernels: dict, w: np.ndarray, rows: int, x16, dx, rounds: int) -> dict[str, list[float]]:
-    """G weights/s of each kernel {label: (kernel, rows a pass)} on one core, `rows` rows of w in L2, rotating order."""
+    """G (token-)weights/s of each kernel {label: (kernel, rows a pass)} on one core, `rows` rows of w in L2 and
+    the x16.shape[0] tokens of x16 (each kernel's tokens a pass), rotating order."""
     loops = {name: in_l2(k, nr) for name, (k, nr) in kernels.items()}
-    out = np.zeros((1, rows), np.float32)
+    out = np.zeros((x16.shape[0], rows), np.float32)
     reps = max(1, int(2e8 // w.nbytes))
     for loop in loops.values():  # compile
         loop(w, rows, x16, dx, out, 1)
@@ -140,7 +143,7 @@ def l2_rates(kernels: dict, w: np.ndarray, rows: int, x16, dx, rounds: int) -> d
         for name in order[r % len(order):] + order[:r % len(order)]:
             t = time.perf_counter()
             loops[name](w, rows, x16, dx, out, reps)
-            rates[name].append(reps * rows * x16.shape[1] / (time.perf_counter() - t) / 1e9)
+            rates[name].append(reps * rows * x16.size / (time.perf_counter() - t) / 1e9)
     return rates
 
 
@@ -155,7 +158,10 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=24, help="layers of top-k experts a call (a token)")
     ap.add_argument("--l2", action="store_true", help="one core, 128 rows of one expert's gate in L2 (compute)")
     ap.add_argument("--threads", type=int, default=1, help="with --l2: also on this many threads, alternating")
+    ap.add_argument("--tokens", type=int, default=1, help="with --l2 and a K-quant: tokens a pass (the fused rows)")
     a = ap.parse_args()
+    if a.tokens > 1 and not (a.l2 and a.fmt.endswith("_K")):
+        ap.error("--tokens T: with --l2 and a K-quant --fmt only")
     if a.threads > 1 and not (a.l2 and a.fmt in ("Q8_0", "Q4_0")):
         ap.error("--threads N: with --l2 and --fmt Q8_0 or Q4_0 only (the executor's decode rows)")
     if a.threads > 1:
@@ -180,7 +186,8 @@ def main() -> int:
                      "Q4_K": (kquants._rows_q4_k_ir, kquants._slow_q4_k),
                      "Q5_K": (kquants._rows_q5_k_ir, kquants._slow_q5_k),
                      "Q6_K": (kquants._rows_q6_k_ir, kquants._slow_q6_k)}[a.fmt]
-        kernels = {f"{nr} rows": (kquants._k_kernel(gen, slow, nr, 1), nr) for nr in (4, 2, 1)}
+        kernels = ({f"{nr} rows": (kquants._k_kernel(gen, slow, nr, 1), nr) for nr in (4, 2, 1)} if a.tokens == 1 else
+                   {f"{nr} rows x {a.tokens} tokens": (kquants._k_kernel(gen, slow, nr, a.tokens), nr) for nr in (4, 2)})
     elif a.fmt in ("IQ4_NL", "IQ4_XS"):
         gen, slow = {"IQ4_NL": (iquants._rows_iq4_ir, iquants._slow_iq4_nl),
                      "IQ4_XS": (iquants._rows_iq4_xs_ir, iquants._slow_iq4_xs)}[a.fmt]
@@ -193,10 +200,13 @@ def main() -> int:
     most = next(iter(kernels))  # the ratios' reference: the most rows a pass
     if a.l2:
         rows = 128
+        if a.tokens > 1:
+            x16, dx = K._quant_rows(rng.standard_normal((a.tokens, h)).astype(np.float32))
         rates = l2_rates(kernels, np.ascontiguousarray(w[0][0][:rows * _ROW_BYTES[a.fmt](h)]), rows, x16, dx, a.rounds)
         print(f"{a.fmt} {rows} rows of {h} in L2, one core, {a.rounds} rounds")
+        unit = "G weights/s" if a.tokens == 1 else "G token-weights/s"
         for name, v in rates.items():
-            print(f"  {name} a pass: {np.median(v):.2f} G weights/s; {per_round_ratio(v, rates[most]):.2f}x {most} "
+            print(f"  {name} a pass: {np.median(v):.2f} {unit}; {per_round_ratio(v, rates[most]):.2f}x {most} "
                   "(median of per-round ratios)")
         return 0
     variants = {name: runner(k, nr) for name, (k, nr) in kernels.items() if nr > 1}
