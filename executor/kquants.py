@@ -180,9 +180,10 @@ def _rows_q4_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q5: bool = False)
     sum of sub-block c, exact), then one convert and one fma a super-block with d sc dx (each lane its sub-block's);
     the mins, dmin m dx sum(x16), into a second accumulator. Until session 33 each sub-block's eight lanes were
     converted and scaled by a broadcast of its own d sc dx (an fma each, the broadcasts by shuffles): one core, in
-    L2, 30.5 against 34.8 G weights/s now (2 rows x 4 tokens 43.0 -> 48.8 G token-weights/s), with the scales
-    unpacked in general registers (_q4_k_scales_ir; the sums times the scales in int32, vpmulld, ran 33.7-34.4). With MT tokens a row's weights and scales are decoded
-    once for all of them; each token's products and adds are those of MT = 1.
+    L2, 30.5 against 34.8 G weights/s now (2 rows x 4 tokens 42.3 -> 48.6 G token-weights/s), with the scales
+    unpacked in general registers (_q4_k_scales_ir; the sums times the scales in int32, vpmulld, ran 33.7-34.4).
+    With MT tokens a row's weights and scales are decoded once for all of them; each token's products and adds
+    are those of MT = 1.
     q5: Q5_K rows (176-byte super-blocks: qh's 32 bytes at 16, the nibbles at 48): qh as 16 words v, loaded
     once a super-block, gives sub-block c's fifth bits at 16 (0x10) by one shift and one and per half
     (even values: bit c of the low byte, odd ones: bit 8 + c), or-ed into the nibbles: q in 0..31 (25.4 -> 28.8
@@ -274,7 +275,7 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
     and one fma with d sc dx (each lane its run's), twice a super-block. Until session 33 each block took a convert
     and an fma with [f0 x 4, f1 x 4], f = d sc dx of its runs, broadcast by shuffles. One core, in L2, 2 rows a
     pass: Q6_K 23.7 -> 23.9 G weights/s, Q3_K 22.7 -> 23.2, Q2_K 21.6 -> 23.0 (one row 17.0 -> 19.3); 2 rows x 4
-    tokens 38.2 -> 47.2, 37.7 -> 43.8, 27.1 -> 28.9 G token-weights/s (the sums times the scales in int32 instead,
+    tokens 38.5 -> 47.3, 37.7 -> 43.8, 27.1 -> 28.9 G token-weights/s (the sums times the scales in int32 instead,
     vpmulld: Q2_K 19.8).
     q3: Q3_K rows (110 bytes: hmask 32, qs 64, 12 bytes of packed scales, d), in the same runs and slots: block
     (n, j) takes bit pair j of qs bytes 32 + 32n + l and bit 4n + j of hmask byte l, both bytes of a word at once
@@ -377,10 +378,11 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
                         for t, (xe, xo) in enumerate(xs):  # [8] int32: two runs
                             sums[k][t].append(builder.add(_pmadd(builder, we, xe), _pmadd(builder, wo, xo)))
                 for k in range(NR):  # runs 8h .. 8h + 7
+                    dsc = _fmul(builder, ds[k], builder.sitofp(isc[k][h], V(F32, 8)))
                     for t in range(MT):
-                        f = _fmul(builder, _fmul(builder, ds[k], builder.sitofp(isc[k][h], V(F32, 8))), dxs[t][h])  # d sc dx
                         v = builder.sitofp(run_sums(builder, sums[k][t]), V(F32, 8))
-                        builder.store(builder.call(fma, [v, f, builder.load(accs[k][t])]), accs[k][t])
+                        builder.store(builder.call(fma, [v, _fmul(builder, dsc, dxs[t][h]), builder.load(accs[k][t])]),
+                                      accs[k][t])
         for t in range(MT):
             for k in range(NR):
                 v = hsum8(builder, builder.load(accs[k][t]))
