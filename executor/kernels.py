@@ -25,8 +25,8 @@ from .kernel_table import table_rows_matmul
 from .nbcache import drop_stale_cache
 from .qgemm import HAVE_QGEMM, panel_width, qpack_into, row_range
 from .row_products import _FUSED, gemm_path  # noqa: F401 (re-exported)
-from .simd import quant16
-from .vnni import HAVE_VNNI512, SPLIT_FLOATS, split8
+from .simd import quant16, run_sums16
+from .vnni import HAVE_VNNI512, RUN_SUMS_AT, split8
 
 drop_stale_cache(__file__)
 
@@ -46,21 +46,26 @@ _ROWS = 32  # rows per parallel work item (16 -> 32: ~5% on Q4_0 expert GB/s, fe
 @njit(fastmath=True, cache=True)
 def quant_empty(T, C):
     """Uninitialised int16 activations of T rows of C values in _quant_rows's layout -> (x16 [T, C], dx)."""
-    return np.empty((T, C), np.int16), np.empty((T, (2 + SPLIT_FLOATS * HAVE_VNNI512) * (C // 32)), np.float32)
+    nb = C // 32
+    return np.empty((T, C), np.int16), np.empty((T, RUN_SUMS_AT * nb + 8 * ((nb + 3) // 4)), np.float32)
 
 
 @njit(fastmath=True, inline="always")
 def quant_row(x, x16, dx):
-    """One row of _quant_rows: x [C] into x16 [C] / dx (simd.quant16, then vnni.split8 with AVX-512 VNNI)."""
+    """One row of _quant_rows: x [C] into x16 [C] / dx (simd.quant16, then vnni.split8 with AVX-512 VNNI, then the
+    16-value runs' sums, simd.run_sums16)."""
+    nb = x.shape[0] // 32
     quant16(x, x16, dx)
     if HAVE_VNNI512:
-        split8(x16, dx, x.shape[0] // 32)
+        split8(x16, dx, nb)
+    run_sums16(x16, dx, nb, RUN_SUMS_AT * nb)
 
 
 @njit(fastmath=True, cache=True)
 def _quant_rows(x):
-    """int16 activations of x [T, C]: (x16 [T, C], dx [T, 2 C/32], with AVX-512 VNNI [T, (2 + 32) C/32]: the
-    split bytes of the VNNI Q4_0 rows behind the scales and sums) (layouts: simd.quant16, vnni.split8)."""
+    """int16 activations of x [T, C]: (x16 [T, C], dx [T, ~4 C/32], with AVX-512 VNNI [T, ~36 C/32]: the scales
+    and block sums, the split bytes of the VNNI Q4_0 rows, then the 16-value runs' sums) (layouts: simd.quant16,
+    vnni.split8, simd.run_sums16; quant_empty's sizes)."""
     x16, dx = quant_empty(x.shape[0], x.shape[1])
     for t in range(x.shape[0]):
         quant_row(x[t], x16[t], dx[t])

@@ -22,6 +22,7 @@ from numba.extending import intrinsic
 
 from .simd import (F32, HAVE_AVX2, I8, I16, I32, I64, V, _fmul, _fn, _fsub, _pmadd, _qsig, _splat, h2f,
                    hsum8, lane_sums, prefetch_lines, run_sums, token_rows, x_halves)
+from .vnni import RUN_SUMS_AT
 
 _U = np.uint64
 
@@ -282,12 +283,14 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
     (the pairs at bits 0-1 and 8-9, the hmask bits moved to 2 and 10), then each byte minus 4.
     q2: Q2_K rows (84 bytes: 16 of run scales and mins, qs 64, d, dmin), block (n, j) the bit pairs j of qs bytes
     16 + 32n + l, each run's value (d sc) q - (dmin m): the mins' term is (dmin m dx) times the run's sum of x16, the
-    token's sixteen run sums (`vpmaddwd` with ones, `vphaddd`) taken once a super-block for all the rows, and two fmas a
-    row and super-block into a second accumulator (one a block, the first version: one core in L2 0.7x)."""
+    token's sixteen run sums read from DX (written once a token by simd.run_sums16; summed here for each row pair,
+    `vpmaddwd` with ones and `vphaddd`, until session 33: one core in L2, 2 rows a pass 23.2 -> 28.0 G weights/s, one
+    row 19.1 -> 27.9), and two fmas a row and super-block into a second accumulator (one a block, the first version:
+    one core in L2 0.7x)."""
     bs, d_at = (84, 80) if q2 else (110, 108) if q3 else (210, 208)
 
     def gen(context, builder, sig, args):
-        woff, roff = args[1], args[8]
+        woff, nb, roff = args[1], args[6], args[8]
         i64, wd, xds, dds, rds, rbk, pfo, nsb = _prologue(context, builder, sig, args, NR, MT)
         accs = [[cgutils.alloca_once_value(builder, ir.Constant(V(F32, 8), [0.0] * 8)) for _ in range(MT)]
                 for _ in range(NR)]
@@ -297,7 +300,6 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
         if q2:  # the mins' accumulators
             corr = [[cgutils.alloca_once_value(builder, ir.Constant(V(F32, 8), [0.0] * 8)) for _ in range(MT)]
                     for _ in range(NR)]
-            phadd = lambda a, b: builder.call(_fn(builder, "llvm.x86.avx2.phadd.d", V(I32, 8), [V(I32, 8)] * 2), [a, b])  # noqa: E731
         odd_even = [0, 2, 4, 6, 1, 3, 5, 7]  # the runs (of eight) in the order run_sums gives their sums
         with cgutils.for_range(builder, nsb) as loop:
             sb = loop.index
@@ -312,15 +314,10 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
                                 for u in range(2)])
                 dxs.append([builder.shuffle_vector(dxv, dxv, ir.Constant(V(I32, 8), [4 * u + b % 4 for b in range(8)]))
                             for u in range(2)])
-            if q2:  # each token's sixteen run sums of x16, once for all the rows: [8 x f32] runs 0 2 4 6 1 3 5 7, then + 8
-                rsums = []
-                for xd in xds:
-                    rs = []
-                    for b in range(8):
-                        xe, xo = x_halves(builder, xd, builder.add(blk0, i64(b)))
-                        rs.append(builder.add(_pmadd(builder, xe, c16(1)), _pmadd(builder, xo, c16(1))))  # lanes: 2 runs
-                    h = [phadd(rs[2 * i], rs[2 * i + 1]) for i in range(4)]
-                    rsums.append([builder.sitofp(phadd(h[2 * u], h[2 * u + 1]), V(F32, 8)) for u in range(2)])
+            if q2:  # each token's sixteen run sums of x16 (DX's, simd.run_sums16): [8 x f32] runs 0 2 4 6 1 3 5 7, + 8
+                r0 = builder.add(builder.mul(nb, i64(RUN_SUMS_AT)), builder.mul(sb, i64(16)))
+                rsums = [[builder.load(builder.bitcast(builder.gep(dd, [builder.add(r0, i64(8 * u))]), V(F32, 8).as_pointer()),
+                                       align=4) for u in range(2)] for dd in dds]
             ds, isc = [], []  # per row: d on eight lanes; [u] the run scales of runs 8u .. 8u + 7, in run_sums' order
             for k, p in enumerate(ps):
                 d = _h16x8(builder, builder.gep(p, [i64(d_at)]))

@@ -479,6 +479,24 @@ def quant16(x, x16, dx):
         dx[nb + b] = np.float32(8 * s)  # exact (|8 s| < 2**24): the Q4_0 offset term
 
 
+@njit(fastmath=True, inline="always")
+def run_sums16(x16, dx, nb, at):
+    """The sums of each 16-value run of x16 (quant16's layout: block b's run 2b holds its values 0-15, even ones at
+    words 0-7 and odd ones at 16-23) into dx from at: four blocks a group of eight floats, the first runs of the
+    four then their second ones ([r0 r2 r4 r6 r1 r3 r5 r7], the order simd.run_sums gives a row's products in).
+    Exact (|sum| <= 16 x 32639 < 2**24). The Q2_K rows' mins take them, where summing x16 again for each pair of
+    rows cost ~20% of their loop."""
+    for b in range(nb):
+        a = np.int32(0)
+        t = np.int32(0)
+        for j in range(8):
+            a += np.int32(x16[b * 32 + j]) + np.int32(x16[b * 32 + 16 + j])
+            t += np.int32(x16[b * 32 + 8 + j]) + np.int32(x16[b * 32 + 24 + j])
+        o = at + 8 * (b // 4) + b % 4
+        dx[o] = np.float32(a)
+        dx[o + 4] = np.float32(t)
+
+
 def _sum_f32_ir(with_b: bool):
     """Codegen: sum over i < 8 nc of a[i] (* b[i]) for 1-D float32 a (b), in two <8 x float> accumulators (even
     and odd chunks), added, then halved (hsum8): a fixed order, whatever the compilation context, and

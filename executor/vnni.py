@@ -36,6 +36,9 @@ HAVE_VNNI512 = (all(f"+{f}" in _FEATURES for f in ("avx512f", "avx512bw", "avx51
                 and os.environ.get("MOE_OFFLOAD_NO_VNNI") != "1")
 X16_MAX = 32639  # the largest |x16| whose split h = (x16 + 128) >> 8 fits a signed byte
 SPLIT_FLOATS = 32  # float32 slots of DX a block's split takes (128 bytes: h then l, 64 each)
+# DX's run sums (simd.run_sums16, read by the Q2_K rows) start at RUN_SUMS_AT x (blocks) floats: behind the
+# scales, the block sums and, with AVX-512 VNNI, the split bytes
+RUN_SUMS_AT = 2 + SPLIT_FLOATS * HAVE_VNNI512
 
 
 def _split_pos(j: int) -> tuple[int, int]:

@@ -134,3 +134,21 @@ def test_q4_k_row_loop_scales_a_super_block_by_one_fma_not_one_a_sub_block():
     one_row(np.zeros(288, np.uint8), x16, dx, 16, np.zeros((1, 1), np.float32))
     asm = next(iter(one_row.inspect_asm().values()))
     assert asm.count("vfmadd") <= 4  # the sums' fma and the mins', not one a sub-block (8)
+
+
+@settings(max_examples=30, deadline=None)
+@given(nb=st.integers(1, 20), seed=st.integers(0, 2**31))
+def test_run_sums16_writes_each_16_value_runs_sum_where_the_q2_k_rows_read_it(nb, seed):
+    """kernels._quant_rows ends each token's dx with its 16-value runs' x16 sums (simd.run_sums16): four blocks a
+    group of eight floats, [run 0 of the four blocks, then run 1 of each], exactly the integer sums of x16 over
+    values 16 r .. 16 r + 15 of the row (quant16's even-first order undone)."""
+    from executor.kernels import _quant_rows
+    from executor.vnni import RUN_SUMS_AT
+    x = (np.random.default_rng(seed).standard_normal((1, 32 * nb)) * 3).astype(np.float32)
+    x16, dx = _quant_rows(x)
+    v = x16[0].reshape(nb, 2, 16).transpose(0, 2, 1).reshape(-1).astype(np.int64)  # values in their order
+    runs = v.reshape(nb, 2, 16).sum(axis=2)  # [block, run]
+    at = RUN_SUMS_AT * nb
+    for b in range(nb):
+        o = at + 8 * (b // 4) + b % 4
+        assert dx[0, o] == runs[b, 0] and dx[0, o + 4] == runs[b, 1]

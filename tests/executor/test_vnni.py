@@ -92,4 +92,4 @@ def test_executor_runs_the_vnni_rows_where_the_cpu_has_them():
     """row_products' Q4_0 rows are vnni.py's on an AVX-512 VNNI CPU, and _quant_rows writes their split bytes."""
     assert RP.rows8_q4 is not simd.rows8_q4 and RP.rows8x4_q4 is not simd.rows8x4_q4
     x16, dx = K._quant_rows(np.ones((2, 64), np.float32))
-    assert dx.shape == (2, (2 + vnni.SPLIT_FLOATS) * 2)
+    assert dx.shape == (2, (2 + vnni.SPLIT_FLOATS) * 2 + 8)  # 2 blocks: the split bytes, then a group of run sums
