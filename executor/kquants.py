@@ -270,8 +270,10 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
     """Codegen: res[k0 + t, ro + k] = row_k . x_t for NR Q6_K rows at byte woff + k * rb and the MT tokens from
     k0 of X16 / DX, as _rows_q4_k_ir. The 32 values of block (h, i) of a super-block (one 32-block of x) take the
     nibbles of ql bytes 64h + 32(i % 2) + l (the high ones for i >= 2) and bit pair i of qh bytes 32h + l: with
-    words of two bytes, even values from the low bytes, odd from the high, each (nibble | pair << 4) - 32 in
-    int16. A block's eight int32 lanes are its two 16-value runs (lanes 0-3, 4-7); four blocks' vectors are summed
+    words of two bytes, even values from the low bytes, odd from the high, each nibble | pair << 4 in int16; the
+    - 32 is taken off each run's int32 sum as 32 times the run's x16 sum (DX's, simd.run_sums16), once a row and
+    super-block, where it took two subtractions a block (one core in L2, 2 rows a pass: Q6_K 23.8 -> 26.3 G
+    weights/s, Q3_K's - 4 likewise 23.4 -> 25.3; the same bits). A block's eight int32 lanes are its two 16-value runs (lanes 0-3, 4-7); four blocks' vectors are summed
     across lanes at once (simd.run_sums: runs 0 2 4 6 1 3 5 7 of the four, in eight lanes, exact), then one convert
     and one fma with d sc dx (each lane its run's), twice a super-block. Until session 33 each block took a convert
     and an fma with [f0 x 4, f1 x 4], f = d sc dx of its runs, broadcast by shuffles. One core, in L2, 2 rows a
@@ -280,7 +282,7 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
     vpmulld: Q2_K 19.8).
     q3: Q3_K rows (110 bytes: hmask 32, qs 64, 12 bytes of packed scales, d), in the same runs and slots: block
     (n, j) takes bit pair j of qs bytes 32 + 32n + l and bit 4n + j of hmask byte l, both bytes of a word at once
-    (the pairs at bits 0-1 and 8-9, the hmask bits moved to 2 and 10), then each byte minus 4.
+    (the pairs at bits 0-1 and 8-9, the hmask bits moved to 2 and 10); each byte's - 4 as Q6_K's - 32.
     q2: Q2_K rows (84 bytes: 16 of run scales and mins, qs 64, d, dmin), block (n, j) the bit pairs j of qs bytes
     16 + 32n + l, each run's value (d sc) q - (dmin m): the mins' term is (dmin m dx) times the run's sum of x16, the
     token's sixteen run sums read from DX (written once a token by simd.run_sums16; summed here for each row pair,
@@ -314,10 +316,13 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
                                 for u in range(2)])
                 dxs.append([builder.shuffle_vector(dxv, dxv, ir.Constant(V(I32, 8), [4 * u + b % 4 for b in range(8)]))
                             for u in range(2)])
-            if q2:  # each token's sixteen run sums of x16 (DX's, simd.run_sums16): [8 x f32] runs 0 2 4 6 1 3 5 7, + 8
-                r0 = builder.add(builder.mul(nb, i64(RUN_SUMS_AT)), builder.mul(sb, i64(16)))
-                rsums = [[builder.load(builder.bitcast(builder.gep(dd, [builder.add(r0, i64(8 * u))]), V(F32, 8).as_pointer()),
-                                       align=4) for u in range(2)] for dd in dds]
+            # each token's sixteen run sums of x16 (DX's, simd.run_sums16): [8 x f32] runs 0 2 4 6 1 3 5 7, + 8
+            r0 = builder.add(builder.mul(nb, i64(RUN_SUMS_AT)), builder.mul(sb, i64(16)))
+            rsums = [[builder.load(builder.bitcast(builder.gep(dd, [builder.add(r0, i64(8 * u))]), V(F32, 8).as_pointer()),
+                                   align=4) for u in range(2)] for dd in dds]
+            if not q2:  # Q6_K's q - 32, Q3_K's q - 4: the offset times the run's sum, taken off its int32 sum
+                sh = ir.Constant(V(I32, 8), [2 if q3 else 5] * 8)
+                offs = [[builder.shl(builder.fptosi(r, V(I32, 8)), sh) for r in rs] for rs in rsums]
             ds, isc = [], []  # per row: d on eight lanes; [u] the run scales of runs 8u .. 8u + 7, in run_sums' order
             for k, p in enumerate(ps):
                 d = _h16x8(builder, builder.gep(p, [i64(d_at)]))
@@ -360,8 +365,7 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
                             hb = builder.shl(hm[k], c16(2 - b)) if b < 2 else builder.lshr(hm[k], c16(b - 2)) if b > 2 else hm[k]
                             v = builder.or_(builder.and_(builder.lshr(wq, c16(2 * i)) if i else wq, c16(0x0303)),
                                             builder.and_(hb, c16(0x0404)))
-                            we = builder.sub(builder.and_(v, c16(0xFF)), c16(4))
-                            wo = builder.sub(builder.lshr(v, c16(8)), c16(4))
+                            we, wo = builder.and_(v, c16(0xFF)), builder.lshr(v, c16(8))  # q + 4 (offs)
                         else:
                             wl = builder.load(builder.bitcast(builder.gep(p, [i64(64 * h + 32 * (i % 2))]), vec16), align=1)
                             wh = builder.load(builder.bitcast(builder.gep(p, [i64(128 + 32 * h)]), vec16), align=1)
@@ -370,14 +374,14 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
                             hi_e = builder.and_(builder.shl(wh, c16(4 - 2 * i)) if i < 2 else
                                                 (builder.lshr(wh, c16(2 * i - 4)) if i > 2 else wh), c16(0x30))
                             hi_o = builder.and_(builder.lshr(wh, c16(4 + 2 * i)), c16(0x30))
-                            we = builder.sub(builder.or_(lo_e, hi_e), c16(32))
-                            wo = builder.sub(builder.or_(lo_o, hi_o), c16(32))
+                            we, wo = builder.or_(lo_e, hi_e), builder.or_(lo_o, hi_o)  # q + 32 (offs)
                         for t, (xe, xo) in enumerate(xs):  # [8] int32: two runs
                             sums[k][t].append(builder.add(_pmadd(builder, we, xe), _pmadd(builder, wo, xo)))
                 for k in range(NR):  # runs 8h .. 8h + 7
                     dsc = _fmul(builder, ds[k], builder.sitofp(isc[k][h], V(F32, 8)))
                     for t in range(MT):
-                        v = builder.sitofp(run_sums(builder, sums[k][t]), V(F32, 8))
+                        rs = run_sums(builder, sums[k][t])
+                        v = builder.sitofp(rs if q2 else builder.sub(rs, offs[t][h]), V(F32, 8))
                         builder.store(builder.call(fma, [v, _fmul(builder, dsc, dxs[t][h]), builder.load(accs[k][t])]),
                                       accs[k][t])
         for t in range(MT):
