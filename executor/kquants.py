@@ -273,9 +273,10 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
     words of two bytes, even values from the low bytes, odd from the high, each nibble | pair << 4 in int16; the
     - 32 is taken off each run's int32 sum as 32 times the run's x16 sum (DX's, simd.run_sums16), once a row and
     super-block, where it took two subtractions a block (one core in L2, 2 rows a pass: Q6_K 23.8 -> 26.3 G
-    weights/s, Q3_K's - 4 likewise 23.4 -> 25.3; the same bits). A block's eight int32 lanes are its two 16-value runs (lanes 0-3, 4-7); four blocks' vectors are summed
-    across lanes at once (simd.run_sums: runs 0 2 4 6 1 3 5 7 of the four, in eight lanes, exact), then one convert
-    and one fma with d sc dx (each lane its run's), twice a super-block. Until session 33 each block took a convert
+    weights/s, Q3_K's - 4 likewise 23.4 -> 25.3; the same bits). A block's eight int32 lanes are its two 16-value
+    runs (lanes 0-3, 4-7); four blocks' vectors are summed across lanes at once (simd.run_sums: runs 0 2 4 6 1 3 5 7
+    of the four, in eight lanes, exact), then one convert and one fma with d sc dx (each lane its run's), twice a
+    super-block. Until session 33 each block took a convert
     and an fma with [f0 x 4, f1 x 4], f = d sc dx of its runs, broadcast by shuffles. One core, in L2, 2 rows a
     pass: Q6_K 23.7 -> 23.9 G weights/s, Q3_K 22.7 -> 23.2, Q2_K 21.6 -> 23.0 (one row 17.0 -> 19.3); 2 rows x 4
     tokens 38.5 -> 47.3, 37.7 -> 43.8, 27.1 -> 28.9 G token-weights/s (the sums times the scales in int32 instead,
