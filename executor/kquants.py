@@ -309,12 +309,9 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
             ps = _super_block(builder, wd, woff, rbk, pfo, sb, bs, prefetch)
             # per token, dx of each run (its 32-block's: two runs a block), as two vectors
             blk0 = builder.mul(sb, i64(8))
-            dxr, dxs = [], []  # per token, each run's dx: runs 8u .. 8u + 7 in order (Q2_K's mins), in run_sums' order
+            dxs = []  # per token, each run's dx, runs 8u .. 8u + 7 in run_sums' order
             for dd in dds:
                 dxv = builder.load(builder.bitcast(builder.gep(dd, [blk0]), V(F32, 8).as_pointer()), align=4)
-                if q2:
-                    dxr.append([builder.shuffle_vector(dxv, dxv, ir.Constant(V(I32, 8), [b // 2 for b in range(8 * u, 8 * u + 8)]))
-                                for u in range(2)])
                 dxs.append([builder.shuffle_vector(dxv, dxv, ir.Constant(V(I32, 8), [4 * u + b % 4 for b in range(8)]))
                             for u in range(2)])
             # each token's sixteen run sums of x16 (DX's, simd.run_sums16): [8 x f32] runs 0 2 4 6 1 3 5 7, + 8
@@ -331,16 +328,14 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
                 if q2:
                     sc = builder.load(builder.bitcast(p, V(I8, 16).as_pointer()), align=1)
                     dmin = _h16x8(builder, builder.gep(p, [i64(82)]))
-                    half = [builder.zext(builder.shuffle_vector(sc, sc, ir.Constant(V(I32, 8), list(range(8 * u, 8 * u + 8)))),
-                                         V(I32, 8)) for u in range(2)]
+                    half = [builder.zext(builder.shuffle_vector(sc, sc, ir.Constant(V(I32, 8), [8 * u + r for r in odd_even])),
+                                         V(I32, 8)) for u in range(2)]  # runs 8u .. 8u + 7 in run_sums' order
                     c32 = lambda v: ir.Constant(V(I32, 8), [v] * 8)  # noqa: E731
-                    isc.append([builder.shuffle_vector(v, v, ir.Constant(V(I32, 8), odd_even)) for v in
-                                (builder.and_(v, c32(15)) for v in half)])
+                    isc.append([builder.and_(v, c32(15)) for v in half])
                     dmn = [_fmul(builder, dmin, builder.sitofp(builder.lshr(v, c32(4)), V(F32, 8))) for v in half]
                     for t in range(MT):  # the mins' term: (dmin m dx) . (run sums), a super-block at a time
                         for u in range(2):
-                            g = _fmul(builder, dmn[u], dxr[t][u])
-                            g = builder.shuffle_vector(g, g, ir.Constant(V(I32, 8), odd_even))
+                            g = _fmul(builder, dmn[u], dxs[t][u])
                             builder.store(builder.call(fma, [rsums[t][u], g, builder.load(corr[k][t])]), corr[k][t])
                 elif q3:
                     isc.append([builder.shuffle_vector(v, v, ir.Constant(V(I32, 8), odd_even))
