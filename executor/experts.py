@@ -84,7 +84,7 @@ def _f16(b: torch.Tensor) -> torch.Tensor:
 
 
 def _torch_q4_k(blk: torch.Tensor) -> torch.Tensor:
-    """Q4_K super-blocks uint8 [R, n, 144] -> f32 [R, n, 256] (kquants._q4_k_block's layout); Q5_K ones
+    """Q4_K super-blocks uint8 [R, n, 144] -> f32 [R, n, 256] (kquant_blocks._q4_k_block's layout); Q5_K ones
     [R, n, 176]: 32 bytes of fifth bits before the nibbles, bit c of byte l for value l of sub-block c."""
     d, dmin = _f16(blk[..., 0:2]), _f16(blk[..., 2:4])  # [R, n, 1]
     s = blk[..., 4:16].to(torch.int32)
@@ -102,7 +102,7 @@ def _torch_q4_k(blk: torch.Tensor) -> torch.Tensor:
 
 
 def _torch_q6_k(blk: torch.Tensor) -> torch.Tensor:
-    """Q6_K super-blocks uint8 [R, n, 210] -> f32 [R, n, 256] (kquants._q6_k_block's layout)."""
+    """Q6_K super-blocks uint8 [R, n, 210] -> f32 [R, n, 256] (kquant_blocks._q6_k_block's layout)."""
     R, n = blk.shape[:2]
     ql = blk[..., 0:128].to(torch.int32).reshape(R, n, 2, 1, 64)
     ql = torch.cat([ql & 15, ql >> 4], dim=-2).reshape(R, n, 2, 4, 32)  # [half, i, l]: i = 2 (nibble) + 32-block
@@ -115,7 +115,7 @@ def _torch_q6_k(blk: torch.Tensor) -> torch.Tensor:
 
 
 def _torch_q3_k(blk: torch.Tensor) -> torch.Tensor:
-    """Q3_K super-blocks uint8 [R, n, 110] -> f32 [R, n, 256] (kquants._q3_k_block's layout)."""
+    """Q3_K super-blocks uint8 [R, n, 110] -> f32 [R, n, 256] (kquant_blocks._q3_k_block's layout)."""
     R, n = blk.shape[:2]
     dev = blk.device
     s = blk[..., 96:108].to(torch.int32)
@@ -132,7 +132,7 @@ def _torch_q3_k(blk: torch.Tensor) -> torch.Tensor:
 
 
 def _torch_q2_k(blk: torch.Tensor) -> torch.Tensor:
-    """Q2_K super-blocks uint8 [R, n, 84] -> f32 [R, n, 256] (kquants._q2_k_block's layout)."""
+    """Q2_K super-blocks uint8 [R, n, 84] -> f32 [R, n, 256] (kquant_blocks._q2_k_block's layout)."""
     R, n = blk.shape[:2]
     sc = blk[..., 0:16].to(torch.int32)
     dl = _f16(blk[..., 80:82]) * (sc & 15).float()  # [R, n, 16] runs

@@ -17,7 +17,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
 from .iquants import deq_iq4_nl_row, deq_iq4_xs_row
-from .kquants import deq_q2_k_row, deq_q3_k_row, deq_q4_k_row, deq_q5_k_row, deq_q6_k_row
+from .kquant_blocks import deq_q2_k_row, deq_q3_k_row, deq_q4_k_row, deq_q5_k_row, deq_q6_k_row
 from .nbcache import drop_stale_cache
 from .simd import h2f
 
@@ -62,7 +62,7 @@ def _deq_q4_0(w, o0, buf, qk):
 
 
 def _deq_blocks(kernel, values: int):
-    """A row dequantiser of kquants.py / iquants.py over the row's blocks of `values` weights."""
+    """A row dequantiser of kquant_blocks.py / iquants.py over the row's blocks of `values` weights."""
     @njit(fastmath=True, inline="always")
     def deq(w, o0, buf, qk):
         kernel(w, np.int64(o0), buf, np.int64(_U(buf.shape[0]) // _U(values)))

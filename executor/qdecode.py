@@ -4,7 +4,7 @@ nibble - 8, Q4_K's nibble, Q6_K's q - 32, IQ4's codebook byte ...), and per sub-
 d (ls - 32)), and mn float32, its min negated (-dmin m: Q4_K, Q5_K, Q2_K only), so that value = scale x integer + min
 (ggml-quants.c dequantize_row_*).
 
-With AVX2 the integers come from the float dequantisers' own unpacking (kquants._super_block_ir, iquants._values_ir:
+With AVX2 the integers come from the float dequantisers' own unpacking (kquant_blocks._super_block_ir, iquants._values_ir:
 byte vectors), widened to int16 and stored 32 at a time, with no float work. One Zen 4 core (`python
 benchmarks/bench_qgemm.py --decode`): 25-45 G weights/s, against 1.1-5.2 for the plain loops below, which LLVM does
 not vectorise (they stay: without AVX2, and as the reference the intrinsics are tested against), and 6.7-13.3 for the
@@ -20,7 +20,7 @@ from numba.extending import intrinsic, overload
 
 from .gemm import IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0
 from .iquants import KVALUES, _values_ir, _xs_scales_ir, iq4_xs_scale
-from .kquants import MINS_SLOT, _BS, _q3_k_scale, _q4_k_scale_min, _super_block_ir
+from .kquant_blocks import MINS_SLOT, _BS, _q3_k_scale, _q4_k_scale_min, _super_block_ir
 from .nbcache import drop_stale_cache
 from .simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fsub, h2f
 
@@ -30,7 +30,7 @@ _KSUB = {"Q4_K": 8, "Q5_K": 8}  # sub-blocks a K-quant super-block (else 16 runs
 
 
 def _kquant16_ir(fmt: str):
-    """Codegen: nsb K-quant super-blocks (kquants._super_block_ir's integers and slot of scales / mins)."""
+    """Codegen: nsb K-quant super-blocks (kquant_blocks._super_block_ir's integers and slot of scales / mins)."""
     bs, mins, S = _BS[fmt], fmt in ("Q4_K", "Q5_K", "Q2_K"), _KSUB.get(fmt, 16)
 
     def gen(context, builder, sig, args):

@@ -49,7 +49,7 @@ else:
 # - Q8_0, token pairs (four-token groups of 8 rows were only 1.06x pairs in cache, and `small` pp64 0.91x in one
 #   noisy end-to-end A/B, so not kept): 1.04-1.28 at 16, 0.94-1.25 at 24;
 # - F16, one token at a time: 1.18-1.26 at 8-16 tokens (`tiny`);
-# - the K-quants, whose rows dequantise faster than their dots run (kquants.deq_q*_k_row), four tokens a 2-row
+# - the K-quants, whose rows dequantise faster than their dots run (kquant_blocks.deq_q*_k_row), four tokens a 2-row
 #   group: Q4_K 1.07 / 0.93 at 12 tokens (two runs), 0.81-0.90 at 16; Q6_K 1.04 at 6, 0.99-1.00 at 8 (pairs only: 10 and
 #   4 tokens); Q5_K (session 28, `--presets small-q5k`, its rows dequantised at 6.0 G weights/s, Q4_K's 6.5): 1.29 at
 #   4, 0.99 at 6, 0.84 at 8, 0.66 at 12; Q3_K (`--presets small-q3k`, rows dequantised at 6.1): 1.42 at 4, 1.03 at 6,

@@ -83,7 +83,7 @@ for plan in (Plan(),  # all-CPU: the fused layer loop
     event.unregister("numba:compile", in_steps)
     r.experts.close()
 counts = {{}}
-for m in ("kernels", "row_products", "gemm", "qgemm", "qdecode", "kquants", "iquants", "simd", "vnni", "cpu_experts", "dense_kernels",
+for m in ("kernels", "row_products", "gemm", "qgemm", "qdecode", "kquants", "kquant_blocks", "iquants", "simd", "vnni", "cpu_experts", "dense_kernels",
           "attention_tiles",
           "cpu_layers", "attention", "engram", "cpu_step", "experts"):
     mod = importlib.import_module("executor." + m)

@@ -181,9 +181,9 @@ def test_q8_0_two_rows_a_pass_give_the_bits_of_eight(qk, rows, nb, seed):
 @pytest.mark.parametrize("qt", KQUANTS + [QT.IQ4_NL], ids=lambda q: q.name)
 def test_portable_loops_match_dequantised(qk, qt):
     """The loops the K-quant and IQ4 kernels fall back to without AVX2 (kquants._slow_* / iquants._slow_iq4_*, and
-    kquants._block / iquants.iq4_unit for rows dequantised) match gguf.dequantize: the products within the int16
+    kquant_blocks._block / iquants.iq4_unit for rows dequantised) match gguf.dequantize: the products within the int16
     kernels' tolerance, the values bit for bit."""
-    from executor import iquants, kquants
+    from executor import iquants, kquant_blocks, kquants
     iq = qt in (QT.IQ4_NL, QT.IQ4_XS)
     rng = np.random.default_rng(int(qt))
     rows, cols = 3, 512
@@ -201,7 +201,7 @@ def test_portable_loops_match_dequantised(qk, qt):
     if iq:  # row 0's second (super-)block
         iquants.iq4_unit(qt == QT.IQ4_XS, flat, np.uint64(size), buf, 0)
     else:
-        kquants._block(size, flat, np.uint64(size), buf, 0)
+        kquant_blocks._block(size, flat, np.uint64(size), buf, 0)
     assert np.array_equal(buf, W[0, width:2 * width])
 
 
