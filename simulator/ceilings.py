@@ -44,8 +44,9 @@ def profile_buses(hw: HardwareSpec, model: ModelSpec) -> list[Bus]:
         buses.append(Bus("VRAM", float(hw.gpu.bw_gbs), hw.gpu.bw_gbs.source))
     buses.append(Bus(f"DDR peak ({hw.memory.channels}ch x {float(hw.memory.mts):.0f} MT/s)",
                      hw.memory.peak_gbs, hw.memory.mts.source))
-    cpu_gbs = min(hw.cpu.expert_gbs_for(model.fmt_experts), hw.memory.usable_gbs)
-    buses.append(Bus(f"CPU expert kernel ({model.fmt_experts.name}, {hw.cpu.threads_used} threads)",
+    cpu_gbs = min(model.expert_rate(hw.cpu.expert_gbs_for), hw.memory.usable_gbs)
+    types = " + ".join(sorted(model.expert_types(), key=lambda f: -model.expert_types()[f][0]))
+    buses.append(Bus(f"CPU expert kernel ({types}, {hw.cpu.threads_used} threads)",
                      cpu_gbs, "min(cpu.expert_gbs, DDR peak x efficiency)"))
     if hw.pcie is not None:
         buses.append(Bus(f"PCIe {hw.pcie.gen}.0 x{hw.pcie.lanes} zero-copy", float(hw.pcie.zero_copy_gbs),
@@ -70,12 +71,12 @@ def dense_time_ms(model: ModelSpec, hw: HardwareSpec) -> float:
 def tier_roofs_gbs(model: ModelSpec, hw: HardwareSpec, plan) -> dict[str, float]:
     """The rate (GB/s over the bytes each tier reads, as an executor trace counts them) at which the
     simulator runs each expert tier of `plan` on `hw`: CPU experts at the profile's kernel rate for
-    the format and threads, capped by DDR; resident experts at the fitted per-hit rate or the VRAM
+    each weight type and the threads, capped by DDR; resident experts at the fitted per-hit rate or the VRAM
     roof x GEMV efficiency (over their device copies); copies at the engine's copy rate."""
     from .resources import Constants
     c = Constants.from_hw(hw)
     threads = int(plan.cpu_threads or hw.cpu.threads_used)
-    out = {"cpu": min(hw.cpu.expert_gbs_for(model.fmt_experts, threads), hw.memory.usable_gbs)}
+    out = {"cpu": min(model.expert_rate(lambda fmt: hw.cpu.expert_gbs_for(fmt, threads)), hw.memory.usable_gbs)}
     if hw.gpu is not None:
         out["device"] = c.dev_expert_gbs or float(hw.gpu.bw_gbs) * c.gpu_bw_efficiency * c.gpu_expert_efficiency
         out["pcie"] = c.copy_h2d_gbs or (float(hw.pcie.h2d_gbs) if hw.pcie else 0.0)

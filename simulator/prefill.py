@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .engram import gathers_inline, layer_gather_s
 from .policies import chunks, expected_touched, op_offload, ubatches
-from .resources import cpu_prefill_gflops, host_dense_s
+from .resources import cpu_expert_prefill_gflops, host_dense_s
 
 # Sparse attention: each query attends at most this many earlier tokens (DeepSeek V3.2+/V4 DSA
 # top-k). ModelSpec has no field for it yet (reported to the lead); keyed by architecture here.
@@ -207,7 +207,7 @@ class PrefillRun:
         # experts on the CPU: GEMM FLOPs at the engine's per-core rate for the format and batch, weights from DDR
         touched = expected_touched(n, md.n_experts, self.k, TOUCH_LOCALITY)
         nbytes = touched * self.eb
-        gflops = cpu_prefill_gflops(m.hw, self.plan, md.fmt_experts, n * self.k / max(touched, 1e-9), m.threads, m.c)
+        gflops = cpu_expert_prefill_gflops(m.hw, self.plan, md, n * self.k / max(touched, 1e-9), m.threads, m.c)
         cpu_s = n * self.k * md.expert_flops / (gflops * 1e9 * m.threads)
         rate = min(m.cpu_expert_rate, nbytes / cpu_s) if cpu_s > 0 else m.cpu_expert_rate
         after_dense = lambda: m.cpu_read(nbytes, nxt, rate=rate, extra_s=host_s)

@@ -97,6 +97,20 @@ def cpu_gbs(hw, fmt, threads: int, plan) -> float:
     return hw.cpu.expert_gbs_for(fmt, threads, rowwise=rowwise(hw, plan), repacked=repacked(hw, plan, fmt))
 
 
+def cpu_expert_gbs(hw, model, threads: int, plan) -> float:
+    """GB/s at which `plan`'s engine computes `model`'s routed experts on `threads` host cores: each weight type's
+    bytes at its own rate (cpu_gbs: a Q4_K_M file's Q6_K down projections at Q6_K's; llama.cpp's repacked Q4_K
+    beside the Q2_K it computes in place, in its Q2_K files)."""
+    return model.expert_rate(lambda fmt: cpu_gbs(hw, fmt, threads, plan))
+
+
+def cpu_expert_prefill_gflops(hw, plan, model, tokens_per_expert: float, threads: int, c: Constants) -> float:
+    """GFLOP/s per core of `plan`'s engine's CPU expert products on a prefill batch with that many tokens an
+    expert: each weight type's share of the multiply-adds at its own rate (cpu_prefill_gflops)."""
+    return model.expert_rate(lambda fmt: cpu_prefill_gflops(hw, plan, fmt, tokens_per_expert, threads, c),
+                             per="weights")
+
+
 def cpu_prefill_gflops(hw, plan, fmt, tokens_per_expert: float, threads: int, c: Constants) -> float:
     """GFLOP/s per core of `plan`'s engine's CPU expert products on a prefill batch with that many tokens an
     expert: for llama.cpp, the rate of the structure ggml gives `fmt` there (specs.formats.llamacpp_prefill_path)
@@ -156,7 +170,7 @@ class Machine:
         self.nvme = self.net.link("nvme", hw.nvme.seq_read_gbs * GB)
         self.zc_rate = (pcie.zero_copy_gbs if pcie else 1.0) * GB * consts.zc_efficiency
         self.h2d_rate = (consts.copy_h2d_gbs or (pcie.h2d_gbs if pcie else 1.0)) * GB
-        self.cpu_expert_rate = cpu_gbs(hw, model.fmt_experts, self.threads, plan) * GB
+        self.cpu_expert_rate = cpu_expert_gbs(hw, model, self.threads, plan) * GB
         self.cpu_dense_rate = cpu_gbs(hw, parse_format(model.dense_format), self.threads, plan) * GB
         self.gpu_bw = (hw.gpu.bw_gbs * GB * consts.gpu_bw_efficiency) if self.has_gpu else 0.0
         self.gpu_flops = (hw.gpu.fp16_tflops * 1e12 * consts.gemm_efficiency) if self.has_gpu else 0.0

@@ -17,7 +17,7 @@ import math
 from .engram import EngramText, gathers_inline, layer_gather_s, ram_room
 from .policies import auction_split, chunks, expected_touched, mtp_tokens, ubatches
 from .prefill import TOUCH_LOCALITY, attention_flops
-from .resources import GB, Constants, cpu_gbs, cpu_pair_s, cpu_prefill_gflops, host_dense_s
+from .resources import GB, Constants, cpu_expert_gbs, cpu_expert_prefill_gflops, cpu_gbs, cpu_pair_s, host_dense_s
 from .routing import distinct_per_layer, inclusion, make_routing
 
 
@@ -89,7 +89,7 @@ def expert_times(model, hw, plan, c: Constants, threads: int) -> ExpertTimes:
     eb = model.expert_bytes
     has_gpu = hw.gpu is not None
     gpu_bw = hw.gpu.bw_gbs * GB * c.gpu_bw_efficiency if has_gpu else 0.0
-    cpu_rate = cpu_gbs(hw, model.fmt_experts, threads, plan) * GB
+    cpu_rate = cpu_expert_gbs(hw, model, threads, plan) * GB
     zc = hw.pcie.zero_copy_gbs * GB * c.zc_efficiency if hw.pcie else 1.0
     dev_eb = model.params_per_expert * c.dev_bytes_per_param if c.dev_bytes_per_param else eb
     dev_rate = c.dev_expert_gbs * GB if c.dev_expert_gbs else gpu_bw * c.gpu_expert_efficiency
@@ -247,7 +247,7 @@ def _prefill_compute_s(model, hw, plan, prompt_tokens: int, c: Constants) -> flo
 
     def experts_s(n: int, layers: int) -> float:  # an n-token batch's expert products on the host cores
         touched = expected_touched(n, model.n_experts, k, TOUCH_LOCALITY)
-        gflops = cpu_prefill_gflops(hw, plan, model.fmt_experts, n * k / max(touched, 1e-9), threads, c)
+        gflops = cpu_expert_prefill_gflops(hw, plan, model, n * k / max(touched, 1e-9), threads, c)
         return n * k * model.expert_flops * layers / (gflops * 1e9 * threads)
     if hw.gpu is None:  # no device: dense path, attention and experts all on the host cores
         total, pos = 0.0, 0

@@ -6,7 +6,8 @@ at page granularity.
 """
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -192,6 +193,27 @@ class ModelSpec(_Strict):
         """Routed-expert bytes one token reads: MoE layers x top-k x expert bytes."""
         k = self.top_k if experts_per_token is None else experts_per_token
         return self.n_moe_layers * k * self.expert_bytes
+
+    def expert_types(self) -> dict[str, tuple[float, float]]:
+        """{type: (bytes, weights)} of the routed experts: each tensor's own type from a GGUF header (llama.cpp's
+        Q4_K_M files hold Q4_K gate / up and Q6_K or Q4_K down; its Q2_K files Q2_K, Q3_K and Q4_K), else all of
+        them in expert_format. A token reads each type's share of its bytes, at that type's rate."""
+        if self.tensors is None:
+            return {self.expert_format: (self.routed_bytes, float(self.routed_params))}
+        out: dict[str, tuple[float, float]] = {}
+        for t in self.tensors:
+            if t.group == "experts":
+                b, w = out.get(t.type, (0.0, 0.0))
+                out[t.type] = (b + t.bytes, w + float(math.prod(t.shape)))
+        return out
+
+    def expert_rate(self, rate: Callable[[WeightFormat], float], per: str = "bytes") -> float:
+        """The rate of one pass over the routed experts when each weight type runs at rate(format): their bytes
+        (per="bytes": GB/s) or weights (per="weights": GFLOP/s, the multiply-adds follow the weights) over the
+        sum of each type's time. One type: its own rate."""
+        i = 0 if per == "bytes" else 1
+        types = self.expert_types()
+        return sum(v[i] for v in types.values()) / sum(v[i] / rate(parse_format(f)) for f, v in types.items())
 
     # ---- dense path -----------------------------------------------------------------------
     @property

@@ -83,3 +83,24 @@ def test_kv_cache_layers_of_a_hybrid_gguf(tmp_path, write_gguf, arch, kv, full):
     m = load_model(str(path))
     assert m.attention.kv_layers == full
     assert m.kv_bytes_per_token("f16") == 2 * 2 * 16 * (L if full is None else full) * 2
+
+
+def test_expert_types_split_the_experts_bytes_and_weights_by_tensor_type(gguf_file):
+    """conftest's file (layer 0 Q4_0 gate / up, layer 1 Q8_0, layer 2 Q4_K gate / up; every down Q8_0): each
+    type's bytes are its tensors' bytes, its weights their shapes' products, and together they are the
+    routed experts' bytes and weights."""
+    path, written = gguf_file
+    m = load_model(str(path))
+    types = m.expert_types()
+    assert set(types) == {"Q4_0", "Q8_0", "Q4_K"}
+    assert types["Q4_0"][0] == written["blk.0.ffn_gate_exps.weight"] + written["blk.0.ffn_up_exps.weight"]
+    assert types["Q4_K"][1] == 2 * E * F * 256  # gate and up, 256-wide rows
+    assert types["Q4_0"][1] == 2 * E * F * H
+    assert sum(b for b, _ in types.values()) == m.routed_bytes
+    assert types["Q8_0"][0] == sum(v for k, v in written.items() if "_exps" in k) - types["Q4_0"][0] - types["Q4_K"][0]
+
+
+def test_a_spec_without_a_header_has_one_expert_type():
+    """A preset or config.json names one expert format: all routed bytes and weights are of it."""
+    m = load_model("deepseek-v4.1-flash")
+    assert m.expert_types() == {m.expert_format: (m.routed_bytes, float(m.routed_params))}
