@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from specs.formats import llamacpp_prefill_keys, llamacpp_prefill_path, llamacpp_repacks, parse_format
+from specs.formats import llamacpp_prefill_keys, llamacpp_prefill_path, llamacpp_repacks
 
 from .engine import FluidNet, Pool, Serial, Sim
 
@@ -104,6 +104,12 @@ def cpu_expert_gbs(hw, model, threads: int, plan) -> float:
     return model.expert_rate(lambda fmt: cpu_gbs(hw, fmt, threads, plan))
 
 
+def cpu_dense_gbs(hw, model, threads: int, plan) -> float:
+    """GB/s at which `plan`'s engine reads `model`'s dense path on `threads` host cores: each weight type's
+    bytes at its own rate, as cpu_expert_gbs (F16 attention beside a Q8_0 head; a Q4_K_M file's Q6_K attn_v)."""
+    return model.dense_rate(lambda fmt: cpu_gbs(hw, fmt, threads, plan))
+
+
 def cpu_expert_prefill_gflops(hw, plan, model, tokens_per_expert: float, threads: int, c: Constants) -> float:
     """GFLOP/s per core of `plan`'s engine's CPU expert products on a prefill batch with that many tokens an
     expert: each weight type's share of the multiply-adds at its own rate (cpu_prefill_gflops)."""
@@ -171,7 +177,7 @@ class Machine:
         self.zc_rate = (pcie.zero_copy_gbs if pcie else 1.0) * GB * consts.zc_efficiency
         self.h2d_rate = (consts.copy_h2d_gbs or (pcie.h2d_gbs if pcie else 1.0)) * GB
         self.cpu_expert_rate = cpu_expert_gbs(hw, model, self.threads, plan) * GB
-        self.cpu_dense_rate = cpu_gbs(hw, parse_format(model.dense_format), self.threads, plan) * GB
+        self.cpu_dense_rate = cpu_dense_gbs(hw, model, self.threads, plan) * GB
         self.gpu_bw = (hw.gpu.bw_gbs * GB * consts.gpu_bw_efficiency) if self.has_gpu else 0.0
         self.gpu_flops = (hw.gpu.fp16_tflops * 1e12 * consts.gemm_efficiency) if self.has_gpu else 0.0
         self.rand_rate = hw.nvme.rand_4k_iops * hw.page_bytes

@@ -17,7 +17,7 @@ import math
 from .engram import EngramText, gathers_inline, layer_gather_s, ram_room
 from .policies import auction_split, chunks, expected_touched, mtp_tokens, ubatches
 from .prefill import TOUCH_LOCALITY, attention_flops
-from .resources import GB, Constants, cpu_expert_gbs, cpu_expert_prefill_gflops, cpu_gbs, cpu_pair_s, host_dense_s
+from .resources import GB, Constants, cpu_dense_gbs, cpu_expert_gbs, cpu_expert_prefill_gflops, cpu_pair_s, host_dense_s
 from .routing import distinct_per_layer, inclusion, make_routing
 
 
@@ -183,13 +183,12 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
     n_dyn = model.n_moe_layers - n_static
     ctx = prompt_tokens
     dense_b = model.dense_bytes_per_token + model.kv_bytes_per_token(plan.kv.dtype) * ctx * ntok
-    from specs.formats import parse_format
     if has_gpu and plan.placement.dense == "gpu":  # the host issues each layer, the GPU streams its weights
         # (a host-sharing device reads them at the host kernels' rate: decode.py's host_dense)
-        rate = cpu_gbs(hw, parse_format(model.dense_format), threads, plan) * GB if hw.gpu.shares_host else gpu_bw
+        rate = cpu_dense_gbs(hw, model, threads, plan) * GB if hw.gpu.shares_host else gpu_bw
         dense_ms = dense_b / rate * 1e3 + model.n_layers * (c.layer_overhead_ms + (ntok - 1) * c.token_overhead_ms)
     else:
-        dense_ms = (dense_b / (cpu_gbs(hw, parse_format(model.dense_format), threads, plan) * GB) * 1e3
+        dense_ms = (dense_b / (cpu_dense_gbs(hw, model, threads, plan) * GB) * 1e3
                     + model.n_layers * c.cpu_job_ms  # one CPU job per layer, as the event simulation
                     # attention and experts alternating on the cores
                     + model.n_moe_layers * (c.cpu_layer_ms + c.cpu_layer_ms_per_mb * (

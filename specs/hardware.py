@@ -118,7 +118,8 @@ class CPU(_Strict):
         are repacked): the format's `repacked_gbs` rate where the profile has one, else the same weights a second
         as the rebuilt format's (specs.formats.LLAMACPP_REPACKED_STAND_IN), else as rowwise."""
         family = fmt.name.split(":")[0]
-        keys = (fmt.name, family, "codebook" if fmt.codebook else "block", "default")
+        floats = ("F16",) if fmt.block_weights == 1 else ()  # F32 / BF16 rows read at F16's GB/s, unless timed
+        keys = (fmt.name, family, *floats, "codebook" if fmt.codebook else "block", "default")
         rate = self._rate(self.expert_gbs, keys, threads)
         if rate is None:
             raise KeyError(f"cpu.expert_gbs has no entry for {fmt.name} (nor 'default')")

@@ -101,6 +101,22 @@ class TensorInfo(_Strict):
     group: Literal["experts", "embedding", "engram", "dense"]
 
 
+def _tally(items) -> dict[str, tuple[float, float]]:
+    """{type: (bytes, weights)} summed over (type, bytes, weights) items."""
+    out: dict[str, tuple[float, float]] = {}
+    for typ, nbytes, weights in items:
+        b, w = out.get(typ, (0.0, 0.0))
+        out[typ] = (b + nbytes, w + float(weights))
+    return out
+
+
+def _mixed_rate(types: dict[str, tuple[float, float]], rate: Callable[[WeightFormat], float], per: str) -> float:
+    """The rate of one pass over `types` ({type: (bytes, weights)}) when each type runs at rate(format): the
+    bytes (per="bytes") or weights (per="weights") over the sum of each type's time."""
+    i = 0 if per == "bytes" else 1
+    return sum(v[i] for v in types.values()) / sum(v[i] / rate(parse_format(f)) for f, v in types.items() if v[i])
+
+
 class ModelSpec(_Strict):
     name: str
     arch: str = "moe"
@@ -200,20 +216,13 @@ class ModelSpec(_Strict):
         them in expert_format. A token reads each type's share of its bytes, at that type's rate."""
         if self.tensors is None:
             return {self.expert_format: (self.routed_bytes, float(self.routed_params))}
-        out: dict[str, tuple[float, float]] = {}
-        for t in self.tensors:
-            if t.group == "experts":
-                b, w = out.get(t.type, (0.0, 0.0))
-                out[t.type] = (b + t.bytes, w + float(math.prod(t.shape)))
-        return out
+        return _tally((t.type, t.bytes, math.prod(t.shape)) for t in self.tensors if t.group == "experts")
 
     def expert_rate(self, rate: Callable[[WeightFormat], float], per: str = "bytes") -> float:
         """The rate of one pass over the routed experts when each weight type runs at rate(format): their bytes
         (per="bytes": GB/s) or weights (per="weights": GFLOP/s, the multiply-adds follow the weights) over the
         sum of each type's time. One type: its own rate."""
-        i = 0 if per == "bytes" else 1
-        types = self.expert_types()
-        return sum(v[i] for v in types.values()) / sum(v[i] / rate(parse_format(f)) for f, v in types.items())
+        return _mixed_rate(self.expert_types(), rate, per)
 
     # ---- dense path -----------------------------------------------------------------------
     @property
@@ -282,12 +291,44 @@ class ModelSpec(_Strict):
         tied = self.embedding_bytes if self.head_is_embedding else 0.0
         return self.dense_resident_bytes - self.embedding_bytes + row + tied
 
+    def dense_types(self) -> dict[str, tuple[float, float]]:
+        """{type: (bytes, weights)} of what one token reads on the dense path (dense_bytes_per_token): a GGUF
+        header's dense tensors each in its own type (llama.cpp's Q4_K_M files: Q4_K attention, Q6_K attn_v and
+        head), the embedding row, and the whole table when it is the head; else all of it in dense_format."""
+        if self.tensors is None:
+            return {self.dense_format: (self.dense_bytes_per_token, self.dense_params_per_token)}
+        items = [(t.type, t.bytes, math.prod(t.shape)) for t in self.tensors if t.group == "dense"]
+        emb = next((t for t in self.tensors if t.group == "embedding"), None)
+        if emb is not None:  # one row a token, and every row when the table is the head
+            rows = 1 + (self.vocab if self.head_is_embedding else 0)
+            items.append((emb.type, self.embedding_bytes / self.vocab * rows, self.hidden * rows))
+        return _tally(items)
+
+    def dense_rate(self, rate: Callable[[WeightFormat], float], per: str = "bytes") -> float:
+        """expert_rate for the dense path: each of dense_types at rate(format)."""
+        return _mixed_rate(self.dense_types(), rate, per)
+
     @property
     def dense_params_per_token(self) -> float:
-        """Dense weights multiplied per token (from bytes at the dense format when reported)."""
-        if self.tensors is None and self.dense_resident_bytes_reported is None:  # a tied head: the table's weights
+        """Dense weights multiplied per token: each tensor's shape for a GGUF header; else from the config (from
+        bytes at the dense format when reported)."""
+        if self.tensors is not None:
+            return sum(w for _, w in self.dense_types().values())
+        if self.dense_resident_bytes_reported is None:  # a tied head: the table's weights
             return float(self._computed_dense_params()) + (self.vocab * self.hidden if self.head_is_embedding else 0)
         return self.dense_bytes_per_token * 8 / parse_format(self.dense_format).bits
+
+    @property
+    def head_params(self) -> float:
+        """Weights of the output head: `output.weight`'s (or the tied table's) shape for a GGUF header; else its
+        share of the dense bytes, of dense_params_per_token."""
+        if self.tensors is not None:
+            head = [t for t in self.tensors if t.name == "output.weight"
+                    or (self.head_is_embedding and t.group == "embedding")]
+            return float(sum(math.prod(t.shape) for t in head))
+        if self.dense_bytes_per_token <= 0:
+            return 0.0
+        return self.dense_params_per_token * min(1.0, self.head_bytes / self.dense_bytes_per_token)
 
     @property
     def dense_flops_per_token(self) -> float:
@@ -297,10 +338,8 @@ class ModelSpec(_Strict):
     def prefill_dense_flops(self, n: int, outputs: int = 1) -> float:
         """Dense-path FLOPs of an n-token prefill batch whose logits are wanted for `outputs` tokens: the
         output head runs only for those (llama.cpp outputs a batch's last token unless asked for more;
-        the executor its last position), every other dense weight for all n. The head's share of the
-        per-token FLOPs is its share of the dense bytes, as dense_params_per_token counts them."""
-        head = self.dense_flops_per_token * min(1.0, self.head_bytes / self.dense_bytes_per_token) \
-            if self.dense_bytes_per_token > 0 else 0.0
+        the executor its last position), every other dense weight for all n (head_params)."""
+        head = min(2.0 * self.head_params, self.dense_flops_per_token)
         return (self.dense_flops_per_token - head) * n + head * min(outputs, n)
 
     @property

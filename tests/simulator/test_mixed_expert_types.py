@@ -1,10 +1,12 @@
-"""Experts of several weight types (llama.cpp's Q4_K_M, Q3_K_M and Q2_K files): each type's bytes run at that
-type's rate on the CPU tier, for the executor and for llama.cpp (which repacks some types and not others),
-in decode, in the tier roof and in prefill. The files are session 34's `small-q2k` / `small-q3k` (Zen 4 data)."""
+"""Weights of several types (llama.cpp's Q4_K_M, Q3_K_M and Q2_K files; F16 attention beside a Q8_0 head): each
+type's bytes run at that type's rate on the CPU tier, for the executor and for llama.cpp (which repacks some types
+and not others), in decode, in the tier roof and in prefill; the dense path alike. The files are session 34's
+`small-q2k` / `small-q3k` / `small-q4k` (Zen 4 data)."""
 from pathlib import Path
 
 from simulator.ceilings import tier_roofs_gbs
-from simulator.resources import Constants, cpu_expert_gbs, cpu_expert_prefill_gflops, cpu_gbs, cpu_prefill_gflops
+from simulator.resources import (Constants, cpu_dense_gbs, cpu_expert_gbs, cpu_expert_prefill_gflops, cpu_gbs,
+                                 cpu_prefill_gflops)
 from simulator.run import simulate
 from specs.formats import parse_format
 from specs.loaders import load_hardware, load_model
@@ -14,6 +16,7 @@ DATA = Path(__file__).resolve().parents[1] / "calibration" / "data" / "zen4-2026
 HW = load_hardware(str(DATA / "host-calibrated.yaml"))
 Q2K = load_model(str(DATA / "small-q2k.yaml"))  # experts: Q2_K 264.2 MB, Q4_K 113.2, Q3_K 86.5
 Q3K = load_model(str(DATA / "small-q3k.yaml"))  # Q3_K 346.0 MB, Q5_K 138.4, Q4_K 113.2
+Q4K = load_model(str(DATA / "small-q4k.yaml"))  # dense: F16 attention 50.3 MB, F32 routers 2.2, Q8_0 head 17.8
 EXECUTOR = Plan()
 LLAMACPP = Plan(engine="llamacpp", cpu_repack=True)
 
@@ -71,3 +74,15 @@ def test_prefill_weighs_each_type_by_its_multiply_adds():
         w / cpu_prefill_gflops(HW, LLAMACPP, parse_format(f), 128.0, 2, c) for f, (_, w) in types.items())
     assert abs(cpu_expert_prefill_gflops(HW, LLAMACPP, Q3K, 128.0, 2, c) - want) < 1e-9
     assert want < cpu_prefill_gflops(HW, LLAMACPP, parse_format("Q3_K"), 128.0, 2, c)  # the gemv is the slower
+
+
+def test_the_dense_path_reads_each_type_at_its_own_rate():
+    """small-q4k's dense bytes: F16 attention (and F32 routers, at F16's GB/s) beside a Q8_0 head, which this
+    profile reads faster: the mixed rate lies between, and a faster Q8_0 kernel speeds the predicted decode
+    through the head alone (no expert is Q8_0)."""
+    f16, q8 = (cpu_gbs(HW, parse_format(f), 2, EXECUTOR) for f in ("F16", "Q8_0"))
+    assert cpu_gbs(HW, parse_format("F32"), 2, EXECUTOR) == f16
+    assert min(f16, q8) < cpu_dense_gbs(HW, Q4K, 2, EXECUTOR) < max(f16, q8)
+    base = simulate(Q4K, HW, EXECUTOR, gen_tokens=16, warm_steps=0).decode_tok_s
+    faster = simulate(Q4K, _with_rate(HW, "Q8_0", 2.0), EXECUTOR, gen_tokens=16, warm_steps=0).decode_tok_s
+    assert faster > base * 1.01

@@ -104,3 +104,29 @@ def test_a_spec_without_a_header_has_one_expert_type():
     """A preset or config.json names one expert format: all routed bytes and weights are of it."""
     m = load_model("deepseek-v4.1-flash")
     assert m.expert_types() == {m.expert_format: (m.routed_bytes, float(m.routed_params))}
+
+
+def test_dense_types_are_what_a_token_reads_on_the_dense_path(gguf_file):
+    """conftest's file: F16 attn_q (64 x H a layer), F32 routers (E x H), the Q8_0 head (V x H) and one F16
+    embedding row: their bytes are dense_bytes_per_token, their weights dense_params_per_token (each tensor's
+    shape, not the bytes at the attention's bits), and the head's weights its shape's."""
+    m = load_model(str(gguf_file[0]))
+    types = m.dense_types()
+    assert types["F16"][1] == L * 64 * H + H
+    assert types["F32"][1] == L * E * H
+    assert types["Q8_0"][1] == V * H
+    assert sum(b for b, _ in types.values()) == m.dense_bytes_per_token
+    assert m.dense_params_per_token == L * 64 * H + H + L * E * H + V * H
+    assert m.head_params == V * H
+    assert m.prefill_dense_flops(10, 1) == 2 * (m.dense_params_per_token - V * H) * 10 + 2 * V * H
+
+
+def test_a_tied_head_reads_the_whole_embedding_table_in_its_type(gguf_file):
+    """Without output.weight the head is token_embd (F16 here): every row of it a token, plus the input row."""
+    m = load_model(str(gguf_file[0]))
+    tied = m.model_copy(update={"tensors": [t for t in m.tensors if t.name != "output.weight"]})
+    types = tied.dense_types()
+    assert "Q8_0" not in types
+    assert types["F16"][1] == L * 64 * H + (V + 1) * H
+    assert sum(b for b, _ in types.values()) == tied.dense_bytes_per_token
+    assert tied.head_params == V * H
