@@ -4,7 +4,8 @@
 llama.cpp quantises each op's activations to Q8_0 (ggml's `quantize_row_q8_0`: int8 and one float scale per
 32-block) and dots them with `vec_dot_q8_0_q8_0` / `vec_dot_q4_0_q8_0` (ggml-cpu arch/x86/quants.c): per
 block the weights as int8 (Q4_0's nibbles minus 8), |w| times sign(w) x with `vpmaddubsw`, the pair sums to
-int32 by a `vpmaddwd` with ones (`mul_sum_i8_pairs_float`, AVX2 without VNNI), converted and fused-multiplied
+int32 by a `vpmaddwd` with ones (`mul_sum_i8_pairs_float`; with AVX-512 VNNI and VL one 256-bit `vpdpbusd`, as
+ggml compiles it natively on such a CPU), converted and fused-multiplied
 with the two blocks' scales into one 8-lane accumulator, summed across lanes at the end. The codegen here
 is that loop for `nr` rows against one token (nr = 1 is ggml's vec_dot; benchmarks/bench_int8_kernel.py
 times nr = 4 against the executor's int16 kernel). The executor keeps int16 activations (executor/simd.py):
@@ -18,6 +19,8 @@ nibbles become signed bytes by a table (`vpshufb`), 8 int8 products accumulate i
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from llvmlite import ir
 from numba import njit
@@ -25,21 +28,33 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from executor.nbcache import drop_stale_cache
-from executor.simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fn, _splat, hsum8
+from executor.qgemm import HAVE_VNNI256 as CPU_VNNI256
+from executor.simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fn, _splat, h16x8, hsum8
 
 drop_stale_cache(__file__)
 
+# ggml's int8 products take vpdpbusd on 256-bit vectors where the CPU has AVX-512 VNNI and VL (MOE_OFFLOAD_NO_VNNI=1:
+# its AVX2 loop instead, as executor.vnni; the same sums)
+HAVE_VNNI256 = HAVE_AVX2 and CPU_VNNI256 and os.environ.get("MOE_OFFLOAD_NO_VNNI") != "1"
 Q4_0X8_BYTES = 8 * 18  # block_q4_0x8: 8 fp16 scales, then 8 x 16 bytes of nibbles interleaved 8 bytes a row
 
 
-def mul_sum_i8(builder, w, x):
-    """Codegen: ggml's mul_sum_i8_pairs on AVX2 without VNNI: <32 x i8> w, x -> <8 x i32>, each lane the sum of four
-    w * x (|w| times sign(w) x by vpmaddubsw, the pair sums widened by a vpmaddwd with ones)."""
+def mul_sum_i8(builder, w, x, acc=None):
+    """Codegen: ggml's mul_sum_i8_pairs: <32 x i8> w, x -> <8 x i32> (plus `acc`), each lane the sum of four w * x,
+    |w| times sign(w) x. With AVX-512 VNNI and VL one 256-bit `vpdpbusd` (ggml's mul_sum_us8_pairs_float /
+    _acc_int32x8 under __AVX512VNNI__ && __AVX512VL__, as a native build on such a CPU compiles them); else
+    `vpmaddubsw`, the pair sums widened by a `vpmaddwd` with ones."""
     psign = _fn(builder, "llvm.x86.avx2.psign.b", V(I8, 32), [V(I8, 32)] * 2)
+    aw, sx = builder.call(psign, [w, w]), builder.call(psign, [x, w])
+    if HAVE_VNNI256:
+        dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.256", V(I32, 8), [V(I32, 8)] * 3)
+        zero = ir.Constant(V(I32, 8), [0] * 8)
+        return builder.call(dp, [acc if acc is not None else zero, builder.bitcast(aw, V(I32, 8)),
+                                 builder.bitcast(sx, V(I32, 8))])
     maddubs = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", V(I16, 16), [V(I8, 32)] * 2)
     pmadd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V(I32, 8), [V(I16, 16)] * 2)
-    dots = builder.call(maddubs, [builder.call(psign, [w, w]), builder.call(psign, [x, w])])
-    return builder.call(pmadd, [dots, ir.Constant(V(I16, 16), [1] * 16)])
+    sums = builder.call(pmadd, [builder.call(maddubs, [aw, sx]), ir.Constant(V(I16, 16), [1] * 16)])
+    return builder.add(acc, sums) if acc is not None else sums
 
 
 def rows_i8_codegen(q4: bool, nr: int, prefetch: bool):
@@ -78,10 +93,11 @@ def rows_i8_codegen(q4: bool, nr: int, prefetch: bool):
                 else:
                     w = builder.load(builder.bitcast(pq, V(I8, 32).as_pointer()), align=1)
                 m = mul_sum_i8(builder, w, xv)  # [8] int32
-                h = builder.load(builder.bitcast(p, ir.HalfType().as_pointer()), align=1)
-                d = builder.fmul(builder.fpext(h, F32), dxb)
-                builder.store(builder.call(fma, [builder.sitofp(m, V(F32, 8)), _splat(builder, d, 8),
-                                                 builder.load(accs[k])]), accs[k])
+                # the two scales' product on every lane; ggml reads the fp16 through a table (no F16C there), a
+                # load with no input but its address, and h16x8 keeps that: a lone lane's insert joined the
+                # accumulator's chain (4-15 cycles a block) where LLVM inserted into the accumulator's register
+                d = builder.fmul(h16x8(builder, p), _splat(builder, dxb, 8))
+                builder.store(builder.call(fma, [builder.sitofp(m, V(F32, 8)), d, builder.load(accs[k])]), accs[k])
         for k in range(nr):
             builder.store(hsum8(builder, builder.load(accs[k])), builder.gep(rd, [builder.add(roff, ir.Constant(I64, k))]))
         return context.get_dummy_value()
@@ -140,7 +156,7 @@ def gemv_q4_0x8_codegen():
                 for first in (True, False):
                     wv = pair(r0123, r4567, first)
                     xv = lanes_dword(x, 2 * (q % 2) + (0 if first else 1))
-                    iacc = builder.add(iacc, mul_sum_i8(builder, wv, xv))
+                    iacc = mul_sum_i8(builder, wv, xv, iacc)
             hv = builder.load(builder.bitcast(p, V(I16, 8).as_pointer()), align=1)
             # the scales in the accumulator's lane order (ggml's changemask: rows 0, 4, 1, 5, 2, 6, 3, 7)
             hv = builder.shuffle_vector(hv, hv, v32([0, 4, 1, 5, 2, 6, 3, 7]))

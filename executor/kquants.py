@@ -19,7 +19,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .kquant_blocks import _U, _block, _q3_k_scales_ir, _q4_k_scales_ir
-from .simd import (F32, HAVE_AVX2, I8, I16, I32, I64, V, _fmul, _fn, _fsub, _pmadd, _qsig, _splat, hsum8,
+from .simd import (F32, HAVE_AVX2, I8, I16, I32, I64, V, _fmul, _fn, _fsub, _pmadd, _qsig, h16x8, hsum8,
                    lane_sums, prefetch_lines, run_sums, token_rows, x_halves)
 from .vnni import RUN_SUMS_AT
 
@@ -43,13 +43,6 @@ def _super_block(builder, wd, woff, rbk, pfo, sb, bs: int, prefetch: bool = True
     nr = len(rbk)
     prefetch_lines(builder, builder.gep(wd, [builder.add(pfo, builder.mul(sb, i64(nr * bs)))]), nr * bs, prefetch)
     return [builder.gep(p0, [rbk[k]]) if k else p0 for k in range(nr)]
-
-
-def _h16x8(builder, p):
-    """Codegen: the fp16 at byte pointer p as <8 x f32> (vpbroadcastw from memory, vcvtph2ps: two vector ops where
-    a lone lane's insert, convert and broadcast took three)."""
-    h = builder.load(builder.bitcast(p, I16.as_pointer()), align=1)
-    return builder.fpext(builder.bitcast(_splat(builder, h, 8), V(ir.HalfType(), 8)), V(F32, 8))
 
 
 def _rows_q4_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q5: bool = False):
@@ -97,8 +90,8 @@ def _rows_q4_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q5: bool = False)
             xs = [[x_halves(builder, xd, builder.add(blk0, i64(c))) for c in range(8)] for xd in xds]
             for k, p in enumerate(ps):
                 sc, mn = _q4_k_scales_ir(builder, p)
-                d8 = _h16x8(builder, p)
-                dmn = _fmul(builder, _h16x8(builder, builder.gep(p, [i64(2)])), builder.sitofp(mn, V(F32, 8)))
+                d8 = h16x8(builder, p)
+                dmn = _fmul(builder, h16x8(builder, builder.gep(p, [i64(2)])), builder.sitofp(mn, V(F32, 8)))
                 qh = builder.load(builder.bitcast(builder.gep(p, [i64(16)]), V(I16, 16).as_pointer()), align=1) \
                     if q5 else None
                 sums = [[None] * 8 for _ in range(MT)]  # [t][c]: <8 x i32>
@@ -191,11 +184,11 @@ def _rows_q6_k_ir(NR: int, MT: int = 1, prefetch: bool = True, q3: bool = False,
                 offs = [[builder.shl(builder.fptosi(r, V(I32, 8)), sh) for r in rs] for rs in rsums]
             ds, isc = [], []  # per row: d on eight lanes; [u] the run scales of runs 8u .. 8u + 7, in run_sums' order
             for k, p in enumerate(ps):
-                d = _h16x8(builder, builder.gep(p, [i64(d_at)]))
+                d = h16x8(builder, builder.gep(p, [i64(d_at)]))
                 ds.append(d)
                 if q2:
                     sc = builder.load(builder.bitcast(p, V(I8, 16).as_pointer()), align=1)
-                    dmin = _h16x8(builder, builder.gep(p, [i64(82)]))
+                    dmin = h16x8(builder, builder.gep(p, [i64(82)]))
                     half = [builder.zext(builder.shuffle_vector(sc, sc, ir.Constant(V(I32, 8), [8 * u + r for r in odd_even])),
                                          V(I32, 8)) for u in range(2)]  # runs 8u .. 8u + 7 in run_sums' order
                     c32 = lambda v: ir.Constant(V(I32, 8), [v] * 8)  # noqa: E731

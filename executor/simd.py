@@ -91,6 +91,14 @@ def _splat(builder, v, n):
     return builder.shuffle_vector(t, t, ir.Constant(V(I32, n), [0] * n))
 
 
+def h16x8(builder, p):
+    """Codegen: the fp16 at byte pointer p as <8 x f32> (vpbroadcastw from memory, vcvtph2ps: two vector ops where
+    a lone lane's insert, convert and broadcast took three; an insert into a lone lane also keeps whatever register
+    LLVM picks, the accumulator at times, and so joins its chain)."""
+    h = builder.load(builder.bitcast(p, I16.as_pointer()), align=1)
+    return builder.fpext(builder.bitcast(_splat(builder, h, 8), V(ir.HalfType(), 8)), V(F32, 8))
+
+
 def prefetch_lines(builder, p, nbytes: int, on: bool = True) -> None:
     """Codegen: prefetch (into L1, read) the nbytes from pointer p, one prefetch per 64-byte line: the next
     row group, linearly, while this one is computed (+40% from DRAM on one Zen 3 core). Nothing when
