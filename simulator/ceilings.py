@@ -45,7 +45,8 @@ def profile_buses(hw: HardwareSpec, model: ModelSpec) -> list[Bus]:
     buses.append(Bus(f"DDR peak ({hw.memory.channels}ch x {float(hw.memory.mts):.0f} MT/s)",
                      hw.memory.peak_gbs, hw.memory.mts.source))
     cpu_gbs = min(model.expert_rate(hw.cpu.expert_gbs_for), hw.memory.usable_gbs)
-    types = " + ".join(sorted(model.expert_types(), key=lambda f: -model.expert_types()[f][0]))
+    by_type = model.expert_types()
+    types = " + ".join(sorted(by_type, key=lambda f: -by_type[f][0]))  # most bytes first
     buses.append(Bus(f"CPU expert kernel ({types}, {hw.cpu.threads_used} threads)",
                      cpu_gbs, "min(cpu.expert_gbs, DDR peak x efficiency)"))
     if hw.pcie is not None:
