@@ -244,13 +244,14 @@ def expert_pool(fmt: str, hidden: int = 2048, ffn: int = 768, pool_bytes: int = 
 
 
 def executor_expert_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, pool_bytes: int = 256 << 20,
-                        max_k: int = 8, seed: int = 0):
+                        max_k: int = 8, seed: int = 0, whole: bool = False):
     """(run_job, expert_bytes): one token's job of k SwiGLU experts through executor.cpu_experts.moe_cpu.
 
     The experts are synthetic `fmt` tensors (gate/up [E, ffn, hidden], down [E, hidden, ffn]) in a
     pool larger than the last-level cache; a job uses experts first .. first+k-1 (mod pool). Each
-    matrix's rows split across the threads, as llama.cpp's ggml splits them: the engine-neutral rate
-    (the executor's decode runs whole experts per thread where a job balances: cpu_experts.moe_cpu)."""
+    matrix's rows split across the threads, as llama.cpp's ggml splits them: the engine-neutral rate.
+    whole: each expert start to end on one thread where the job's experts split evenly over the threads (its
+    even k; the odd ones split rows, as the executor does): the executor's decode structure (cpu.whole_gbs)."""
     from executor import cpu_experts
     p = expert_pool(fmt, hidden, ffn, pool_bytes, max_k, seed)
     out = np.zeros((1, hidden), np.float32)
@@ -263,7 +264,7 @@ def executor_expert_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, p
             ex = ((np.arange(k) + first) % p.n).astype(np.int32).reshape(1, k)
             r = routes[key] = cpu_experts.csr(ex, np.full((1, k), 1.0 / k, np.float32))
         out[:] = 0.0
-        cpu_experts.moe_cpu(p.gate, p.up, p.down, p.x, *r, out=out, whole=False)
+        cpu_experts.moe_cpu(p.gate, p.up, p.down, p.x, *r, out=out, whole=whole)
     return run_job, p.expert_bytes
 
 

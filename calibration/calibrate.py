@@ -22,7 +22,9 @@ one, over what `detect_hardware` reads off this machine. Constants for the simul
 and, beside `cpu.expert_gbs` (the executor's kernel), `cpu.rowwise_gbs`: the same expert jobs one weight
 row per dot product without software prefetch, as llama.cpp's ggml runs them (bench_rowwise.py), the
 rates of the simulator's llama.cpp plans; and `cpu.repacked_gbs`: the formats llama.cpp repacks on this
-CPU (Q4_0 on AVX2) in its layout, 8 interleaved rows a pass, the rates of llama.cpp plans that repack.
+CPU (Q4_0 on AVX2) in its layout, 8 interleaved rows a pass, the rates of llama.cpp plans that repack;
+and `cpu.whole_gbs`: the executor's jobs of experts that split evenly over the threads, each expert start
+to end on one thread, as its decode runs a token's top-k (the rates of its own plans' such jobs).
 
 Statistics, chosen on `benchmarks/bench_drift.py` (which estimator reproduces between runs on
 this VM): expert-kernel jobs take their fastest clean round; prefill, layer-loop, hit and handover
@@ -45,6 +47,7 @@ from typing import Callable
 
 import numba
 
+from simulator.policies import whole_experts_per_thread
 from specs.hardware import HardwareSpec
 from specs.loaders import dump_hardware, write_atomic
 
@@ -152,6 +155,7 @@ class Results:
     rowwise_1t: dict[str, KernelFit] = field(default_factory=dict)
     repacked: dict[str, KernelFit] = field(default_factory=dict)  # llama.cpp's repacked layout (bench_rowwise)
     repacked_1t: dict[str, KernelFit] = field(default_factory=dict)
+    whole: dict[str, KernelFit] = field(default_factory=dict)  # whole experts per thread (the executor's decode)
     prefill: PrefillResult | None = None
     prefill_long: PrefillResult | None = None  # the same batch at Settings.prefill_long_tokens
     dense_prefill: PrefillResult | None = None  # an attention block's products at Settings.dense_prefill_tokens
@@ -255,12 +259,15 @@ def _ggml_prefill(s: Settings, r: Results, formats, maxt: int, pg, bud: _Budget)
     r.wall_s["ggml prefill"] = time.perf_counter() - t0
 
 
-def _kernel_job(s: Settings, fmt: str, use_exec: bool):
-    """(run_job, expert bytes, label) of the CPU expert kernel benchmark for `fmt`."""
+def _kernel_job(s: Settings, fmt: str, use_exec: bool, whole: bool = False):
+    """(run_job, expert bytes, label) of the CPU expert kernel benchmark for `fmt` (whole: whole experts per
+    thread, the executor's decode structure)."""
     if use_exec:
-        job, eb = executor_expert_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes, max_k=max(s.kernel_ks))
+        job, eb = executor_expert_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes, max_k=max(s.kernel_ks),
+                                      whole=whole)
         return job, eb, (f"executor.cpu_experts.moe_cpu@{kernel_version()} {fmt} SwiGLU "
-                         f"{s.kernel_hidden}x{s.kernel_ffn}, 1 token, rows split across threads")
+                         f"{s.kernel_hidden}x{s.kernel_ffn}, 1 token, "
+                         + ("whole experts per thread" if whole else "rows split across threads"))
     job, eb = toy_expert_job(rows=s.kernel_ffn, cols=s.kernel_hidden, pool=2 * max(s.kernel_ks))
     return job, eb, f"toy numba f32 kernel {s.kernel_ffn}x{s.kernel_hidden}"
 
@@ -340,6 +347,18 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                         kb.sample(n1_first, budgets[key] * n1_first / n1, ticks[key])
                         r.wall_s[key] = time.perf_counter() - t0
                 numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
+                # the executor's decode structure, where a job's experts split evenly over the threads (its jobs of
+                # those sizes only): whole experts per thread (cpu.whole_gbs, the executor's plans)
+                ks = [k for k in s.kernel_ks if whole_experts_per_thread([1] * k, numba.get_num_threads())]
+                for fmt in formats if len(ks) > 1 and numba.get_num_threads() > 1 else ():
+                    t0 = time.perf_counter()
+                    key = f"whole {fmt}"
+                    ticks[key] = pg.stage(f"CPU whole experts per thread {fmt}", n1)
+                    job, eb, label = _kernel_job(s, fmt, use_exec, whole=True)
+                    kb = kbenches[key] = KernelBench(job, ks, eb, label=label, threads=numba.get_num_threads())
+                    budgets[key] = bud.take(key, s.kernel_budget_s / 3)
+                    kb.sample(n1_first, budgets[key] * n1_first / n1, ticks[key])
+                    r.wall_s[key] = time.perf_counter() - t0
             if use_exec:
                 t0 = time.perf_counter()
                 fmt = DEFAULT_FORMAT if DEFAULT_FORMAT in formats else formats[0]
@@ -446,7 +465,7 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                 numba.set_num_threads(1 if one else min(maxt, numba.config.NUMBA_NUM_THREADS))
                 if n > first_n:
                     kb.sample(n - first_n, budgets[key] * (1 - first_n / n), ticks[key])
-                dest = getattr(r, kind + ("_1t" if one else ""))  # kernels, rowwise or repacked
+                dest = getattr(r, kind + ("_1t" if one else ""))  # kernels, rowwise, repacked or whole
                 dest[key.split(" ")[-1].removesuffix("@1t")] = kb.result()
             numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
             if loop is not None:

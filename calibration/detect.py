@@ -427,7 +427,7 @@ def _fmt(path: str, v) -> str:
     f = float(v)
     # the name that carries the unit: a constant's base name ('c_b_ms.Q4_0' -> 'c_b_ms'), else the leaf
     name = path.split("constants.", 1)[1].split(".")[0] if "constants." in path else path.rsplit(".", 1)[-1]
-    if ".expert_gbs." in path or ".rowwise_gbs." in path or ".repacked_gbs." in path or name.endswith("_gbs"):
+    if any(f".{t}_gbs." in path for t in ("expert", "rowwise", "repacked", "whole")) or name.endswith("_gbs"):
         return f"{f:.3g} GB/s"
     if name.endswith("_bytes"):
         return f"{f / 1e9:.2f} GB" if f >= 1e8 else f"{int(f)} B"

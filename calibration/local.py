@@ -26,6 +26,7 @@ class LocalCase:
     n_prompt: int
     n_gen: int
     metric: str  # decode_tok_s | ttft_s
+    model: Path | None = None  # its own GGUF (else the one `measure` is given)
 
 
 def ensure_model(preset: str = "small", root: str | Path = MODELS_DIR, engram: bool = True) -> Path:
@@ -103,15 +104,17 @@ def warm_page_cache(path: Path, chunk: int = 16 << 20) -> None:
             pass
 
 
-def run_case(case: LocalCase, model_path: Path, trace_dir: Path, tag: str = "") -> dict:
+def run_case(case: LocalCase, model_path: Path | None, trace_dir: Path, tag: str = "") -> dict:
     """Execute one case; returns the executor's result dict (trace written under trace_dir). An
     Engram case first reads its table into the page cache: its rows are cached, as predicted."""
     from executor.make_model import engram_path
     from executor.runner import execute
+    model_path = case.model or model_path
     if case.plan.placement.engram != "none" and engram_path(model_path).exists():
         warm_page_cache(engram_path(model_path))
     trace = trace_dir / f"{case.name}{tag}.jsonl"
-    return execute(case.plan, model_path, prompt_tokens=case.n_prompt, gen_tokens=case.n_gen, trace_path=trace)
+    return execute(case.plan, model_path, prompt_tokens=case.n_prompt, gen_tokens=case.n_gen,
+                   trace_path=trace)
 
 
 QUIET = 0.10  # a run is clean when other processes used at most this share of the CPUs
@@ -124,13 +127,13 @@ def _keep(runs: list[tuple[float, float, dict]]) -> list[tuple[float, float, dic
     return [x for x in runs if x[1] <= max(QUIET, low + SLACK)]
 
 
-def measure(model_path: str | Path, cases: list[LocalCase], store_path: str | Path | None = None,
+def measure(model_path: str | Path | None, cases: list[LocalCase], store_path: str | Path | None = None,
             rounds: int = 3, trace_dir: str | Path | None = None, log=print, extra: int | None = None) -> list[dict]:
-    """Run every case `rounds` times round-robin, each run timed with the CPU share other processes
-    took meanwhile; a case with no clean run gets up to `extra` more tries. The store gets the
-    median over the least-contended runs (value: tok/s or s); returns the rows appended."""
+    """Run every case `rounds` times round-robin on `model_path` (a case's own `model` where it has one), each run
+    timed with the CPU share other processes took meanwhile; a case with no clean run gets up to `extra` more
+    tries. The store gets the median over the least-contended runs (value: tok/s or s); returns the rows appended."""
     from .sampling import Window
-    model_path = Path(model_path)
+    model_path = Path(model_path) if model_path is not None else None
     trace_dir = Path(trace_dir or Path("runs") / "local-traces" / time.strftime("%Y%m%dT%H%M%S"))
     extra = rounds if extra is None else extra
     got: dict[str, list[tuple[float, float, dict]]] = {c.name: [] for c in cases}
@@ -156,7 +159,7 @@ def measure(model_path: str | Path, cases: list[LocalCase], store_path: str | Pa
         med = statistics.median(vals)
         _, others, rmed = min(kept, key=lambda x: abs(x[0] - med))
         rows.append(store.make_row(
-            c.name, c.metric, med, engine=ENGINE, model=str(model_path), plan=c.plan.model_dump_json(),
+            c.name, c.metric, med, engine=ENGINE, model=str(c.model or model_path), plan=c.plan.model_dump_json(),
             n_prompt=c.n_prompt, n_gen=c.n_gen, routing=rmed["trace"],
             warm_steps=0, repeats=len(vals), runs=len(got[c.name]), outside_cpu=others,
             spread=(max(vals) - min(vals)) / med if med else 0.0, cache_hit_rate=rmed.get("cache_hit_rate") or 0.0,

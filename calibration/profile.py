@@ -25,6 +25,7 @@ def noise_of(r: Results) -> list[tuple[str, Noise]]:
             for k, f in fits.items()]
     out += [(f"repacked rows {k}{t}", f.noise) for t, fits in (("", r.repacked), (" 1 thread", r.repacked_1t))
             for k, f in fits.items()]
+    out += [(f"whole experts {k}", f.noise) for k, f in r.whole.items()]
     out += [(name, res.noise) for name, res in (("prefill", r.prefill), ("prefill long", r.prefill_long),
                                                 ("prefill dense", r.dense_prefill),
                                                 ("prefill attention", r.attention_prefill)) if res]
@@ -156,6 +157,8 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
                 rw["default" + suffix] = _m(fits_rw[src].expert_gbs, f"as {src}: " + fits_rw[src].method(), date)
                 rw.update(derived_block_rates({f: k.expert_gbs for f, k in fits_rw.items()}, others, date, suffix))
         data["cpu"]["rowwise_gbs"] = rw
+    if r.whole:  # the executor's decode structure: the rates of its jobs of whole experts (CPU.whole_gbs)
+        data["cpu"]["whole_gbs"] = {fmt: _m(f.expert_gbs, f.method(), date) for fmt, f in r.whole.items()}
     if r.repacked:  # llama.cpp's repacked layout: the formats it repacks here (specs.hardware.CPU.repacked_gbs)
         data["cpu"]["repacked_gbs"] = {fmt + suffix: _m(f.expert_gbs, f.method(), date)
                                        for suffix, fits_rp in (("", r.repacked), ("@1t", r.repacked_1t))
@@ -264,7 +267,8 @@ def store_rows(r: Results) -> list[dict]:
         add(f"cpu_kernel_{fmt}_1t", "expert_gbs", f.expert_gbs, threads=1, size_bytes=f.expert_bytes, kernel=kv,
             method=f.method())
     for kind, suffix, fits_rw in (("rowwise", "", r.rowwise), ("rowwise", "_1t", r.rowwise_1t),
-                                  ("repacked", "", r.repacked), ("repacked", "_1t", r.repacked_1t)):
+                                  ("repacked", "", r.repacked), ("repacked", "_1t", r.repacked_1t),
+                                  ("whole", "", r.whole)):
         for fmt, f in fits_rw.items():
             add(f"cpu_{kind}_{fmt}{suffix}", "expert_gbs", f.expert_gbs, threads=f.threads, size_bytes=f.expert_bytes,
                 kernel=kv, method=f.method())

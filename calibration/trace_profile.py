@@ -80,7 +80,10 @@ def fitted_profile(base, model, f: HostFit, sources: list[str], date: str):
     eg = dict(base.cpu.expert_gbs)
     eg[model.fmt_experts.name] = d(model.expert_bytes / f.cpu_expert_ms / 1e6,
                                    f"expert bytes / c_b {f.cpu_expert_ms:.3f} ms")
-    cpu = base.cpu.model_copy(update={"expert_gbs": eg})
+    # the traces' jobs give the format its one rate, whole experts or rows split as they ran: its burst rate of
+    # whole experts (calibrate's cpu.whole_gbs) no longer stands for the executor's jobs
+    wg = {k: v for k, v in base.cpu.whole_gbs.items() if k.split("@")[0] != model.fmt_experts.name}
+    cpu = base.cpu.model_copy(update={"expert_gbs": eg, "whole_gbs": wg})
     gpu = base.gpu
     if gpu is not None and not gpu.shares_host and f.host_gemm_gflops:
         # a discrete GPU keeps its datasheet rate; the executor's prefill GEMMs reach this share of it

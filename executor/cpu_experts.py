@@ -15,6 +15,9 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+# the choice of whole experts per thread is a policy the simulator charges too: one statement of it
+from simulator.policies import WHOLE_BALANCE, WHOLE_TOKENS, whole_experts_per_thread  # noqa: F401
+
 from .gemm import pack_into
 from .kernel_table import table_rows_matmul
 from .kernels import (_FUSED, _SERIAL_BYTES, NT, _parts, _parts_serial, _quant_rows, flat, gemm_path, int_panels,
@@ -250,34 +253,12 @@ def _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, o
     _moe_down(np.int64(0), dd, dc, H, experts, offs, tok, wts, act, a16, da, P, pb, H, maxm, out)
 
 
-_WHOLE_BALANCE = 1.1  # most loaded thread / mean (tokens as the load) up to which experts run whole
-_WHOLE_TOKENS = 8  # most tokens an expert for whole experts per thread (decode and small batches)
-
-
 def thread_loads(counts, threads: int) -> np.ndarray:
     """Tokens per thread when whole experts (tokens routed to each: `counts`) go to `threads` threads
     as the kernel assigns them (_owners: most tokens first onto the least loaded)."""
     counts = np.asarray(counts, dtype=np.int64)
     offs = np.concatenate((np.zeros(1, np.int64), np.cumsum(counts)))
     return np.bincount(_owners(offs, max(1, threads)), weights=counts, minlength=max(1, threads)).astype(np.int64)
-
-
-def _even_split(n: int, threads: int) -> bool:
-    """Whether n one-token experts split evenly enough over the threads (loads ceil / floor of n / threads)."""
-    return -(-n // threads) * threads <= _WHOLE_BALANCE * n
-
-
-def whole_experts_per_thread(counts, threads: int) -> bool:
-    """True when a CPU job of experts routed by `counts` tokens runs each expert start to end on one
-    thread (one parallel region, no barrier between the up and the down products): at most _WHOLE_TOKENS
-    tokens an expert and the busiest thread within 1.1x the mean; else each matrix's rows split."""
-    counts = np.asarray(counts)
-    if counts.size == 0 or counts.max() > _WHOLE_TOKENS:
-        return False
-    if counts.max() == 1:
-        return _even_split(counts.size, threads)
-    load = thread_loads(counts, threads)
-    return bool(load.max() * load.size <= _WHOLE_BALANCE * load.sum())
 
 
 @njit(cache=True)
@@ -337,15 +318,15 @@ def _whole(offs, nthr):
     moe_routed make at run time (whole_experts_per_thread is its readable statement, tested against it)."""
     n = offs.shape[0] - 1
     if offs[n] == n:  # one token an expert (decode)
-        return -(-n // nthr) * nthr <= _WHOLE_BALANCE * n
+        return -(-n // nthr) * nthr <= WHOLE_BALANCE * n
     for i in range(n):
-        if offs[i + 1] - offs[i] > _WHOLE_TOKENS:
+        if offs[i + 1] - offs[i] > WHOLE_TOKENS:
             return False
     owner = _owners(offs, nthr)
     load = np.zeros(nthr, np.int64)
     for i in range(n):
         load[owner[i]] += offs[i + 1] - offs[i]
-    return load.max() * nthr <= _WHOLE_BALANCE * load.sum()
+    return load.max() * nthr <= WHOLE_BALANCE * load.sum()
 
 
 def moe_kernel(n_experts: int, expert_bytes: int, offs, whole: bool = True,

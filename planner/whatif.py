@@ -20,7 +20,9 @@ def scale_cpu_rate(hw: HardwareSpec, factor: float) -> HardwareSpec:
     rates = {k: v.with_value(float(v) * factor) for k, v in hw.cpu.expert_gbs.items()}
     rowwise = {k: v.with_value(float(v) * factor) for k, v in hw.cpu.rowwise_gbs.items()}
     repacked = {k: v.with_value(float(v) * factor) for k, v in hw.cpu.repacked_gbs.items()}
+    whole = {k: v.with_value(float(v) * factor) for k, v in hw.cpu.whole_gbs.items()}
     cpu = hw.cpu.model_copy(update={"expert_gbs": rates, "rowwise_gbs": rowwise, "repacked_gbs": repacked,
+                                    "whole_gbs": whole,
                                     "threads_used": max(1, round(hw.cpu.threads_used * factor)),
                                     "cores": max(hw.cpu.cores, round(hw.cpu.threads_used * factor))})
     return hw.model_copy(update={"cpu": cpu})

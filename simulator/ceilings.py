@@ -72,12 +72,15 @@ def dense_time_ms(model: ModelSpec, hw: HardwareSpec) -> float:
 def tier_roofs_gbs(model: ModelSpec, hw: HardwareSpec, plan) -> dict[str, float]:
     """The rate (GB/s over the bytes each tier reads, as an executor trace counts them) at which the
     simulator runs each expert tier of `plan` on `hw`: CPU experts at the profile's kernel rate for
-    each weight type and the threads, capped by DDR; resident experts at the fitted per-hit rate or the VRAM
+    each weight type and the threads (a decode token's top-k as one job: whole experts per thread where the
+    engine runs them so), capped by DDR; resident experts at the fitted per-hit rate or the VRAM
     roof x GEMV efficiency (over their device copies); copies at the engine's copy rate."""
-    from .resources import Constants
+    from .policies import whole_experts_per_thread
+    from .resources import Constants, cpu_expert_gbs
     c = Constants.from_hw(hw)
     threads = int(plan.cpu_threads or hw.cpu.threads_used)
-    out = {"cpu": min(model.expert_rate(lambda fmt: hw.cpu.expert_gbs_for(fmt, threads)), hw.memory.usable_gbs)}
+    whole = whole_experts_per_thread([1] * (plan.experts_per_token or model.top_k), threads)
+    out = {"cpu": min(cpu_expert_gbs(hw, model, threads, plan, whole=whole), hw.memory.usable_gbs)}
     if hw.gpu is not None:
         out["device"] = c.dev_expert_gbs or float(hw.gpu.bw_gbs) * c.gpu_bw_efficiency * c.gpu_expert_efficiency
         out["pcie"] = c.copy_h2d_gbs or (float(hw.pcie.h2d_gbs) if hw.pcie else 0.0)

@@ -275,15 +275,17 @@ class DecodeRun:
             extra_s = m.cpu_pairs_s(int(mcnt[:k_cpu].sum()) - k_cpu) if mcnt is not None else 0.0
             if not self.dense_on_gpu:  # experts read between attention blocks on the same cores
                 extra_s += m.c.cpu_layer_ms_per_mb * k_cpu * eb / 1e9
+            # whole experts per thread or rows split, as the engine runs this job (resources.Machine.cpu_job_rate)
+            rate = m.cpu_job_rate(mcnt[:k_cpu] if mcnt is not None else (1,) * k_cpu)
             if n_ssd_cpu:  # pages stream in while the CPU computes; one expert's work trails
                 self.bytes_by_tier["nvme"] += n_ssd_cpu * eb
                 self.sub = 2
-                sub_done = lambda: self._cpu_sub(layer, eb, extra_s)
+                sub_done = lambda: self._cpu_sub(layer, eb, extra_s, rate)
                 m.nvme_read(n_ssd_cpu * eb, sub_done)
                 overlap = ram_part + (n_ssd_cpu - 1) * eb
-                go = lambda: m.cpu_read(overlap, sub_done) if overlap else sub_done()
+                go = lambda: m.cpu_read(overlap, sub_done, rate=rate) if overlap else sub_done()
             else:
-                go = lambda: m.cpu_read(ram_part, lambda: self._join(layer, "cpu"), extra_s=extra_s)
+                go = lambda: m.cpu_read(ram_part, lambda: self._join(layer, "cpu"), rate=rate, extra_s=extra_s)
             m.sim.after(ho, go) if ho else go()
         else:
             self.pending -= 1
@@ -296,12 +298,12 @@ class DecodeRun:
                                        lambda: self._join(layer, "expert_device"))
             m.sim.after(self.handover_s, job) if self.handover_s else job()
 
-    def _cpu_sub(self, layer, ssd_bytes, extra_s: float = 0.0) -> None:
+    def _cpu_sub(self, layer, ssd_bytes, extra_s: float = 0.0, rate: float | None = None) -> None:
         """One of the two streams (NVMe read, CPU work on what is in RAM) ended; after both, the trailing
-        expert's work and the step's further products (extra_s, seconds)."""
+        expert's work (at the job's `rate`, bytes/s) and the step's further products (extra_s, seconds)."""
         self.sub -= 1
         if self.sub == 0:
-            self.m.cpu_read(ssd_bytes, lambda: self._join(layer, "nvme"), extra_s=extra_s)
+            self.m.cpu_read(ssd_bytes, lambda: self._join(layer, "nvme"), rate=rate, extra_s=extra_s)
 
     def _join(self, layer: int, who: str, count: bool = True) -> None:
         if count:

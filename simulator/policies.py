@@ -1,4 +1,5 @@
-"""Placement policies shared by the simulator and the executor: miss auction, expert caches, prefill.
+"""Placement policies shared by the simulator and the executor: miss auction, CPU job structure, expert caches,
+prefill.
 
 Pure numpy; the executor imports this module unchanged. Cache slots form one pool over all layers
 (decayed-count, static) or an even per-layer split (LRU, as in per-layer LRU-N published results).
@@ -43,6 +44,35 @@ def auction_split(n_hit: int, n_miss: int, t_hit_ms: float, t_zc_ms: float, c_a_
 
 
 # ----------------------------------------------------------------------------- expert caches
+
+
+# ----------------------------------------------------------------------------- CPU job structure
+
+WHOLE_BALANCE = 1.1  # most loaded thread / mean (tokens as the load) up to which experts run whole
+WHOLE_TOKENS = 8  # most tokens an expert for whole experts per thread (decode and small batches)
+
+
+def thread_loads(counts, threads: int) -> list[int]:
+    """Tokens per thread when whole experts (tokens routed to each: `counts`) go to `threads` threads, most
+    tokens first onto the least loaded (longest processing time first, as executor.cpu_experts._owners)."""
+    loads = [0] * max(1, threads)
+    for c in sorted((int(c) for c in counts), reverse=True):
+        loads[loads.index(min(loads))] += c
+    return loads
+
+
+def whole_experts_per_thread(counts, threads: int) -> bool:
+    """True when the executor runs a CPU job of experts routed by `counts` tokens each start to end on one
+    thread (one parallel region, no barrier between an expert's up and down products): at most WHOLE_TOKENS
+    tokens an expert and the busiest thread within WHOLE_BALANCE of the mean; else each matrix's rows split
+    across the threads. A decode token's top-8 on 2 threads runs whole; 3 one-token experts on 2 do not."""
+    counts = [int(c) for c in counts]
+    if not counts or max(counts) > WHOLE_TOKENS:
+        return False
+    if max(counts) == 1:  # one token an expert: loads of ceil / floor n / threads
+        return -(-len(counts) // threads) * threads <= WHOLE_BALANCE * len(counts)
+    load = thread_loads(counts, threads)
+    return max(load) * len(load) <= WHOLE_BALANCE * sum(load)
 
 class ExpertCacheBase:
     """Residency of (layer, expert) pairs in a VRAM cache of `slots` experts."""

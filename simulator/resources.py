@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from specs.formats import llamacpp_prefill_keys, llamacpp_prefill_path, llamacpp_repacks
 
 from .engine import FluidNet, Pool, Serial, Sim
+from .policies import whole_experts_per_thread
 
 GB = 1e9
 
@@ -91,17 +92,30 @@ def repacked(hw, plan, fmt) -> bool:
     return plan.engine == "llamacpp" and plan.cpu_repack and llamacpp_repacks(fmt, hw.cpu.isa)
 
 
-def cpu_gbs(hw, fmt, threads: int, plan) -> float:
+def whole_jobs(hw, plan, threads: int) -> bool:
+    """Whether `plan`'s engine runs a CPU job whose experts split evenly over the threads as whole experts per
+    thread (simulator.policies.whole_experts_per_thread): the executor's, on more than one thread, unless the plan
+    gives experts to a device of torch on these same cores (a cache, static layers, misses sent there: beside
+    it a thread that loses its core delays its whole experts, so it splits rows: executor.experts); where the
+    profile has whole-expert rates."""
+    device_experts = bool(plan.expert_cache.slots or plan.placement.gpu_expert_layers or plan.miss_policy.kind != "cpu")
+    shares = hw.gpu is not None and hw.gpu.shares_host and device_experts
+    return plan.engine == "custom" and threads > 1 and not shares and bool(hw.cpu.whole_gbs)
+
+
+def cpu_gbs(hw, fmt, threads: int, plan, whole: bool = False) -> float:
     """GB/s at which `plan`'s engine computes weights in `fmt` on `threads` host cores (for llama.cpp:
-    the repacked rate of the formats it repacks, the rowwise rate of the others)."""
-    return hw.cpu.expert_gbs_for(fmt, threads, rowwise=rowwise(hw, plan), repacked=repacked(hw, plan, fmt))
+    the repacked rate of the formats it repacks, the rowwise rate of the others; whole: a job of whole
+    experts per thread, where whole_jobs says the engine runs them)."""
+    return hw.cpu.expert_gbs_for(fmt, threads, rowwise=rowwise(hw, plan), repacked=repacked(hw, plan, fmt),
+                                 whole=whole and whole_jobs(hw, plan, threads))
 
 
-def cpu_expert_gbs(hw, model, threads: int, plan) -> float:
+def cpu_expert_gbs(hw, model, threads: int, plan, whole: bool = False) -> float:
     """GB/s at which `plan`'s engine computes `model`'s routed experts on `threads` host cores: each weight type's
     bytes at its own rate (cpu_gbs: a Q4_K_M file's Q6_K down projections at Q6_K's; llama.cpp's repacked Q4_K
-    beside the Q2_K it computes in place, in its Q2_K files)."""
-    return model.expert_rate(lambda fmt: cpu_gbs(hw, fmt, threads, plan))
+    beside the Q2_K it computes in place, in its Q2_K files); whole as cpu_gbs."""
+    return model.expert_rate(lambda fmt: cpu_gbs(hw, fmt, threads, plan, whole))
 
 
 def cpu_dense_gbs(hw, model, threads: int, plan) -> float:
@@ -177,6 +191,9 @@ class Machine:
         self.zc_rate = (pcie.zero_copy_gbs if pcie else 1.0) * GB * consts.zc_efficiency
         self.h2d_rate = (consts.copy_h2d_gbs or (pcie.h2d_gbs if pcie else 1.0)) * GB
         self.cpu_expert_rate = cpu_expert_gbs(hw, model, self.threads, plan) * GB
+        # a job of whole experts per thread (the executor's decode where its experts split evenly): its own rate
+        self.whole_jobs = whole_jobs(hw, plan, self.threads)
+        self.cpu_whole_rate = cpu_expert_gbs(hw, model, self.threads, plan, whole=True) * GB
         self.cpu_dense_rate = cpu_dense_gbs(hw, model, self.threads, plan) * GB
         self.gpu_bw = (hw.gpu.bw_gbs * GB * consts.gpu_bw_efficiency) if self.has_gpu else 0.0
         self.gpu_flops = (hw.gpu.fp16_tflops * 1e12 * consts.gemm_efficiency) if self.has_gpu else 0.0
@@ -193,6 +210,13 @@ class Machine:
             self.device_link = self.net.link("device_h2d", dev.h2d_gbs * GB)
             self.device_hit_s = model.expert_bytes / (dev.bw_gbs * GB * consts.gpu_expert_efficiency)
             self.moved["expert_device"] = 0.0
+
+    def cpu_job_rate(self, counts) -> float:
+        """Bytes/s of a CPU job of experts routed by `counts` tokens each: the whole-expert rate where the engine
+        runs this job's experts whole on their threads (whole_jobs, whole_experts_per_thread), else the rows'."""
+        if self.whole_jobs and whole_experts_per_thread(counts, self.threads):
+            return self.cpu_whole_rate
+        return self.cpu_expert_rate
 
     # ---- transfers and jobs (sizes in bytes, done() when finished) --------------------------
     def zero_copy(self, nbytes: float, done) -> None:

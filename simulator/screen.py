@@ -15,9 +15,10 @@ import numpy as np
 import math
 
 from .engram import EngramText, gathers_inline, layer_gather_s, ram_room
-from .policies import auction_split, chunks, expected_touched, mtp_tokens, ubatches
+from .policies import auction_split, chunks, expected_touched, mtp_tokens, ubatches, whole_experts_per_thread
 from .prefill import TOUCH_LOCALITY, attention_flops
-from .resources import GB, Constants, cpu_dense_gbs, cpu_expert_gbs, cpu_expert_prefill_gflops, cpu_pair_s, host_dense_s
+from .resources import (GB, Constants, cpu_dense_gbs, cpu_expert_gbs, cpu_expert_prefill_gflops, cpu_pair_s, host_dense_s,
+                        whole_jobs)
 from .routing import distinct_per_layer, inclusion, make_routing
 
 
@@ -82,6 +83,15 @@ class ExpertTimes:
     handover: float
     pair: float
     alt: float = 0.0  # a CPU expert read between attention blocks on the same cores (cpu_layer_ms_per_mb)
+    cpu_whole: float = 0.0  # a CPU expert in a job of whole experts per thread (resources.whole_jobs); 0: as cpu
+    threads: int = 1  # the CPU tier's threads (whether a job's experts split evenly over them)
+
+    def cpu_ms(self, k: int, m: float = 1.0) -> float:
+        """ms of one CPU expert in a job of k experts routed by m tokens each: whole experts per thread where the
+        engine runs them so (policies.whole_experts_per_thread), else rows split."""
+        if self.cpu_whole and whole_experts_per_thread([max(1, round(m))] * k, self.threads):
+            return self.cpu_whole
+        return self.cpu
 
 
 def expert_times(model, hw, plan, c: Constants, threads: int) -> ExpertTimes:
@@ -90,6 +100,8 @@ def expert_times(model, hw, plan, c: Constants, threads: int) -> ExpertTimes:
     has_gpu = hw.gpu is not None
     gpu_bw = hw.gpu.bw_gbs * GB * c.gpu_bw_efficiency if has_gpu else 0.0
     cpu_rate = cpu_expert_gbs(hw, model, threads, plan) * GB
+    ddr = hw.memory.usable_gbs * GB
+    whole = whole_jobs(hw, plan, threads)
     zc = hw.pcie.zero_copy_gbs * GB * c.zc_efficiency if hw.pcie else 1.0
     dev_eb = model.params_per_expert * c.dev_bytes_per_param if c.dev_bytes_per_param else eb
     dev_rate = c.dev_expert_gbs * GB if c.dev_expert_gbs else gpu_bw * c.gpu_expert_efficiency
@@ -102,7 +114,9 @@ def expert_times(model, hw, plan, c: Constants, threads: int) -> ExpertTimes:
         ssd_frac = max(0.0, 1 - (ram // eb) / max(off_gpu, 1))
     return ExpertTimes(hit=dev_eb / dev_rate * 1e3 if has_gpu and dev_rate else 0.0, zc=t_zc,
                        copy=(eb / (copy_gbs * GB) * 1e3 if copy_gbs else t_zc) + c.copy_miss_ms,
-                       cpu=eb / min(cpu_rate, hw.memory.usable_gbs * GB) * 1e3,
+                       cpu=eb / min(cpu_rate, ddr) * 1e3, threads=threads,
+                       cpu_whole=eb / min(cpu_expert_gbs(hw, model, threads, plan, whole=True) * GB, ddr) * 1e3
+                       if whole else 0.0,
                        ssd=eb / (hw.nvme.seq_read_gbs * GB) * 1e3, ssd_frac=ssd_frac,
                        job=c.cpu_job_ms, handover=c.handover_ms, pair=cpu_pair_s(model, c, threads) * 1e3,
                        alt=c.cpu_layer_ms_per_mb * eb / 1e6 if not (has_gpu and plan.placement.dense == "gpu") else 0.0)
@@ -144,7 +158,8 @@ def _layer_ms(n, h, t: ExpertTimes, plan, has_gpu, discrete, c: Constants, memo,
             # a host-sharing device runs a layer without device work inline (no hand-off), and one with
             # hits hands off behind them (shared); a discrete GPU always hands off
             ho = t.handover if has_gpu and (discrete or ng) and not shared else 0.0
-            cpu = t.job + ho + max((kc - tail) * t.cpu, ssd_c * t.ssd) + tail * t.cpu + kc * t.alt
+            tc = t.cpu_ms(kc, m)
+            cpu = t.job + ho + max((kc - tail) * tc, ssd_c * t.ssd) + tail * tc + kc * t.alt
             cpu += (pre + c.overlap_cpu_ms) if both else 0.0
             if m > 1:  # the further (token, expert) products, on any machine (decode.py: cpu_pairs_s)
                 cpu += kc * (m - 1) * t.pair

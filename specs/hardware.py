@@ -102,6 +102,10 @@ class CPU(_Strict):
     # The same for the formats llama.cpp repacks at load into rows interleaved 8 at a time (its
     # CPU_REPACK layout, computed 8 rows a pass: calibration.bench_rowwise's repacked job), per format.
     repacked_gbs: dict[str, Pos] = Field(default_factory=dict)
+    # The same for the executor's decode structure where a job's experts split evenly over the threads: each
+    # expert start to end on one thread (executor.cpu_experts: one parallel region, no barrier between its up and
+    # down products; simulator.policies.whole_experts_per_thread), per format; its plans read these there
+    whole_gbs: dict[str, Pos] = Field(default_factory=dict)
     # GFLOP/s per core of the experts' products on a prefill batch in the structure llama.cpp's ggml gives each
     # format (calibration.bench_ggml_prefill), keyed by specs.formats.llamacpp_prefill_key ('Q8_0',
     # 'Q4_0:repacked'), with 'KEY@Nt' for a rate measured on N cores; a path without one prefills at the
@@ -109,14 +113,16 @@ class CPU(_Strict):
     ggml_prefill_gflops: dict[str, Pos] = Field(default_factory=dict)
 
     def expert_gbs_for(self, fmt: WeightFormat, threads: int | None = None, rowwise: bool = False,
-                       repacked: bool = False) -> float:
+                       repacked: bool = False, whole: bool = False) -> float:
         """GB/s at which `threads` cores (default threads_used) compute experts stored in `fmt`:
         a rate measured at that thread count ('Q8_0@1t') when the profile has one, else the
         threads_used rate scaled linearly (arithmetic or bus bound). rowwise (llama.cpp plans), where
         the profile has `rowwise_gbs`: the format's rowwise rate, else its kernel rate times the
         rowwise / kernel ratio of the default format. repacked (llama.cpp plans whose weights of `fmt`
         are repacked): the format's `repacked_gbs` rate where the profile has one, else the same weights a second
-        as the rebuilt format's (specs.formats.LLAMACPP_REPACKED_STAND_IN), else as rowwise."""
+        as the rebuilt format's (specs.formats.LLAMACPP_REPACKED_STAND_IN), else as rowwise. whole (the
+        executor's jobs of whole experts per thread, on more than one thread): the format's `whole_gbs` rate where
+        the profile has one, else its kernel rate."""
         family = fmt.name.split(":")[0]
         floats = ("F16",) if fmt.block_weights == 1 else ()  # F32 / BF16 rows read at F16's GB/s, unless timed
         keys = (fmt.name, family, *floats, "codebook" if fmt.codebook else "block", "default")
@@ -128,6 +134,10 @@ class CPU(_Strict):
             if own is None:  # the rebuilt gemv's weights a second: every repacked format runs its structure
                 ref = self._rate(self.repacked_gbs, (LLAMACPP_REPACKED_STAND_IN,), threads)
                 own = ref * fmt.bits / parse_format(LLAMACPP_REPACKED_STAND_IN).bits if ref else None
+            if own is not None:
+                return own
+        if whole and self.whole_gbs and (threads or self.threads_used) > 1:
+            own = self._rate(self.whole_gbs, (fmt.name, family, *floats), threads)
             if own is not None:
                 return own
         if rowwise and self.rowwise_gbs:

@@ -65,6 +65,10 @@ def test_measured_figures_carry_date_and_method(run):
         for f in (f for f in TINY.kernel_formats if f in REPACKED_FORMATS):
             assert rp[f].source == "measured" and "interleaved rows" in rp[f].ref and rp[f] > 0
             assert (f"{f}@1t" in rp) == (hw.cpu.threads_used > 1)
+        wh = hw.cpu.whole_gbs  # the executor's decode structure: whole experts per thread, where a job balances
+        assert (fmt in wh) == (hw.cpu.threads_used > 1) and not any("@" in k for k in wh)
+        if fmt in wh:
+            assert wh[fmt].source == "measured" and "whole experts per thread" in wh[fmt].ref and wh[fmt] > 0
     for f in (hw.memory.efficiency, hw.nvme.seq_read_gbs, hw.nvme.rand_4k_iops, hw.nvme.latency_us,
               hw.cpu.expert_gbs["default"], hw.cpu.expert_gbs[fmt]):
         assert f.source == "measured" and f.ref.startswith(date) and f > 0

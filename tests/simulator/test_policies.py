@@ -215,3 +215,15 @@ def test_token_aware_auction_optimal_against_brute_force(nh, tokens, c_tok, cap)
     k, t = auction_split(nh, nm, 0.03, 0.58, 0.11, 0.20, tokens=tokens, c_tok=c_tok, max_cpu=cap)
     brute = min(auction_cost_ms(j, nh, nm, 0.03, 0.58, 0.11, 0.20, tokens, c_tok) for j in range(min(nm, cap) + 1))
     assert 0 <= k <= min(nm, cap) and abs(t - brute) < 1e-9
+
+
+def test_whole_experts_per_thread_when_a_job_balances():
+    """The executor's CPU job structure (executor.cpu_experts takes this rule): a decode token's top-8 on 2 threads
+    runs whole experts (4 + 4); 3 one-token experts on 2 threads do not (2 / 1.5 = 1.33 > 1.1), nor 11 on 4 (3 /
+    2.75 = 1.09 is within 1.1: they do); several tokens an expert by longest-first loads, up to 8 tokens an expert."""
+    from simulator.policies import thread_loads, whole_experts_per_thread
+    assert whole_experts_per_thread([1] * 8, 2) and not whole_experts_per_thread([1] * 3, 2)
+    assert whole_experts_per_thread([1] * 11, 4) and not whole_experts_per_thread([1] * 7, 4)
+    assert sorted(thread_loads([3, 2, 2, 1], 2)) == [4, 4] and whole_experts_per_thread([3, 2, 2, 1], 2)
+    assert not whole_experts_per_thread([9, 9], 2) and not whole_experts_per_thread([], 2)
+    assert whole_experts_per_thread([1], 1)

@@ -79,3 +79,18 @@ def test_a_second_card_joins_a_profile_by_name():
     assert hw.name == "epyc8ch-3090+arc-pro-b70" and base.expert_device is None
     assert hw.gpu == base.gpu and hw.constants == base.constants  # the same host, its fitted constants kept
     assert (float(d.bw_gbs), float(d.h2d_gbs), d.vram_bytes.source) == (608.0, 27.0, "datasheet")
+
+
+def test_whole_expert_rates_are_read_for_whole_jobs_on_several_threads():
+    """whole=True (the executor's jobs of whole experts per thread) reads cpu.whole_gbs by the format, then its
+    family; one thread has no such structure (its rate is the kernel's), nor has a format the profile did not time
+    whole, nor a profile without the table."""
+    f = lambda v: Figure(v, "measured", "test")  # noqa: E731
+    cpu = _cpu(Q8_0=30.0, Q4_K=22.0, **{"Q4_K@1t": 12.0}, default=20.0)
+    q4k, q8 = parse_format("Q4_K"), parse_format("Q8_0")
+    assert cpu.expert_gbs_for(q4k, 2, whole=True) == 22.0  # no whole table: as before
+    cpu = cpu.model_copy(update={"whole_gbs": {"Q4_K": f(31.0)}})
+    assert cpu.expert_gbs_for(q4k, 2, whole=True) == 31.0
+    assert cpu.expert_gbs_for(q4k, 2) == 22.0  # rows split
+    assert cpu.expert_gbs_for(q4k, 1, whole=True) == 12.0  # one thread: the kernel's own
+    assert cpu.expert_gbs_for(q8, 2, whole=True) == 30.0  # not timed whole
