@@ -246,7 +246,13 @@ def rows_matmul(code, w, r0, r1, rb, X, X16, DX, P, res, off):
             deq_matmul(code, w, r0, r1, rb, P, m, res, off)
     elif m > _FUSED[code]:
         deq_dots(code, w, r0, r1, rb, X, res, off)
-    elif code == F16:
+    elif code == F16 and m == 1:  # one token (decode): one row a pass, a single stream per thread from DRAM:
+        # 1.39x four rows' GB/s on 2 threads (rows of 2048, 32-row items; the same bits), the executor's attention
+        # blocks and all-CPU decode of `small` 0.15-0.5 ms a token faster (README, session 35)
+        nc = np.int64(X.shape[1] // 16)
+        for r in range(r0, r1):
+            rows1_f16(w, np.int64(r * rb), np.int64(rb), X[0], DX[0], nc, res[0], np.int64(off + r - r0))
+    elif code == F16:  # several tokens: a row group's weights stay in L1 / L2 for the next token
         nc = np.int64(X.shape[1] // 16)
         for k in range(m):
             r = r0
