@@ -113,8 +113,7 @@ def run_case(case: LocalCase, model_path: Path | None, trace_dir: Path, tag: str
     if case.plan.placement.engram != "none" and engram_path(model_path).exists():
         warm_page_cache(engram_path(model_path))
     trace = trace_dir / f"{case.name}{tag}.jsonl"
-    return execute(case.plan, model_path, prompt_tokens=case.n_prompt, gen_tokens=case.n_gen,
-                   trace_path=trace)
+    return execute(case.plan, model_path, prompt_tokens=case.n_prompt, gen_tokens=case.n_gen, trace_path=trace)
 
 
 QUIET = 0.10  # a run is clean when other processes used at most this share of the CPUs

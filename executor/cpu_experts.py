@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit, prange
 
 # the choice of whole experts per thread is a policy the simulator charges too: one statement of it
-from simulator.policies import WHOLE_BALANCE, WHOLE_TOKENS, whole_experts_per_thread  # noqa: F401
+from simulator.policies import WHOLE_BALANCE, WHOLE_TOKENS, thread_loads, whole_experts_per_thread  # noqa: F401
 
 from .gemm import pack_into
 from .kernel_table import table_rows_matmul
@@ -251,14 +251,6 @@ def _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, o
     a16, da = _quant_rows(act[:tok.shape[0]])  # the rows phase 1 wrote (act may be longer)
     P, pb = _expert_panels(act, a16, da, row_range(tok.shape[0]), offs, dc, dc)
     _moe_down(np.int64(0), dd, dc, H, experts, offs, tok, wts, act, a16, da, P, pb, H, maxm, out)
-
-
-def thread_loads(counts, threads: int) -> np.ndarray:
-    """Tokens per thread when whole experts (tokens routed to each: `counts`) go to `threads` threads
-    as the kernel assigns them (_owners: most tokens first onto the least loaded)."""
-    counts = np.asarray(counts, dtype=np.int64)
-    offs = np.concatenate((np.zeros(1, np.int64), np.cumsum(counts)))
-    return np.bincount(_owners(offs, max(1, threads)), weights=counts, minlength=max(1, threads)).astype(np.int64)
 
 
 @njit(cache=True)

@@ -247,8 +247,8 @@ def rows_matmul(code, w, r0, r1, rb, X, X16, DX, P, res, off):
     elif m > _FUSED[code]:
         deq_dots(code, w, r0, r1, rb, X, res, off)
     elif code == F16 and m == 1:  # one token (decode): one row a pass, a single stream per thread from DRAM:
-        # 1.39x four rows' GB/s on 2 threads (rows of 2048, 32-row items; the same bits), the executor's attention
-        # blocks and all-CPU decode of `small` 0.15-0.5 ms a token faster (README, session 35)
+        # `small`'s attention products at 1.34x four rows' GB/s on 2 threads (32-row items; 2048 x 2048 rows
+        # 1.32-1.39x; the same bits), its all-CPU decode's dense path 0.1-0.5 ms a token faster (README, session 35)
         nc = np.int64(X.shape[1] // 16)
         for r in range(r0, r1):
             rows1_f16(w, np.int64(r * rb), np.int64(rb), X[0], DX[0], nc, res[0], np.int64(off + r - r0))

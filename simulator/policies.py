@@ -43,9 +43,6 @@ def auction_split(n_hit: int, n_miss: int, t_hit_ms: float, t_zc_ms: float, c_a_
     return best_k, best_t
 
 
-# ----------------------------------------------------------------------------- expert caches
-
-
 # ----------------------------------------------------------------------------- CPU job structure
 
 WHOLE_BALANCE = 1.1  # most loaded thread / mean (tokens as the load) up to which experts run whole
@@ -73,6 +70,9 @@ def whole_experts_per_thread(counts, threads: int) -> bool:
         return -(-len(counts) // threads) * threads <= WHOLE_BALANCE * len(counts)
     load = thread_loads(counts, threads)
     return max(load) * len(load) <= WHOLE_BALANCE * sum(load)
+
+
+# ----------------------------------------------------------------------------- expert caches
 
 class ExpertCacheBase:
     """Residency of (layer, expert) pairs in a VRAM cache of `slots` experts."""
