@@ -35,20 +35,32 @@ class KernelFit:
     threads: int
     repeats: int
     noise: Noise = field(default_factory=Noise)
+    # the same fit on each k's median clean round: the machine's typical state, where t_ms is its fast one
+    t_ms_median: list[float] = field(default_factory=list)
+    c_b_ms_median: float = 0.0
 
     @property
     def expert_gbs(self) -> float:
-        """GB/s of expert weights the kernel sustains (bytes of one expert / c_b)."""
-        per = self.c_b_ms
+        """GB/s of expert weights the kernel sustains (bytes of one expert / c_b), in the fastest rounds."""
+        return self._gbs(self.c_b_ms, self.t_ms)
+
+    @property
+    def expert_gbs_median(self) -> float:
+        """The same from the median rounds, GB/s (0 where they were not kept)."""
+        return self._gbs(self.c_b_ms_median, self.t_ms_median) if self.t_ms_median else 0.0
+
+    def _gbs(self, c_b_ms: float, t_ms: list[float]) -> float:
+        per = c_b_ms
         if per <= 0:  # degenerate fit (jobs too small to see the per-expert cost): whole job / k
-            per = max(t / k for t, k in zip(self.t_ms, self.ks))
+            per = max(t / k for t, k in zip(t_ms, self.ks))
         return self.expert_bytes / (per * 1e-3) / 1e9
 
     def method(self) -> str:
+        typical = f" (median rounds: {self.expert_gbs_median:.2f} GB/s)" if self.t_ms_median else ""
         return (f"{self.label}: job time (fastest of {self.repeats}) at k={self.ks} experts "
                 f"({self.expert_bytes / 1e6:.2f} MB each), "
-                f"{self.threads} threads, least-squares fit c_a + c_b k, rms residual {100 * self.rms_rel:.1f}%, "
-                f"{self.noise.describe()}")
+                f"{self.threads} threads, least-squares fit c_a + c_b k{typical}, rms residual "
+                f"{100 * self.rms_rel:.1f}%, {self.noise.describe()}")
 
 
 def fit_job_costs(ks: Sequence[float], t_ms: Sequence[float]) -> tuple[float, float, np.ndarray]:
@@ -114,9 +126,11 @@ class KernelBench:
         t_ms = [min(self.passes.times[k]) * 1e3 for k in self.ks]
         c_a, c_b, res = fit_job_costs(self.ks, t_ms)
         rel = res / np.asarray(t_ms)
+        t_med = [float(np.median(self.passes.times[k])) * 1e3 for k in self.ks]
         return KernelFit(label=self.label, expert_bytes=self.expert_bytes, ks=self.ks, t_ms=t_ms, c_a_ms=c_a,
                          c_b_ms=c_b, residuals_ms=[float(r) for r in res], rms_rel=float(np.sqrt(np.mean(rel ** 2))),
-                         threads=self.threads, repeats=self.passes.repeats, noise=self.passes.noise)
+                         threads=self.threads, repeats=self.passes.repeats, noise=self.passes.noise,
+                         t_ms_median=t_med, c_b_ms_median=fit_job_costs(self.ks, t_med)[1])
 
 
 def bench_expert_kernel(run_job: Callable[[int, int], object], ks: Sequence[int], expert_bytes: int,
@@ -465,6 +479,7 @@ class LayerLoop:
     threads: int
     repeats: int
     noise: Noise = field(default_factory=Noise)
+    t_layer_ms_median: float = 0.0  # the median round: the typical state (profile.typical_state)
 
     def method(self) -> str:
         return (f"executor kernels, F16 attention ({self.dense_bytes / 1e6:.1f} MB) then {self.fmt} experts "
@@ -495,7 +510,7 @@ class LayerLoopBench:
         p = self.passes
         return LayerLoop(t_layer_ms=low_quantile(p.times["token"]) * 1e3 / self.layers, dense_bytes=self.dense,
                          expert_bytes=self.expert, fmt=self.fmt, threads=self.threads, repeats=p.repeats,
-                         noise=p.noise)
+                         noise=p.noise, t_layer_ms_median=float(np.median(p.times["token"])) * 1e3 / self.layers)
 
 
 def bench_layer_loop(fmt: str = "Q8_0", repeats: int = 9, threads: int | None = None, tick: Tick = None,

@@ -59,7 +59,7 @@ from .bench_kernel import (KernelBench, KernelFit, LayerLoop, LayerLoopBench, Pr
                            bench_prefill, executor_dense_prefill_jobs, executor_expert_job, executor_kernel_available,
                            executor_prefill_jobs, kernel_version, toy_expert_job)
 from .bench_memory import MemBandwidth, MemoryBench, default_thread_counts
-from .profile import DEFAULT_FORMAT, build_profile, noise_of, store_rows  # noqa: F401  (noise_of: re-exported)
+from .profile import DEFAULT_FORMAT, build_profile, noise_of, store_rows, typical_state  # noqa: F401  (noise_of: re-exported)
 
 
 
@@ -509,15 +509,19 @@ def _check_writable(path: Path, what: str) -> None:
 
 def calibrate(quick: bool = True, out: Path | str = "calibrated.yaml", hw_base: HardwareSpec | None = None,
               progress: bool = True, *, settings: Settings | None = None, store_path: Path | str | None = None,
-              console=None, disk_dir: str | os.PathLike | None = None) -> HardwareSpec:
+              console=None, disk_dir: str | os.PathLike | None = None,
+              typical_out: Path | str | None = None) -> HardwareSpec:
     """Measure this machine and write the profile to `out` (atomically); returns it.
 
     `hw_base`: a profile the measurements are merged over (default: `detect_hardware()`).
     `store_path`: the results store (default `store.default_store_path()`); every measured figure
     is appended there after the profile is written. `settings` overrides QUICK/FULL (tests use
-    TINY). Ctrl-C before the end writes nothing."""
+    TINY). `typical_out`: the same run's typical-state profile too (profile.typical_state: each CPU kernel
+    from its median clean rounds, where `out` has its fastest). Ctrl-C before the end writes nothing."""
     s = settings or (QUICK if quick else FULL)
     _check_writable(Path(out), "cannot write the profile")
+    if typical_out is not None:
+        _check_writable(Path(typical_out), "cannot write the typical-state profile")
     _check_writable(Path(store_path or store.default_store_path()), "cannot write the results store")
     if disk_dir is not None:
         _check_writable(Path(disk_dir) / ".moe-offload-probe", "cannot create the disk benchmark's file")
@@ -534,6 +538,11 @@ def calibrate(quick: bool = True, out: Path | str = "calibrated.yaml", hw_base: 
                           f"re-run on a quiet machine for steadier figures")
     rows = store_rows(r)
     write_atomic(out, dump_hardware(hw))
+    if typical_out is not None:
+        typ = build_profile(typical_state(r), hw_base)
+        typ = typ.model_copy(update={"notes": (typ.notes + "\ntypical state: each CPU kernel's rate from its median "
+                                               "clean rounds (calibration.profile.typical_state)").strip()})
+        write_atomic(typical_out, dump_hardware(typ))
     store.append_rows(store_path or store.default_store_path(), [{**row, "profile": str(out)} for row in rows])
     return hw
 

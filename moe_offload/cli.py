@@ -182,8 +182,10 @@ def _cmd_calibrate(a) -> int:
         hw, _, _ = calibrate_from_traces(a.from_trace, a.model, base, out=a.out)
         print(f"fitted profile {hw.name} written to {a.out}")
         return 0
-    hw = calibrate(quick=a.quick, out=a.out, hw_base=base, progress=sys.stderr.isatty(), store_path=a.store)
-    print(f"calibrated profile {hw.name} written to {a.out}")
+    hw = calibrate(quick=a.quick, out=a.out, hw_base=base, progress=sys.stderr.isatty(), store_path=a.store,
+                   typical_out=a.typical_out)
+    print(f"calibrated profile {hw.name} written to {a.out}"
+          + (f"; its typical state (median rounds) to {a.typical_out}" if a.typical_out else ""))
     return 0
 
 
@@ -385,6 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("calibrate", help="measure this machine and write a calibrated profile")
     p.add_argument("--quick", action="store_true", help="about a minute instead of ten")
     p.add_argument("--out", required=True, help="profile YAML to write (atomically)")
+    p.add_argument("--typical-out", help="also write the run's typical state here: each CPU kernel's rate from its "
+                   "median clean rounds, where --out has its fastest (predicts a run's mean on a machine whose speed "
+                   "drifts)")
     p.add_argument("--hw-base", help="merge the measurements over this profile (default: detected)")
     p.add_argument("--store", help="results store CSV")
     p.add_argument("--from-runs", action="store_true",

@@ -41,6 +41,9 @@ def test_expert_kernel_hook_fits_a_known_job():
     assert 1.0 < f.c_b_ms < 8 and f.c_b_ms > f.c_a_ms >= 0
     assert f.expert_gbs == pytest.approx(1e6 / (f.c_b_ms * 1e-3) / 1e9)
     assert "least-squares" in f.method()
+    # the median rounds' fit beside it (the machine's typical state): never under the fastest rounds' times
+    assert all(m >= t for m, t in zip(f.t_ms_median, f.t_ms)) and f.expert_gbs_median > 0
+    assert f"median rounds: {f.expert_gbs_median:.2f} GB/s" in f.method()
 
 
 def test_expert_kernel_hook_with_own_numba_kernel():

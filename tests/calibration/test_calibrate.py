@@ -32,7 +32,7 @@ def run(tmp_path_factory):
     out, st = d / "hw.yaml", d / "results.csv"
     buf = io.StringIO()
     hw = cal.calibrate(quick=True, out=out, hw_base=None, progress=True, settings=TINY, store_path=st,
-                       console=Console(file=buf, width=100), disk_dir=d)
+                       console=Console(file=buf, width=100), disk_dir=d, typical_out=d / "hw-typical.yaml")
     return hw, out, st, buf.getvalue()
 
 
@@ -77,6 +77,22 @@ def test_measured_figures_carry_date_and_method(run):
     assert ("O_DIRECT" in hw.nvme.latency_us.ref) or ("fadvise" in hw.nvme.latency_us.ref)
     # relations: a page-cache hit is cheaper than an uncached read; expert rate = bytes / c_b
     assert hw.constants["pagecache_4k_us"] < hw.nvme.latency_us
+
+
+def test_the_typical_state_profile_takes_each_kernels_median_rounds(run):
+    """--typical-out: the same run's profile with each CPU kernel's rate fitted on its median clean rounds (the
+    figure the fast profile's ref quotes as "median rounds"), every other figure as measured."""
+    import re
+    hw, out, _, _ = run
+    typ = load_hardware(str(out.parent / "hw-typical.yaml"))
+    assert "typical state" in typ.notes
+    assert "median rounds" in hw.cpu.expert_gbs[TINY.kernel_formats[0] if executor_kernel_available() else "toy-f32"].ref
+    for table in ("expert_gbs", "whole_gbs", "rowwise_gbs"):
+        for key, f in getattr(hw.cpu, table).items():
+            m = re.search(r"median rounds: ([\d.]+) GB/s", f.ref)
+            if m and "as " not in f.ref.split(":")[0]:
+                assert float(getattr(typ.cpu, table)[key]) == pytest.approx(float(m.group(1)), abs=0.006), (table, key)
+    assert float(typ.nvme.latency_us) == float(hw.nvme.latency_us)
 
 
 def test_ggml_prefill_structures_timed_for_llamacpp_plans(run):
