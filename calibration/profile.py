@@ -2,6 +2,7 @@
 method, merged over a base profile) and as rows of the append-only results store."""
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from specs.figure import Figure
@@ -86,10 +87,8 @@ def _kernel_read_floor(r: Results) -> tuple[float, str] | None:
 
 def typical_state(r: Results) -> Results:
     """`r` with each CPU kernel fit, and the decode layer loop, taken from their median clean rounds instead of their
-    fastest (lower quintile): the machine's typical state, from which a run's mean is predicted (this VM's kernels spend tens of seconds at a time 2-20% below
-    their fastest rounds, and a run averages over them; session 35)."""
-    import dataclasses
-
+    fastest (lower quintile): the machine's typical state, from which a run's mean is predicted (this VM's kernels
+    spend tens of seconds at a time 2-20% below their fastest rounds, and a run averages over them; session 35)."""
     def med(fits: dict) -> dict:
         return {k: (dataclasses.replace(f, t_ms=f.t_ms_median, c_b_ms=f.c_b_ms_median) if f.t_ms_median else f)
                 for k, f in fits.items()}
@@ -245,7 +244,8 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
             f"while timing (max mean share of the CPUs other processes used) "
             f"{max((x.others for _, x in noise), default=0.0):.2f}")
     notes += [f"noise {n}: {x.describe()}" for n, x in noise]
-    stale = ("calibrated (", "noise ", "memory.efficiency = measured", "@ cpu.threads_used: measured")
+    stale = ("calibrated (", "noise ", "memory.efficiency = measured", "@ cpu.threads_used: measured",
+             "typical state:")
     kept = [ln for ln in (data.get("notes") or "").splitlines() if not ln.startswith(stale)]
     data["notes"] = "\n".join([head, *notes, *kept]).strip()  # a re-calibration replaces the last one's lines
     return HardwareSpec.model_validate(data)
