@@ -3,6 +3,7 @@
 
     python benchmarks/bench_qgemm.py [--types Q4_K Q6_K ...] [--tokens 4 8 16 32 64 128] [--rounds 7]
     python benchmarks/bench_qgemm.py --decode      # each type's rows decoded to integers (qdecode) against floats
+    python benchmarks/bench_qgemm.py --int8        # also the int8 activations' GEMM (q_matmul8, `execute --gemm-int8`)
 
 Prints GFLOP/s (2 rows x cols x tokens over the median time of `rounds` calls) of each path and the ratios
 qgemm / deq_matmul and qgemm / fused; the fused column up to 32 tokens. The token packing (qpack_into) is timed
@@ -15,6 +16,7 @@ import argparse
 import statistics
 import sys
 import time
+from functools import lru_cache
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -52,7 +54,23 @@ def median_s(f, rounds: int) -> float:
     return statistics.median(ts)
 
 
-def bench_products(names, tokens, rounds: int) -> None:
+@lru_cache(maxsize=None)
+def _matmul8(code: int):
+    """qgemm.q_matmul8 of type `code` from Python (the code a constant in it, as row_products' entry points)."""
+    @njit(fastmath=True)
+    def run(w, r0, r1, rb, P, m, res, off):
+        qgemm.q_matmul8(code, w, r0, r1, rb, P, m, res, off)
+    return run
+
+
+def pack8(x16, dx) -> np.ndarray:
+    """qgemm.qpack8_into's panels of int16 rows x16 / dx."""
+    P = np.empty(((x16.shape[0] + 15) // 16, qgemm.panel_width8(x16.shape[1]), 16), np.float32)
+    qgemm.qpack8_into(P, np.int64(0), x16, dx, qgemm.row_range(x16.shape[0]))
+    return P
+
+
+def bench_products(names, tokens, rounds: int, int8: bool = False) -> None:
     rng = np.random.default_rng(1)
     for name in names:
         # gate / up of `small` (768 x 2048); Q6_K as llama.cpp's Q4_K_M files use it, for down (2048 x 768)
@@ -73,6 +91,10 @@ def bench_products(names, tokens, rounds: int) -> None:
             print(f"{name:6} {m:4d} tokens  qgemm {gf / tq:6.1f} GFLOP/s (packing {100 * tp / tq:4.1f}%)  "
                   f"deq_matmul {gf / tg:6.1f}  fused {gf / tf:6.1f}   qgemm/deq_matmul {tg / tq:4.2f}  "
                   f"qgemm/fused {tf / tq:4.2f}", flush=True)
+            if int8:  # the same products on int8 activations, timed after the int16 ones
+                P8 = pack8(x16, dx)
+                t8 = median_s(lambda: _matmul8(code)(w, 0, rows, rb, P8, m, res, 0), rounds)
+                print(f"{'':6} {m:4d} tokens  int8 qgemm {gf / t8:6.1f} GFLOP/s   int8/int16 {tq / t8:4.2f}", flush=True)
 
 
 def bench_decode(names, rounds: int) -> None:
@@ -115,13 +137,14 @@ def main() -> None:
     ap.add_argument("--tokens", nargs="+", type=int, default=[4, 6, 8, 16, 32, 64, 128])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--decode", action="store_true", help="time the row decoders instead")
+    ap.add_argument("--int8", action="store_true", help="also the GEMM on int8 activations (qgemm.q_matmul8)")
     a = ap.parse_args()
     numba.set_num_threads(1)
     print(f"one core; vpdpwssd: {qgemm.HAVE_VNNI256}; the executor takes the integer GEMM: {qgemm.HAVE_QGEMM}")
     if a.decode:
         bench_decode(a.types, a.rounds)
     else:
-        bench_products(a.types, a.tokens, a.rounds)
+        bench_products(a.types, a.tokens, a.rounds, a.int8)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The executor against llama.cpp's CPU decode on the same GGUF with the same threads, side by side.
 
     python benchmarks/bench_vs_llamacpp.py --llama-bench PATH/llama-bench [--model FILE.gguf | --shape fixture]
-        [--threads 2] [--rounds 5] [--repack 1 0] [--prompt 64] [--store runs/results-llamacpp.csv]
+        [--threads 2] [--rounds 5] [--repack 1 0] [--prompt 64] [--gemm-int8] [--store runs/results-llamacpp.csv]
 
 --shape fixture writes the shape of the llama-bench fixture (tests/fixtures/llama-bench: qwen3moe,
 hidden 512, 4 layers, 32 experts of width 256, top-4, Q8_0), where per-token overheads, not bytes,
@@ -64,7 +64,12 @@ def main(argv=None) -> int:
     ap.add_argument("--store", help="append llama-bench's records to this results store")
     ap.add_argument("--repack", type=int, choices=(0, 1), nargs="+", default=[1],
                     help="llama-bench --repack values to run each round (e.g. 1 0: both, side by side)")
+    ap.add_argument("--gemm-int8", action="store_true", help="the executor's prefill GEMM on int8 activations "
+                    "(`execute --gemm-int8`: llama.cpp's precision)")
     a = ap.parse_args(argv)
+    if a.gemm_int8:  # read as the kernels load
+        import os
+        os.environ["MOE_OFFLOAD_GEMM_INT8"] = "1"
     import executor  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads OpenMP)
     from executor.make_model import make_model
 

@@ -360,6 +360,7 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                     kb.sample(n1_first, budgets[key] * n1_first / n1, ticks[key])
                     r.wall_s[key] = time.perf_counter() - t0
             if use_exec:
+                from executor.qgemm import gemm_activations  # the label says which GEMM the rate is of
                 t0 = time.perf_counter()
                 fmt = DEFAULT_FORMAT if DEFAULT_FORMAT in formats else formats[0]
                 tick = pg.stage(f"CPU prefill batch {fmt}", s.prefill_repeats)
@@ -369,7 +370,7 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                 run, flops = jobs[0]
                 r.prefill = bench_prefill(run, flops, s.prefill_repeats,
                                           label=f"executor.cpu_experts.moe_cpu@{kernel_version()} {fmt} SwiGLU "
-                                                f"{s.kernel_hidden}x{s.kernel_ffn}",
+                                                f"{s.kernel_hidden}x{s.kernel_ffn}, {gemm_activations()} activations",
                                           tokens=s.prefill_tokens, experts=s.prefill_experts,
                                           top_k=s.prefill_top_k, threads=numba.get_num_threads(), tick=tick,
                                           budget_s=bud.take("prefill", s.prefill_budget_s))

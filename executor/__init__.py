@@ -9,6 +9,11 @@ import os
 if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
     os.environ["GOMP_SPINCOUNT"] = "3000"
 
+# kernels built under a switch (MOE_OFFLOAD_GEMM_INT8, ...) cache in their own folder (nbcache.use_switch_cache)
+from .nbcache import use_switch_cache  # noqa: E402
+
+use_switch_cache()
+
 # the kernels' scratch arrays stay mapped between jobs rather than faulting in fresh pages each time (heap.py)
 from .heap import keep_freed_memory  # noqa: E402
 

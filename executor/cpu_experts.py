@@ -22,7 +22,7 @@ from .gemm import pack_into
 from .kernel_table import table_rows_matmul
 from .kernels import (_FUSED, _SERIAL_BYTES, NT, _parts, _parts_serial, _quant_rows, flat, gemm_path, int_panels,
                       item_rows, panels, prange_only, quant_empty, quant_row)
-from .qgemm import panel_width, qpack_into, row_range
+from .qgemm import gemm_pack, gemm_width, row_range
 from .nbcache import drop_stale_cache
 from .simd import silu_mul
 
@@ -68,17 +68,17 @@ def _moe_prep(x, experts, offs, tok, fused, floats=True):
 @njit(fastmath=True, cache=True)
 def _pack_expert(P, b, xs, x16, dx, rows, ints):
     """One expert's m tokens into the panels P[b:b + ceil(m / NT)]: integer ones from rows `rows` [m] of x16 / dx
-    where `ints` (qgemm.qpack_into), else float ones from xs [m, C] (gemm.pack_into)."""
+    where `ints` (qgemm.gemm_pack: qpack_into, or qpack8_into), else float ones from xs [m, C] (gemm.pack_into)."""
     if ints:
-        qpack_into(P, b, x16, dx, rows)
+        gemm_pack(P, b, x16, dx, rows)
     else:
         pack_into(P, b, xs)
 
 
 @njit(cache=True)
 def _panel_array(nblocks, C, ints):
-    """Uninitialised token panels of nblocks blocks for rows of C values, integer (qgemm.panel_width) or float."""
-    return np.empty((nblocks, panel_width(C) if ints else C, NT), np.float32)
+    """Uninitialised token panels of nblocks blocks for rows of C values, integer (qgemm.gemm_width) or float."""
+    return np.empty((nblocks, gemm_width(C) if ints else C, NT), np.float32)
 
 
 @njit(cache=True)

@@ -23,7 +23,7 @@ from .gemm import (F16, GEMM_TOKENS, IQ4_NL, IQ4_XS, MR, NT, Q2_K, Q3_K, Q4_0, Q
                    Q8_0, pack_tokens)  # (the type codes are re-exported)
 from .kernel_table import table_rows_matmul
 from .nbcache import drop_stale_cache
-from .qgemm import HAVE_QGEMM, panel_width, qpack_into, row_range
+from .qgemm import HAVE_QGEMM, gemm_pack, gemm_width, row_range
 from .row_products import _FUSED, gemm_path  # noqa: F401 (re-exported)
 from .simd import quant16, run_sums16
 from .vnni import HAVE_VNNI512, RUN_SUMS_AT, split8
@@ -82,14 +82,14 @@ def int_panels(c0, c1=0, c2=0, R1=0, R2=0):
 @njit(fastmath=True, cache=True)
 def panels(x, x16, dx, gemm, ints):
     """The GEMM's packed token panels of x [T, C] where a product takes the GEMM path (gemm: gemm_path), else none
-    ([0, C, NT]): from the int16 rows x16 / dx where `ints` (int_panels: qgemm.qpack_into), else from x (float:
+    ([0, C, NT]): from the int16 rows x16 / dx where `ints` (int_panels: qgemm.gemm_pack), else from x (float:
     gemm.pack_tokens)."""
     T, C = x.shape
     if not gemm:
         return np.zeros((0, C, NT), np.float32)
     if ints:
-        P = np.empty(((T + NT - 1) // NT, panel_width(C), NT), np.float32)
-        qpack_into(P, np.int64(0), x16, dx, row_range(T))
+        P = np.empty(((T + NT - 1) // NT, gemm_width(C), NT), np.float32)
+        gemm_pack(P, np.int64(0), x16, dx, row_range(T))
         return P
     return pack_tokens(x)
 

@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 
 # settings read at import whose value is compiled into the kernels as a constant: a change drops the caches too
-_SWITCHES = ("MOE_OFFLOAD_NO_VNNI", "MOE_OFFLOAD_QGEMM")
+_SWITCHES = ("MOE_OFFLOAD_NO_VNNI", "MOE_OFFLOAD_QGEMM", "MOE_OFFLOAD_GEMM_INT8")
 _FROM = re.compile(r"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.M)
 _IMPORT = re.compile(r"^[ \t]*import[ \t]+([\w.]+)", re.M)
 
@@ -57,20 +57,41 @@ def source_deps(module_file: str | Path) -> list[Path]:
     return sorted(seen)
 
 
+def use_switch_cache() -> None:
+    """Kernels built under a switch (_SWITCHES set) cache apart from the default build, in numba's cache folder
+    executor/__pycache__/nb-<switches>, unless NUMBA_CACHE_DIR names one: flipping a switch (`execute --gemm-int8`)
+    then neither drops nor rebuilds the other build's kernels. Call before any kernel module loads."""
+    on = "+".join(f"{k[len('MOE_OFFLOAD_'):].lower()}-{os.environ[k]}" for k in _SWITCHES if os.environ.get(k, ""))
+    if on and not os.environ.get("NUMBA_CACHE_DIR"):
+        from numba.core import config
+        config.CACHE_DIR = str(Path(__file__).resolve().parent / "__pycache__" / ("nb-" + re.sub(r"[^\w+-]", "_", on)))
+
+
+def cache_dir(src: Path) -> Path:
+    """Where numba caches the kernels of source file `src`: numba.config.CACHE_DIR's folder for it where one is set
+    (numba's UserProvidedCacheLocator), else its __pycache__."""
+    from numba.core import config
+    if config.CACHE_DIR:
+        from numba.core.caching import UserProvidedCacheLocator
+        return Path(config.CACHE_DIR) / UserProvidedCacheLocator.get_suitable_cache_subpath(str(src))
+    return src.parent / "__pycache__"
+
+
 def drop_stale_cache(module_file: str | Path) -> None:
     """numba's cache=True watches only the cached function's own file: drop the cached kernels of the module at
     `module_file` (its __file__) when one of the project sources it imports changed, since their code is compiled in
     (source_deps)."""
     src = Path(module_file).resolve()
-    stamp = src.parent / "__pycache__" / f"{src.stem}.deps-stamp"
+    folder = cache_dir(src)
+    stamp = folder / f"{src.stem}.deps-stamp"
     now = " ".join([f"{f.name}:{f.stat().st_mtime_ns}:{f.stat().st_size}" for f in source_deps(src)]
                    + [f"{k}={os.environ.get(k, '')}" for k in _SWITCHES])
     try:
         if stamp.exists() and stamp.read_text() == now:
             return
-        for f in (src.parent / "__pycache__").glob(f"{src.stem}.*.nb[ic]"):
+        for f in folder.glob(f"{src.stem}.*.nb[ic]"):
             f.unlink()
-        stamp.parent.mkdir(exist_ok=True)
+        stamp.parent.mkdir(parents=True, exist_ok=True)
         stamp.write_text(now)
     except OSError:  # read-only install: the cache is whatever was shipped
         pass

@@ -47,6 +47,10 @@ HAVE_VNNI256 = all(f"+{f}" in _FEATURES for f in ("avx512vnni", "avx512vl"))  # 
 # Where prefill's products take the integer GEMM (row_products.rows_matmul): with VNNI; MOE_OFFLOAD_QGEMM=0 / 1 turns
 # it off / on whatever the CPU (to compare or test the paths; the kernels' caches follow it: nbcache._SWITCHES)
 HAVE_QGEMM = HAVE_AVX2 and {"0": False, "1": True}.get(os.environ.get("MOE_OFFLOAD_QGEMM", ""), HAVE_VNNI256)
+# MOE_OFFLOAD_GEMM_INT8=1: the integer GEMM takes int8 activations (qpack8_into, q_matmul8: vpdpbusd, 32 multiply-adds an
+# instruction at 256 bits against vpdpwssd's 16) at llama.cpp's precision, ~0.5% of a product's largest term against
+# int16's 2e-5; `execute --gemm-int8` sets it. Read at import like HAVE_QGEMM (nbcache._SWITCHES)
+INT8 = HAVE_QGEMM and os.environ.get("MOE_OFFLOAD_GEMM_INT8", "") == "1"
 _U = np.uint64
 # Columns a slice (q_matmul): whole rows up to 4,096 values, the largest MoE experts' (a 4,096-column slice of a
 # 16-token block's panels, 160 KB, stays in L2). gemm.deq_matmul's 256-column slices, read a row's 256 columns at a
@@ -59,6 +63,9 @@ QKC = 4096
 # Q6_K / Q3_K / Q2_K per 16 (ggml-quants.c dequantize_row_q*_K), Q8_0 / Q4_0 / IQ4 per 32-block.
 SUB = (32, 32, 32, 32, 32, 16, 32, 16, 16, 32, 32)
 MINS = (False, False, False, False, True, False, True, False, True, False, False)
+# int8 activations (q_matmul8): each type's integers plus this bias are vpdpbusd's unsigned bytes (Q8_0 -128..127, Q4_0
+# -8..7, Q6_K -32..31, Q3_K -4..3, IQ4 -127..113 (kvalues_iq4nl); Q4_K / Q5_K / Q2_K are unsigned already)
+BIAS8 = (0, 0, 128, 8, 0, 32, 0, 4, 0, 128, 128)
 
 
 @njit(inline="always")
@@ -66,6 +73,13 @@ def panel_width(cols):
     """Floats a token's column of a qpack_into block takes for a row of `cols` values: cols / 2 pairs, then per
     32-block dx, dx sum(x16), and dx sum(x16) of each 16-value half (cols / 8 in all)."""
     return cols // 2 + cols // 8
+
+
+@njit(inline="always")
+def panel_width8(cols):
+    """Floats a token's column of a qpack8_into block takes for a row of `cols` values: cols / 4 quads, then per
+    32-block dx, dx sum(x8), and dx sum(x8) of each 16-value half (3 cols / 8 in all)."""
+    return cols // 4 + cols // 8
 
 
 @njit(cache=True)
@@ -111,6 +125,45 @@ def qpack_into(P, b0, X16, DX, idx):
                 B[18 * nb + 2 * b + 1, tt] = d * np.float32(s1)
 
 
+@njit(fastmath=True, cache=True)
+def qpack8_into(P, b0, X16, DX, idx):
+    """Rows idx of X16 / DX (simd.quant16's int16 layout) as int8 activations into q_matmul8's token blocks
+    P[b0:b0 + ceil(len(idx) / NT)] [panel_width8(cols), NT]: per 32-block x8 = round(x16 127 / max|x16|), four
+    adjacent values (natural order) one int32 a token, dx8 = dx max|x16| / 127 (llama.cpp's Q8_0 activations;
+    its K-quants take one scale per 256 values, Q8_K). The int16 step first costs at most half of x16's own step."""
+    m, cols = idx.shape[0], X16.shape[1]
+    nb = cols // 32
+    P8 = P.view(np.int8)
+    for kb in range((m + NT - 1) // NT):
+        B, B8 = P[b0 + kb], P8[b0 + kb]
+        for tt in range(NT):
+            t = kb * NT + tt
+            if t >= m:
+                for j in range(B.shape[0]):
+                    B[j, tt] = np.float32(0.0)
+                continue
+            x, dx = X16[idx[t]], DX[idx[t]]
+            for b in range(nb):
+                a = np.int32(0)
+                for j in range(32):
+                    a = max(a, abs(np.int32(x[32 * b + j])))
+                f = np.float32(127.0) / np.float32(a) if a > 0 else np.float32(0.0)
+                s0 = np.int32(0)
+                s1 = np.int32(0)
+                for v in range(32):  # natural value v: quant16 holds the even ones first, then the odd
+                    q = np.int32(np.round(np.float32(x[32 * b + (v % 2) * 16 + v // 2]) * f))
+                    B8[8 * b + v // 4, 4 * tt + v % 4] = np.int8(q)
+                    if v < 16:
+                        s0 += q
+                    else:
+                        s1 += q
+                d = dx[b] * np.float32(a) / np.float32(127.0)
+                B[8 * nb + b, tt] = d
+                B[9 * nb + b, tt] = d * np.float32(s0 + s1)
+                B[10 * nb + 2 * b, tt] = d * np.float32(s0)
+                B[10 * nb + 2 * b + 1, tt] = d * np.float32(s1)
+
+
 def _dp(builder, acc, a, b):
     """acc + the pairwise int16 products of a and b (<8 x i32> each: two int16 a lane): vpdpwssd, else vpmaddwd + vpaddd."""
     if HAVE_VNNI256:
@@ -120,7 +173,19 @@ def _dp(builder, acc, a, b):
     return builder.add(acc, pm)
 
 
-def _qtile_gen(G: int, mins: bool, NV: int):
+def _dp8(builder, acc, s, u):
+    """acc + per int32 lane the sum of its four signed bytes of s times the four unsigned bytes of u (<8 x i32> each):
+    vpdpbusd, else the bytes widened to int32 (portable IR: the tests' path without VNNI)."""
+    if HAVE_VNNI256:
+        return builder.call(_fn(builder, "llvm.x86.avx512.vpdpbusd.256", V(I32, 8), [V(I32, 8)] * 3), [acc, u, s])
+    prod = builder.mul(builder.sext(builder.bitcast(s, V(I8, 32)), V(I32, 32)),
+                       builder.zext(builder.bitcast(u, V(I8, 32)), V(I32, 32)))
+    for q in range(4):
+        acc = builder.add(acc, builder.shuffle_vector(prod, prod, ir.Constant(V(I32, 8), [4 * j + q for j in range(8)])))
+    return acc
+
+
+def _qtile_gen(G: int, mins: bool, NV: int, step: int = 2):
     """Codegen: C [blocks, MR, NT] += rows A16 [MR, kc] (int16, natural order; scales SC, negated mins MN [MR,
     kc / 16]) times the first 8 NV tokens of qpack_into blocks Pk [blocks, panel_width(cols), NT] (8 lanes j at
     block j // 2, half j % 2), over columns [c0, c0 + kc) of rows of nb 32-blocks: per G-value sub-block, G / 2
@@ -148,7 +213,8 @@ def _qtile_gen(G: int, mins: bool, NV: int):
             at = builder.add(builder.mul(r, i64(4 * NT)), i64(32 * (j % 2)))
             p = builder.gep(p8, [builder.add(at, builder.mul(p_blk, i64(j // 2)))])
             return builder.load(builder.bitcast(p, V(ty, 8).as_pointer()), align=4)
-        arows = [row(A, a_s, i, I16) for i in range(MR)]
+        K = 32 // step  # a 32-block's rows of token words: value pairs (int16) or quads (int8)
+        arows = [row(A, a_s, i, I16 if step == 2 else I8) for i in range(MR)]
         srows = [row(SC, s_s, i, F32) for i in range(MR)]
         mrows = [row(MN, s_s, i, F32) for i in range(MR)] if mins else None
 
@@ -158,7 +224,7 @@ def _qtile_gen(G: int, mins: bool, NV: int):
         acc = [[cgutils.alloca_once_value(builder, builder.load(cp(i, j), align=4)) for j in range(NV)]
                for i in range(MR)]
         zero = ir.Constant(V(I32, 8), [0] * 8)
-        pair0, blk0 = builder.udiv(c0, i64(2)), builder.udiv(c0, i64(32))
+        pair0, blk0 = builder.udiv(c0, i64(step)), builder.udiv(c0, i64(32))
         pref = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
         w8 = builder.bitcast(W.data, I8.as_pointer())
         nbk = builder.udiv(kc, i64(32))
@@ -171,22 +237,22 @@ def _qtile_gen(G: int, mins: bool, NV: int):
                 for i in range(MR):
                     builder.call(pref, [builder.gep(w8, [builder.add(at, builder.mul(rb, i64(i)))]),
                                         ir.Constant(I32, 0), ir.Constant(I32, 2), ir.Constant(I32, 1)])
-            dv = [pvec(builder.add(builder.mul(nb, i64(16)), gb), j, F32) for j in range(NV)]
+            dv = [pvec(builder.add(builder.mul(nb, i64(K)), gb), j, F32) for j in range(NV)]
             for g in range(32 // G):
                 ia = [[zero] * NV for _ in range(MR)]
-                for p in range(G // 2):
-                    pr = builder.add(pair0, builder.add(builder.mul(b, i64(16)), i64(g * G // 2 + p)))
+                for p in range(G // step):
+                    pr = builder.add(pair0, builder.add(builder.mul(b, i64(K)), i64(g * G // step + p)))
                     tv = [pvec(pr, j, I32) for j in range(NV)]
-                    col = builder.add(builder.mul(b, i64(32)), i64(g * G + 2 * p))
+                    col = builder.add(builder.mul(b, i64(32)), i64(g * G + step * p))
                     for i in range(MR):
                         wp = builder.bitcast(builder.gep(arows[i], [col]), I32.as_pointer())
-                        wv = _splat(builder, builder.load(wp, align=2), 8)
+                        wv = _splat(builder, builder.load(wp, align=2 if step == 2 else 1), 8)
                         for j in range(NV):
-                            ia[i][j] = _dp(builder, ia[i][j], tv[j], wv)
+                            ia[i][j] = (_dp if step == 2 else _dp8)(builder, ia[i][j], tv[j], wv)
                 sub = builder.add(builder.mul(b, i64(32 // G)), i64(g))
                 if mins:  # dx sum(x16) of the block (G = 32) or of its half g (G = 16)
-                    sr = (builder.add(builder.mul(nb, i64(17)), gb) if G == 32 else
-                          builder.add(builder.mul(nb, i64(18)), builder.add(builder.mul(gb, i64(2)), i64(g))))
+                    sr = (builder.add(builder.mul(nb, i64(K + 1)), gb) if G == 32 else
+                          builder.add(builder.mul(nb, i64(K + 2)), builder.add(builder.mul(gb, i64(2)), i64(g))))
                     sv = [pvec(sr, j, F32) for j in range(NV)]
                 for i in range(MR):
                     s = _splat(builder, builder.load(builder.gep(srows[i], [sub])), 8)
@@ -204,14 +270,17 @@ def _qtile_gen(G: int, mins: bool, NV: int):
     return gen
 
 
-def _tile(G: int, mins: bool, NV: int):
+def _tile(G: int, mins: bool, NV: int, step: int):
     @intrinsic
     def tile(typingctx, A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb):
-        return types.none(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb), _qtile_gen(G, mins, NV)
+        return types.none(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb), _qtile_gen(G, mins, NV, step)
     return tile
 
 
-_TILES = {(g, m): (_tile(g, m, 1), _tile(g, m, 2), _tile(g, m, 3)) for g in (16, 32) for m in (False, True)}
+# (sub-block, mins, step) -> the tiles of 8, 16 and 24 tokens; step 4: int8 activations, whose biased weights always
+# take the mins' term (q_matmul8)
+_TILES = {(g, m, s): tuple(_tile(g, m, nv, s) for nv in (1, 2, 3))
+          for g in (16, 32) for m in (False, True) for s in (2, 4) if m or s == 2}
 
 
 def q_tile(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
@@ -224,7 +293,8 @@ def q_tile(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
 @overload(q_tile, prefer_literal=True, jit_options={"fastmath": True})
 def _q_tile_typed(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
     c = code.literal_value
-    t8, t16, t24 = _TILES[(SUB[c], MINS[c])]
+    step = 4 if A16.dtype == types.uint8 else 2  # int8 activations against biased unsigned weights (q_matmul8)
+    t8, t16, t24 = _TILES[(SUB[c], MINS[c] or step == 4, step)]
 
     def impl(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
         if nv == 3:
@@ -237,44 +307,87 @@ def _q_tile_typed(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
 
 
 @njit(fastmath=True, inline="always")
-def q_matmul(code, w, r0, r1, rb, P, m, res, off):
-    """res[k, off + r - r0] = row_r . token k for rows [r0, r1) of flat bytes w (type `code`, row stride rb) and
-    the m tokens packed by qpack_into in P (rows of 8 / 5 P.shape[1] values: panel_width); each weight decoded to its
-    integer once."""
-    cols = P.shape[1] * 8 // 5
-    nb = cols // 32
-    nkb = P.shape[0]
-    npn = (r1 - r0 + MR - 1) // MR
-    ks = min(cols, QKC)
-    A = np.empty((MR, ks), np.int16)
-    S = np.empty((MR, ks // 16), np.float32)
-    N = np.zeros((MR, ks // 16), np.float32)
-    C = np.zeros((npn, nkb, MR, NT), np.float32)
-    for c0 in range(0, cols, ks):
-        kc = min(ks, cols - c0)
-        cb = _col_bytes(code, c0)
+def _rows16(code, w, o, A, A16, S, N, kc, i):
+    """Row i of the panel: its integers into A[i] (int16), scales and negated mins into S[i] / N[i] (q_decode)."""
+    q_decode(code, w, o, A[i], S[i], N[i], kc)
+
+
+@njit(fastmath=True, inline="always")
+def _rows8(code, w, o, A, A16, S, N, kc, i):
+    """Row i of the panel as unsigned bytes for vpdpbusd: its integers plus BIAS8[code] into A[i] (uint8), the bias
+    taken off again by the mins' term: N[i] = -bias x scale for the types without mins (those with have no bias)."""
+    q_decode(code, w, o, A16[0], S[i], N[i], kc)
+    bias = BIAS8[code]
+    for c in range(kc):
+        A[i, c] = np.uint8(A16[0, c] + bias)
+    if bias != 0:
+        for u in range(kc // SUB[code]):
+            N[i, u] = -np.float32(bias) * S[i, u]
+
+
+def _q_matmul(int8: bool):
+    """q_matmul (int8: q_matmul8): one body, the panel rows' type and its tiles chosen here."""
+    den, adt, rows = (12, np.uint8, _rows8) if int8 else (20, np.int16, _rows16)
+
+    @njit(fastmath=True, inline="always")
+    def q_matmul(code, w, r0, r1, rb, P, m, res, off):
+        cols = P.shape[1] * 32 // den
+        nb = cols // 32
+        nkb = P.shape[0]
+        npn = (r1 - r0 + MR - 1) // MR
+        ks = min(cols, QKC)
+        A = np.empty((MR, ks), adt)
+        A16 = np.empty((1, ks), np.int16)
+        S = np.empty((MR, ks // 16), np.float32)
+        N = np.zeros((MR, ks // 16), np.float32)
+        C = np.zeros((npn, nkb, MR, NT), np.float32)
+        for c0 in range(0, cols, ks):
+            kc = min(ks, cols - c0)
+            cb = _col_bytes(code, c0)
+            for p in range(npn):
+                r = r0 + p * MR
+                nr = min(MR, r1 - r)
+                for i in range(nr):
+                    rows(code, w, _U(r + i) * _U(rb) + _U(cb), A, A16, S, N, kc, i)
+                for i in range(nr, MR):  # a short last panel: zero rows, results dropped below
+                    A[i, :] = 0
+                    S[i, :] = 0.0
+                    N[i, :] = 0.0
+                # the first token block's tile prefetches the next panel's rows (their slice): the decode above then
+                # finds them in L2 rather than waiting on DRAM, where the hardware's stream prefetch stopped during
+                # the tiles
+                sb = np.int64(_col_bytes(code, kc)) if p + 1 < npn else np.int64(0)
+                pfo = np.int64((r + MR) * rb + cb)
+                kb = 0
+                while kb < nkb:  # 16-token tiles; a last 17-24 tokens in one 24-token tile (two blocks), 1-8 in 8
+                    rem = m - kb * NT
+                    nv = 1 if rem <= 8 else (3 if 16 < rem <= 24 else 2)
+                    q_tile(code, A, S, N, P[kb:kb + 2], np.int64(c0), np.int64(kc), np.int64(nb), C[p, kb:kb + 2],
+                           nv, w, pfo, np.int64(rb), sb if kb == 0 else np.int64(0))
+                    kb += 2 if nv == 3 else 1
         for p in range(npn):
-            r = r0 + p * MR
-            nr = min(MR, r1 - r)
-            for i in range(nr):
-                q_decode(code, w, _U(r + i) * _U(rb) + _U(cb), A[i], S[i], N[i], kc)
-            for i in range(nr, MR):  # a short last panel: zero rows, results dropped below
-                A[i, :] = 0
-                S[i, :] = 0.0
-                N[i, :] = 0.0
-            # the first token block's tile prefetches the next panel's rows (their slice): the decode above then finds
-            # them in L2 rather than waiting on DRAM, where the hardware's stream prefetch stopped during the tiles
-            sb = np.int64(_col_bytes(code, kc)) if p + 1 < npn else np.int64(0)
-            pfo = np.int64((r + MR) * rb + cb)
-            kb = 0
-            while kb < nkb:  # 16-token tiles; a last 17-24 tokens in one 24-token tile (over two blocks), 1-8 in 8
-                rem = m - kb * NT
-                nv = 1 if rem <= 8 else (3 if 16 < rem <= 24 else 2)
-                q_tile(code, A, S, N, P[kb:kb + 2], np.int64(c0), np.int64(kc), np.int64(nb), C[p, kb:kb + 2], nv,
-                       w, pfo, np.int64(rb), sb if kb == 0 else np.int64(0))
-                kb += 2 if nv == 3 else 1
-    for p in range(npn):
-        nr = min(MR, r1 - r0 - p * MR)
-        for k in range(m):
-            for i in range(nr):
-                res[k, off + p * MR + i] = C[p, k // NT, i, k % NT]
+            nr = min(MR, r1 - r0 - p * MR)
+            for k in range(m):
+                for i in range(nr):
+                    res[k, off + p * MR + i] = C[p, k // NT, i, k % NT]
+    return q_matmul
+
+
+q_matmul = _q_matmul(False)
+q_matmul.__doc__ = """res[k, off + r - r0] = row_r . token k for rows [r0, r1) of flat bytes w (type `code`, row stride
+rb) and the m tokens packed by qpack_into in P (rows of 8 / 5 P.shape[1] values: panel_width); each weight decoded to its
+integer once."""
+q_matmul8 = _q_matmul(True)
+q_matmul8.__doc__ = """q_matmul against int8 activations packed by qpack8_into (rows of 8 / 3 P.shape[1] values)."""
+
+
+# The integer GEMM the executor runs (INT8 chooses): its token panels' width, their packing and the product
+gemm_width = panel_width8 if INT8 else panel_width
+gemm_pack = qpack8_into if INT8 else qpack_into
+gemm_matmul = q_matmul8 if INT8 else q_matmul
+
+
+def gemm_activations() -> str:
+    """The activations of the products above row_products._FUSED tokens an expert: 'int8' or 'int16' (the integer
+    GEMM; INT8), else 'float' (gemm.deq_matmul)."""
+    return "int8" if INT8 else ("int16" if HAVE_QGEMM else "float")

@@ -28,7 +28,7 @@ from .kquants import (rows1_q2_k, rows1_q3_k, rows1_q4_k, rows1_q5_k, rows1_q6_k
                       rows4x2_q2_k, rows4x2_q3_k, rows4x2_q4_k, rows4x2_q5_k, rows4x2_q6_k)
 from . import simd
 from .simd import rows1_f16, rows1_q8, rows2_q8, rows4_f16, rows4x2_q8
-from .qgemm import HAVE_QGEMM, q_matmul
+from .qgemm import HAVE_QGEMM, gemm_matmul
 from .vnni import HAVE_VNNI512, vnni_kernel
 
 # Q4_0 rows: with AVX-512 VNNI two rows a 512-bit register (vnni.py: one core in L2 1.15-1.19x simd.py's 256-bit
@@ -236,12 +236,12 @@ def rows_matmul(code, w, r0, r1, rb, X, X16, DX, P, res, off):
     """res[k, off + r - r0] = row_r . X[k] for the m rows of X [m, cols]: fused in-place dots up to _FUSED[code]
     tokens (the quantised types: int16 activations X16 * DX, tokens in fours and pairs: rows_fused; F16: float32 X),
     the weight rows staying in L1/L2; else each weight is decoded once and multiplied with the tokens' packed panels P
-    (kernels.panels): to its integer against integer panels (qgemm.q_matmul), or dequantised against float ones
+    (kernels.panels): to its integer against integer panels (qgemm.gemm_matmul), or dequantised against float ones
     (gemm.deq_matmul; under GEMM_TOKENS gemm.deq_dots on X)."""
     m = X.shape[0]
     if gemm_path(m, code):
-        if P.shape[1] != X.shape[1]:  # integer panels (qgemm.qpack_into: narrower than a row)
-            q_matmul(code, w, r0, r1, rb, P, m, res, off)
+        if P.shape[1] != X.shape[1]:  # integer panels (qgemm.gemm_pack: narrower than a row)
+            gemm_matmul(code, w, r0, r1, rb, P, m, res, off)
         else:
             deq_matmul(code, w, r0, r1, rb, P, m, res, off)
     elif m > _FUSED[code]:
@@ -280,7 +280,7 @@ def gemm_path(T, code):
 @lru_cache(maxsize=None)
 def _entry(code: int):
     """The products of type `code` in one function (one compile a type, not one a product and type), `which` of them
-    chosen at run time: 0 rows_token, 1 rows_pair, 2 rows_fused, 3 gemm.deq_matmul, 4 qgemm.q_matmul."""
+    chosen at run time: 0 rows_token, 1 rows_pair, 2 rows_fused, 3 gemm.deq_matmul, 4 qgemm.gemm_matmul."""
     @njit(fastmath=True)
     def products(which, w, r0, r1, rb, X16, DX, P, m, k, res, off):
         if which == 0:
@@ -292,7 +292,7 @@ def _entry(code: int):
         elif which == 3:
             deq_matmul(code, w, r0, r1, rb, P, m, res, off)
         else:
-            q_matmul(code, w, r0, r1, rb, P, m, res, off)
+            gemm_matmul(code, w, r0, r1, rb, P, m, res, off)
     return products
 
 
@@ -321,5 +321,5 @@ def py_deq_matmul(code, w, r0, r1, rb, P, m, res, off) -> None:
 
 
 def py_q_matmul(code, w, r0, r1, rb, P, m, res, off) -> None:
-    """qgemm.q_matmul from Python: the m tokens packed in P by qgemm.qpack_into (float32)."""
+    """qgemm.gemm_matmul from Python: the m tokens packed in P by qgemm.gemm_pack (float32)."""
     _entry(int(code))(4, w, r0, r1, rb, _NO_X16, _NO_DX, P, m, 0, res, off)

@@ -25,6 +25,7 @@ from specs.plan import Plan
 
 from . import cpu_experts as CE
 from . import kernels as K
+from . import qgemm
 from . import device_step as DS
 from .cpu_step import CpuStep, fits
 from .dense import Dense, KVCache, pick_device
@@ -286,7 +287,7 @@ def execute(plan: Plan, model_path: str | Path, prompt_tokens: int = 32, gen_tok
         trace_path = Path("runs") / f"trace-{model_path.stem}-{int(time.time())}.jsonl"
     out = summarise(r.trace, times, plan.streams, gen_tokens)
     out.update(tokens=tokens.tolist(), trace=str(write_trace(r.trace, trace_path)), device=str(r.device),
-               decode_path=r.decode_path(),
+               decode_path=r.decode_path(), gemm_activations=qgemm.gemm_activations(),
                streams=plan.streams, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
                dense_bytes_per_token=r.dense.nbytes_per_token())
     if keep_logits:

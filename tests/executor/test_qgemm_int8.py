@@ -1,0 +1,172 @@
+"""The integer GEMM on int8 activations (executor/qgemm.py: qpack8_into, q_matmul8; `execute --gemm-int8`): the token
+panels' layout, products equal to the int8 activations times gguf's values, llama.cpp's precision against the float
+product, and the switch end to end, its kernels cached apart (executor/nbcache.py)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from numba import njit
+
+from executor import nbcache, qgemm
+from executor.gemm import NT
+from executor.gguf_model import EXPERT_TYPES
+from executor.kernels import _quant_rows
+from executor.make_model import make_model
+from executor.runner import default_prompts
+
+from .test_qgemm import TYPES, _raw_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _pack8(x):
+    """x [m, cols] as quant16's int16 rows, then qpack8_into's panels."""
+    x16, dx = _quant_rows(x)
+    P = np.empty(((x.shape[0] + NT - 1) // NT, qgemm.panel_width8(x.shape[1]), NT), np.float32)
+    qgemm.qpack8_into(P, np.int64(0), x16, dx, qgemm.row_range(x.shape[0]))
+    return P, x16, dx
+
+
+def _unpack8(P, m, cols):
+    """The activations a panel holds, x8 dx8 [m, cols] (float64), and its x8 [m, cols] and dx8 [m, cols / 32]."""
+    nb = cols // 32
+    x8 = np.empty((m, cols), np.int64)
+    d = np.empty((m, nb))
+    for t in range(m):
+        B = P[t // NT]
+        x8[t] = np.ascontiguousarray(B[:8 * nb, t % NT]).view(np.int8)  # 4 bytes an int32, natural order
+        d[t] = B[8 * nb:9 * nb, t % NT]
+    return x8 * np.repeat(d, 32, axis=1), x8, d
+
+
+@lru_cache(maxsize=None)
+def _matmul8(code: int):
+    @njit(fastmath=True)
+    def run(w, rows, rb, P, m, res):
+        qgemm.q_matmul8(code, w, 0, rows, rb, P, m, res, 0)
+    return run
+
+
+def test_int8_panels_hold_value_quads_then_scales_and_sums():
+    """qpack8_into's block [panel_width8(cols), NT]: token t's quad q of block b is round(x16 127 / max|x16|) of its
+    values 4q .. 4q + 3 (natural order, one byte each), then each 32-block's dx8 = dx max|x16| / 127, dx8 x the
+    block's x8 sum and dx8 x each 16-value half's; tokens past m are zeros."""
+    rng = np.random.default_rng(5)
+    m, cols = 3, 64
+    x = rng.standard_normal((m, cols)).astype(np.float32)
+    x[1, 32:] = 0.0  # an all-zero block: scale and values 0
+    P, x16, dx = _pack8(x)
+    assert P.shape == (1, 24, NT)
+    _, x8, d = _unpack8(P, m, cols)
+    for t in range(m):
+        for b in range(2):
+            nat = np.empty(32, np.int64)  # quant16 holds even values first, then odd
+            nat[0::2], nat[1::2] = x16[t, 32 * b:32 * b + 16], x16[t, 32 * b + 16:32 * b + 32]
+            a = np.abs(nat).max()
+            want = np.round(nat * np.float32(127.0 / a)).astype(np.int64) if a else np.zeros(32, np.int64)
+            np.testing.assert_array_equal(x8[t, 32 * b:32 * b + 32], want)
+            assert d[t, b] == pytest.approx(dx[t, b] * a / 127, rel=1e-6)
+            s = x8[t, 32 * b:32 * b + 32]
+            assert P[0, 18 + b, t] == pytest.approx(d[t, b] * s.sum(), rel=1e-6, abs=1e-30)
+            assert P[0, 20 + 2 * b, t] == pytest.approx(d[t, b] * s[:16].sum(), rel=1e-6, abs=1e-30)
+            assert P[0, 21 + 2 * b, t] == pytest.approx(d[t, b] * s[16:].sum(), rel=1e-6, abs=1e-30)
+    assert x8[1, 32:].sum() == 0 and d[1, 1] == 0.0
+    assert not P[0, :, m:].any()
+
+
+@settings(max_examples=40, deadline=None)
+@given(qt=st.sampled_from(TYPES), rows=st.integers(1, 13), units=st.integers(1, 3), m=st.integers(1, 40),
+       seed=st.integers(0, 2**31))
+def test_int8_products_are_the_int8_activations_times_gguf_values(qt, rows, units, m, seed):
+    """For every type and token count (8-, 16- and 24-token tiles, short panels), each product is the panel's int8
+    activations (x8 dx8) times gguf.dequantize's weights to float rounding (1e-5 of the sum of |terms|): the biased
+    unsigned weights and their bias's term through the mins cancel exactly."""
+    rng = np.random.default_rng(seed)
+    raw = _raw_rows(rng, qt, rows, units * (8 if gguf.GGML_QUANT_SIZES[qt][0] == 32 else 1))
+    W = gguf.dequantize(raw, qt).reshape(rows, -1).astype(np.float64)
+    cols = W.shape[1]
+    x = rng.standard_normal((m, cols)).astype(np.float32)
+    P, _, _ = _pack8(x)
+    xq, _, _ = _unpack8(P, m, cols)
+    res = np.zeros((m, rows), np.float32)
+    _matmul8(EXPERT_TYPES[qt])(raw.reshape(-1), rows, raw.shape[1], P, m, res)
+    want = xq @ W.T
+    scale = np.abs(xq) @ np.abs(W).T
+    assert (np.abs(res - want) <= 1e-5 * scale + 1e-30).all()
+
+
+def test_int8_products_keep_llama_cpps_precision():
+    """Against the float product, int8 activations (a 32-block's step max / 127) leave at most 2e-2 of the largest
+    product (measured 3.2e-3 to 9.4e-3 over the nine types, session 36), where int16's are within 1e-4."""
+    rng = np.random.default_rng(11)
+    for qt in TYPES:
+        raw = _raw_rows(rng, qt, 13, 512 // gguf.GGML_QUANT_SIZES[qt][0])
+        W = gguf.dequantize(raw, qt).reshape(13, -1).astype(np.float64)
+        x = rng.standard_normal((21, W.shape[1])).astype(np.float32)
+        res = np.zeros((21, 13), np.float32)
+        _matmul8(EXPERT_TYPES[qt])(raw.reshape(-1), 13, raw.shape[1], _pack8(x)[0], 21, res)
+        want = x.astype(np.float64) @ W.T
+        err = np.abs(res - want).max() / np.abs(want).max()
+        assert 1e-4 < err < 2e-2, (qt.name, err)
+
+
+def test_a_switch_caches_its_kernels_apart():
+    """With MOE_OFFLOAD_GEMM_INT8=1 numba caches in executor/__pycache__/nb-gemm_int8-1 (nbcache.use_switch_cache),
+    and drop_stale_cache stamps that folder: the default build's kernels are neither dropped nor rebuilt."""
+    out = subprocess.run([sys.executable, "-c", "import executor, json; from numba.core import config; "
+                          "from executor import nbcache, qgemm; from pathlib import Path; "
+                          "print(json.dumps([config.CACHE_DIR, str(nbcache.cache_dir(Path(qgemm.__file__))), "
+                          "qgemm.INT8]))"],
+                         env={**os.environ, "MOE_OFFLOAD_GEMM_INT8": "1"}, capture_output=True, text=True, check=True)
+    cache, qdir, int8 = json.loads(out.stdout)
+    assert Path(cache) == ROOT / "executor" / "__pycache__" / "nb-gemm_int8-1"
+    assert Path(qdir).parent == Path(cache) and (Path(qdir) / "qgemm.deps-stamp").exists()
+    assert int8 == qgemm.HAVE_QGEMM
+    assert nbcache.cache_dir(Path(qgemm.__file__)) == ROOT / "executor" / "__pycache__"  # this process: the default
+
+
+def test_gemm_int8_flag_after_the_kernels_loaded_is_one_line_exit_2(tiny, tmp_path, capsys):
+    """`execute --gemm-int8` in a process whose kernels loaded without it cannot take effect: one line, exit code 2."""
+    from moe_offload.cli import main
+
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    if qgemm.INT8:
+        pytest.skip("this process runs the int8 build")
+    assert main(["execute", "--gemm-int8", "--plan", str(plan), "--model", str(tiny)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--gemm-int8" in err and "MOE_OFFLOAD_GEMM_INT8" in err
+
+
+@pytest.mark.skipif(not qgemm.HAVE_QGEMM, reason="the integer GEMM runs with AVX-512 VNNI (or MOE_OFFLOAD_QGEMM=1)")
+def test_execute_gemm_int8_end_to_end_within_int8_precision(tmp_path_factory, reference):
+    """`execute` with MOE_OFFLOAD_GEMM_INT8=1 (what `--gemm-int8` sets) on `tiny-k` (Q4_K / Q6_K / Q8_0 experts), a
+    128-token prompt (about 16 tokens an expert: the GEMM path), in its own process: the result says int8, the greedy
+    tokens are the fp32 reference's, and each position's logits stay within 1e-1 of its largest. Measured (session 36,
+    positions P - 1 .. P + 1): int8 `tiny-k` 1.5e-2 / 6.3e-3 / 7.6e-3 at P = 64 and 2.0e-2 / 6.7e-2 / 4.7e-3 at 128,
+    `tiny` 2.4e-3 to 1.0e-2; int16 1e-4 or less on both, which the 1e-4 floor tells apart."""
+    d = tmp_path_factory.mktemp("int8")
+    path = make_model("tiny-k", d / "tiny-k.gguf", seed=0)
+    script = ("import json, numpy as np; from executor.runner import execute; from specs.plan import Plan; "
+              f"r = execute(Plan(), {str(path)!r}, 128, 3, trace_path={str(d / 't.jsonl')!r}, keep_logits=True); "
+              f"np.save({str(d / 'logits.npy')!r}, np.stack([lg[0] for lg in r['logits']])); "
+              "print(json.dumps([r['gemm_activations'], r['tokens'][0]]))")
+    out = subprocess.run([sys.executable, "-c", script], env={**os.environ, "MOE_OFFLOAD_GEMM_INT8": "1"},
+                         capture_output=True, text=True, check=True, cwd=ROOT)
+    acts, toks = json.loads(out.stdout.strip().splitlines()[-1])
+    assert acts == "int8"
+    got = np.load(d / "logits.npy")  # [G, V] at positions 127 .. 129
+    prompt = [int(t) for t in default_prompts(1, 128, 512)[0]]
+    want = reference(path, prompt + toks[:-1])[127:]
+    rel = np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)
+    assert 1e-4 < rel.max() < 1e-1, rel
+    assert toks == [int(t) for t in want.argmax(-1)]
