@@ -98,37 +98,79 @@ def row_range(n):
     return rows
 
 
+@njit(fastmath=True, inline="always")
+def _token16(B, tt, x, dx, nb):
+    """Token column tt of block B [panel_width(cols), NT] from its int16 row x / dx (qpack_into)."""
+    B32 = B.view(np.int32)
+    for b in range(nb):
+        s0 = np.int32(0)
+        s1 = np.int32(0)
+        for p in range(16):  # values 2p and 2p + 1: quant16 holds the even ones first, then the odd
+            lo, hi = np.int32(x[32 * b + p]), np.int32(x[32 * b + 16 + p])
+            B32[16 * b + p, tt] = (lo & 0xFFFF) | (hi << 16)
+            if p < 8:
+                s0 += lo + hi
+            else:
+                s1 += lo + hi
+        d = dx[b]
+        B[16 * nb + b, tt] = d
+        B[17 * nb + b, tt] = d * np.float32(s0 + s1)
+        B[18 * nb + 2 * b, tt] = d * np.float32(s0)
+        B[18 * nb + 2 * b + 1, tt] = d * np.float32(s1)
+
+
+@njit(fastmath=True, inline="always")
+def _token8(B, tt, x, dx, nb):
+    """Token column tt of block B [panel_width8(cols), NT] from its int16 row x / dx, requantised to int8
+    (qpack8_into)."""
+    B8 = B.view(np.int8)
+    for b in range(nb):
+        a = np.int32(0)
+        for j in range(32):
+            a = max(a, abs(np.int32(x[32 * b + j])))
+        f = np.float32(127.0) / np.float32(a) if a > 0 else np.float32(0.0)
+        s0 = np.int32(0)
+        s1 = np.int32(0)
+        for v in range(32):  # natural value v: quant16 holds the even ones first, then the odd
+            q = np.int32(np.round(np.float32(x[32 * b + (v % 2) * 16 + v // 2]) * f))
+            B8[8 * b + v // 4, 4 * tt + v % 4] = np.int8(q)
+            if v < 16:
+                s0 += q
+            else:
+                s1 += q
+        d = dx[b] * np.float32(a) / np.float32(127.0)
+        B[8 * nb + b, tt] = d
+        B[9 * nb + b, tt] = d * np.float32(s0 + s1)
+        B[10 * nb + 2 * b, tt] = d * np.float32(s0)
+        B[10 * nb + 2 * b + 1, tt] = d * np.float32(s1)
+
+
+def _packer(token):
+    """The token blocks' loop of qpack_into / qpack8_into: each of blocks P[b0 ..]'s NT columns a token of rows idx
+    of X16 / DX (by `token`), those past the last token zeros."""
+    @njit(fastmath=True, inline="always")
+    def pack(P, b0, X16, DX, idx):
+        m, nb = idx.shape[0], X16.shape[1] // 32
+        for kb in range((m + NT - 1) // NT):
+            B = P[b0 + kb]
+            for tt in range(NT):
+                t = kb * NT + tt
+                if t < m:
+                    token(B, tt, X16[idx[t]], DX[idx[t]], nb)
+                else:
+                    for j in range(B.shape[0]):
+                        B[j, tt] = np.float32(0.0)
+    return pack
+
+
+_pack16, _pack8 = _packer(_token16), _packer(_token8)
+
+
 @njit(fastmath=True, cache=True)
 def qpack_into(P, b0, X16, DX, idx):
     """The int16 activations of rows idx of X16 / DX (simd.quant16's layout) into the integer GEMM's token blocks
     P[b0:b0 + ceil(len(idx) / NT)] [panel_width(cols), NT] (NT tokens a block, zero-padded)."""
-    m, cols = idx.shape[0], X16.shape[1]
-    nb = cols // 32
-    P32 = P.view(np.int32)
-    for kb in range((m + NT - 1) // NT):
-        B, B32 = P[b0 + kb], P32[b0 + kb]
-        for tt in range(NT):
-            t = kb * NT + tt
-            if t >= m:
-                for j in range(B.shape[0]):
-                    B[j, tt] = np.float32(0.0)
-                continue
-            x, dx = X16[idx[t]], DX[idx[t]]
-            for b in range(nb):
-                s0 = np.int32(0)
-                s1 = np.int32(0)
-                for p in range(16):  # values 2p and 2p + 1: quant16 holds the even ones first, then the odd
-                    lo, hi = np.int32(x[32 * b + p]), np.int32(x[32 * b + 16 + p])
-                    B32[16 * b + p, tt] = (lo & 0xFFFF) | (hi << 16)
-                    if p < 8:
-                        s0 += lo + hi
-                    else:
-                        s1 += lo + hi
-                d = dx[b]
-                B[16 * nb + b, tt] = d
-                B[17 * nb + b, tt] = d * np.float32(s0 + s1)
-                B[18 * nb + 2 * b, tt] = d * np.float32(s0)
-                B[18 * nb + 2 * b + 1, tt] = d * np.float32(s1)
+    _pack16(P, b0, X16, DX, idx)
 
 
 @njit(fastmath=True, cache=True)
@@ -138,37 +180,7 @@ def qpack8_into(P, b0, X16, DX, idx):
     adjacent values (natural order) one int32 a token, dx8 = dx max|x16| / 127 (llama.cpp's Q8_0 activations;
     its K-quants take one scale per 256 values, Q8_K). Going through int16 adds at most half an int16 step, 1/257 of
     an int8 one, to int8's own rounding."""
-    m, cols = idx.shape[0], X16.shape[1]
-    nb = cols // 32
-    P8 = P.view(np.int8)
-    for kb in range((m + NT - 1) // NT):
-        B, B8 = P[b0 + kb], P8[b0 + kb]
-        for tt in range(NT):
-            t = kb * NT + tt
-            if t >= m:
-                for j in range(B.shape[0]):
-                    B[j, tt] = np.float32(0.0)
-                continue
-            x, dx = X16[idx[t]], DX[idx[t]]
-            for b in range(nb):
-                a = np.int32(0)
-                for j in range(32):
-                    a = max(a, abs(np.int32(x[32 * b + j])))
-                f = np.float32(127.0) / np.float32(a) if a > 0 else np.float32(0.0)
-                s0 = np.int32(0)
-                s1 = np.int32(0)
-                for v in range(32):  # natural value v: quant16 holds the even ones first, then the odd
-                    q = np.int32(np.round(np.float32(x[32 * b + (v % 2) * 16 + v // 2]) * f))
-                    B8[8 * b + v // 4, 4 * tt + v % 4] = np.int8(q)
-                    if v < 16:
-                        s0 += q
-                    else:
-                        s1 += q
-                d = dx[b] * np.float32(a) / np.float32(127.0)
-                B[8 * nb + b, tt] = d
-                B[9 * nb + b, tt] = d * np.float32(s0 + s1)
-                B[10 * nb + 2 * b, tt] = d * np.float32(s0)
-                B[10 * nb + 2 * b + 1, tt] = d * np.float32(s1)
+    _pack8(P, b0, X16, DX, idx)
 
 
 def _dp(builder, acc, a, b):
