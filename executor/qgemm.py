@@ -357,7 +357,7 @@ def _q_matmul(int8: bool):
         npn = (r1 - r0 + MR - 1) // MR
         ks = min(cols, QKC)
         A = np.empty((MR, ks), adt)
-        A16 = np.empty((1, ks), np.int16)
+        A16 = np.empty((1, ks if int8 else 0), np.int16)  # _rows8's decoded row before the bias (_rows16: none)
         S = np.empty((MR, ks // 16), np.float32)
         N = np.zeros((MR, ks // 16), np.float32)
         C = np.zeros((npn, nkb, MR, NT), np.float32)
