@@ -63,10 +63,10 @@ def _matmul8(code: int):
     return run
 
 
-def pack8(x16, dx) -> np.ndarray:
-    """qgemm.qpack8_into's panels of int16 rows x16 / dx."""
-    P = np.empty(((x16.shape[0] + 15) // 16, qgemm.panel_width8(x16.shape[1]), 16), np.float32)
-    qgemm.qpack8_into(P, np.int64(0), x16, dx, qgemm.row_range(x16.shape[0]))
+def pack8(x) -> np.ndarray:
+    """qgemm.qpack8_into's panels of the float rows x."""
+    P = np.empty(((x.shape[0] + 15) // 16, qgemm.panel_width8(x.shape[1]), 16), np.float32)
+    qgemm.qpack8_into(P, np.int64(0), x, qgemm.row_range(x.shape[0]))
     return P
 
 
@@ -92,7 +92,7 @@ def bench_products(names, tokens, rounds: int, int8: bool = False) -> None:
                   f"deq_matmul {gf / tg:6.1f}  fused {gf / tf:6.1f}   qgemm/deq_matmul {tg / tq:4.2f}  "
                   f"qgemm/fused {tf / tq:4.2f}", flush=True)
             if int8:  # the same products on int8 activations, timed after the int16 ones
-                P8 = pack8(x16, dx)
+                P8 = pack8(x)
                 t8 = median_s(lambda: _matmul8(code)(w, 0, rows, rb, P8, m, res, 0), rounds)
                 print(f"{'':6} {m:4d} tokens  int8 qgemm {gf / t8:6.1f} GFLOP/s   int8/int16 {tq / t8:4.2f}", flush=True)
 

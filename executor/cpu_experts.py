@@ -20,8 +20,8 @@ from simulator.policies import WHOLE_BALANCE, WHOLE_TOKENS, thread_loads, whole_
 
 from .gemm import pack_into
 from .kernel_table import table_rows_matmul
-from .kernels import (_FUSED, _SERIAL_BYTES, NT, _parts, _parts_serial, _quant_rows, flat, gemm_path, int_panels,
-                      item_rows, panels, prange_only, quant_empty, quant_row)
+from .kernels import (_FUSED, _SERIAL_BYTES, NT, _parts, _parts_serial, _quant_needed, _quant_rows, flat, gemm_path,
+                      int_panels, item_rows, panels, prange_only, quant_empty, quant_row, reads_int16)
 from .qgemm import gemm_pack, gemm_width, row_range
 from .nbcache import drop_stale_cache
 from .simd import silu_mul
@@ -33,7 +33,7 @@ numba.get_num_threads()
 
 
 @njit(fastmath=True, cache=True)
-def _moe_prep(x, experts, offs, tok, fused, floats=True):
+def _moe_prep(x, experts, offs, tok, fused, floats=True, ints16=True):
     """Gather each expert's tokens (CSR order) and their int16 activations -> (xg [M, H], x16, dx, max
     tokens per expert). Each token is quantised once, however many of its experts run here (decode: 1
     token and top-k experts, 27 -> 6 us a layer on `small`). The int16 rows are copied only for experts of
@@ -42,9 +42,10 @@ def _moe_prep(x, experts, offs, tok, fused, floats=True):
     dx's rows are long with AVX-512 VNNI (vnni.split8: prefill's 4,096 copies a `small-q4` layer cost ~100 ms a
     512-token prompt). The float rows are gathered only where `floats`: the fused int16 rows and the integer
     panels read none (kernels.int_panels; xg is then uninitialised, its shape all they take), and at 64 tokens the
-    4 MB copy of a `small` layer's xg was 2.5 ms of a 32 ms job on 2 threads, run on one."""
+    4 MB copy of a `small` layer's xg was 2.5 ms of a 32 ms job on 2 threads, run on one. The tokens are quantised
+    only where `ints16` (some product reads int16 rows: _reads_int16; int8 panels read the floats)."""
     M, H = tok.shape[0], x.shape[1]
-    q16, qd = _quant_rows(x)  # [T, H], [T, 2 H/32 ..]
+    q16, qd = _quant_needed(x, ints16)  # [T, H], [T, 2 H/32 ..]
     xg = np.empty((M, H), np.float32)
     x16 = np.empty((M, H), np.int16)
     dx = np.empty((M, qd.shape[1]), np.float32)
@@ -65,12 +66,23 @@ def _moe_prep(x, experts, offs, tok, fused, floats=True):
     return xg, x16, dx, maxm, q16, qd
 
 
+@njit(cache=True)
+def _reads_int16(offs, c0, c1):
+    """Whether any expert of a CSR job reads its tokens' int16 rows through products of types c0 / c1
+    (kernels.reads_int16)."""
+    for i in range(offs.shape[0] - 1):
+        if reads_int16(offs[i + 1] - offs[i], c0, c1, R1=1):
+            return True
+    return False
+
+
 @njit(fastmath=True, cache=True)
-def _pack_expert(P, b, xs, x16, dx, rows, ints):
+def _pack_expert(P, b, xs, X, x16, dx, rows, ints):
     """One expert's m tokens into the panels P[b:b + ceil(m / NT)]: integer ones from rows `rows` [m] of x16 / dx
-    where `ints` (qgemm.gemm_pack: qpack_into, or qpack8_into), else float ones from xs [m, C] (gemm.pack_into)."""
+    (int16) or of X (int8) where `ints` (qgemm.gemm_pack), else float ones from its gathered rows xs [m, C]
+    (gemm.pack_into)."""
     if ints:
-        gemm_pack(P, b, x16, dx, rows)
+        gemm_pack(P, b, X, x16, dx, rows)
     else:
         pack_into(P, b, xs)
 
@@ -94,15 +106,15 @@ def _panel_blocks(offs, c0, c1):
 
 
 @njit(fastmath=True, cache=True)
-def _expert_panels(xs, x16, dx, rows, offs, c0, c1):
-    """The stacked token panels of every expert's rows of xs [M, C] (their int16 rows: rows [M] of x16 / dx), on this
-    thread (_panel_blocks, _pack_expert) -> (P, pb)."""
+def _expert_panels(xs, X, x16, dx, rows, offs, c0, c1):
+    """The stacked token panels of every expert's rows of xs [M, C] (the same rows: rows [M] of X and of the int16 x16 /
+    dx), on this thread (_panel_blocks, _pack_expert) -> (P, pb)."""
     pb = _panel_blocks(offs, c0, c1)
     ints = int_panels(c0, c1, R1=1)
     P = _panel_array(pb[-1], xs.shape[1], ints)
     for i in range(offs.shape[0] - 1):
         if pb[i + 1] > pb[i]:
-            _pack_expert(P, pb[i], xs[offs[i]:offs[i + 1]], x16, dx, rows[offs[i]:offs[i + 1]], ints)
+            _pack_expert(P, pb[i], xs[offs[i]:offs[i + 1]], X, x16, dx, rows[offs[i]:offs[i + 1]], ints)
     return P, pb
 
 
@@ -148,9 +160,9 @@ def _moe_down(it, dd, dc, H, experts, offs, tok, wts, act, a16, da, P, pb, n, ma
 
 
 @njit(fastmath=True, cache=True)
-def _expert_whole(i, gd, gc, ud, uc, dd, dc, F, H, experts, offs, tok, wts, xg, x16, dx, q16, qd, out):
+def _expert_whole(i, gd, gc, ud, uc, dd, dc, F, H, experts, offs, tok, wts, x, xg, x16, dx, q16, qd, out):
     """Expert i of the CSR list, start to end on this thread: out[t] += w * down(silu(gate x) * up x) for
-    each of its tokens t (weight w; q16 / qd: each token's int16 row, for integer panels)."""
+    each of its tokens t (weight w; x [T, H] / q16 / qd: each token's float and int16 row, for integer panels)."""
     e = experts[i]
     a0 = offs[i]
     m = offs[i + 1] - a0
@@ -161,12 +173,12 @@ def _expert_whole(i, gd, gc, ud, uc, dd, dc, F, H, experts, offs, tok, wts, xg, 
     if gemm_path(m, gc) or gemm_path(m, uc):
         ints = int_panels(gc, uc, R1=1)
         P = _panel_array((m + NT - 1) // NT, H, ints)
-        _pack_expert(P, np.int64(0), xg[s], q16, qd, tok[a0:a0 + m], ints)
+        _pack_expert(P, np.int64(0), xg[s], x, q16, qd, tok[a0:a0 + m], ints)
     table_rows_matmul(gc, gd[e], np.int64(0), F, gd.shape[1] // F, xg[s], x16[s], dx[s], P, g, np.int64(0))
     table_rows_matmul(uc, ud[e], np.int64(0), F, ud.shape[1] // F, xg[s], x16[s], dx[s], P, u, np.int64(0))
     for k in range(m):
         silu_mul(g[k], u[k])
-    a16, da = _quant_rows(g)
+    a16, da = _quant_needed(g, reads_int16(m, dc))
     y = np.empty((m, H), np.float32)  # [m, H]
     P = panels(g, a16, da, gemm_path(m, dc), int_panels(dc))
     table_rows_matmul(dc, dd[e], np.int64(0), H, dd.shape[1] // H, g, a16, da, P, y, np.int64(0))
@@ -201,15 +213,15 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nth
     `small-q4`, 1.05-1.11x on `small`). Otherwise each matrix's rows split across the threads.
     """
     xg, x16, dx, maxm, q16, qd = _moe_prep(x, experts, offs, tok, max(_FUSED[gc], _FUSED[uc]),
-                                               not int_panels(gc, uc, R1=1))
+                                           not int_panels(gc, uc, R1=1), _reads_int16(offs, gc, uc))
     if whole:
         owner = _owners(offs, nthr)
         part = np.zeros((nthr, out.shape[0], H), np.float32)
         for t in prange(nthr):
             for i in range(owner.shape[0]):
                 if owner[i] == t:
-                    _expert_whole(i, gd, gc, ud, uc, dd, dc, F, H, experts, offs, tok, wts, xg, x16, dx, q16, qd,
-                                  part[t])
+                    _expert_whole(i, gd, gc, ud, uc, dd, dc, F, H, experts, offs, tok, wts, x, xg, x16, dx, q16,
+                                  qd, part[t])
         for t in range(nthr):
             out += part[t]
         return
@@ -219,13 +231,17 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nth
     if pb[-1]:  # some expert takes the GEMM: its tokens packed here, in parallel
         for i in prange(experts.shape[0]):
             if pb[i + 1] > pb[i]:
-                _pack_expert(P, pb[i], xg[offs[i]:offs[i + 1]], q16, qd, tok[offs[i]:offs[i + 1]], ints)
+                _pack_expert(P, pb[i], xg[offs[i]:offs[i + 1]], x, q16, qd, tok[offs[i]:offs[i + 1]], ints)
     n = item_rows(pb[-1] > 0, F, 2)  # GEMM: two items an expert
     for it in prange(experts.shape[0] * ((F + n - 1) // n)):
         _moe_up(np.int64(it), gd, gc, ud, uc, F, experts, offs, xg, x16, dx, P, pb, n, act)
     a16, da = quant_empty(tok.shape[0], F)  # the rows phase 1 wrote (act may be longer), across the threads: each
-    for t in prange(tok.shape[0]):  # row the serial loop's bits (4,096 rows of `small` at pp512: 3.7 ms on one)
-        quant_row(act[t], a16[t], da[t])
+    skip = np.zeros(tok.shape[0], np.bool_)  # row the serial loop's bits (4,096 rows of `small` at pp512: 3.7 ms on
+    for i in range(experts.shape[0]):  # one), but those of experts whose down product reads none (int8 panels)
+        skip[offs[i]:offs[i + 1]] = not reads_int16(offs[i + 1] - offs[i], dc)
+    for t in prange(tok.shape[0]):
+        if not skip[t]:
+            quant_row(act[t], a16[t], da[t])
     pb = _panel_blocks(offs, dc, dc)
     ints = int_panels(dc)
     P = _panel_array(pb[-1], F, ints)
@@ -233,7 +249,7 @@ def _moe(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, out, nth
         rows = row_range(tok.shape[0])
         for i in prange(experts.shape[0]):
             if pb[i + 1] > pb[i]:
-                _pack_expert(P, pb[i], act[offs[i]:offs[i + 1]], a16, da, rows[offs[i]:offs[i + 1]], ints)
+                _pack_expert(P, pb[i], act[offs[i]:offs[i + 1]], act, a16, da, rows[offs[i]:offs[i + 1]], ints)
     n = item_rows(pb[-1] > 0, H, 2 * nthr)
     for it in prange((H + n - 1) // n):
         _moe_down(np.int64(it), dd, dc, H, experts, offs, tok, wts, act, a16, da, P, pb, n, maxm, out)
@@ -244,12 +260,12 @@ def _moe_serial(gd, gc, ud, uc, dd, dc, F, H, x, experts, offs, tok, wts, act, o
     """_moe on the calling thread (little work: a parallel region costs more than it saves); nthr and
     whole unused."""
     xg, x16, dx, maxm, q16, qd = _moe_prep(x, experts, offs, tok, max(_FUSED[gc], _FUSED[uc]),
-                                               not int_panels(gc, uc, R1=1))
-    P, pb = _expert_panels(xg, q16, qd, tok, offs, gc, uc)
+                                           not int_panels(gc, uc, R1=1), _reads_int16(offs, gc, uc))
+    P, pb = _expert_panels(xg, x, q16, qd, tok, offs, gc, uc)
     for i in range(experts.shape[0]):  # each expert's matrices in one call (F rows an item)
         _moe_up(np.int64(i), gd, gc, ud, uc, F, experts, offs, xg, x16, dx, P, pb, F, act)
     a16, da = _quant_rows(act[:tok.shape[0]])  # the rows phase 1 wrote (act may be longer)
-    P, pb = _expert_panels(act, a16, da, row_range(tok.shape[0]), offs, dc, dc)
+    P, pb = _expert_panels(act, act, a16, da, row_range(tok.shape[0]), offs, dc, dc)
     _moe_down(np.int64(0), dd, dc, H, experts, offs, tok, wts, act, a16, da, P, pb, H, maxm, out)
 
 

@@ -23,7 +23,7 @@ from .gemm import (F16, GEMM_TOKENS, IQ4_NL, IQ4_XS, MR, NT, Q2_K, Q3_K, Q4_0, Q
                    Q8_0, pack_tokens)  # (the type codes are re-exported)
 from .kernel_table import table_rows_matmul
 from .nbcache import drop_stale_cache
-from .qgemm import HAVE_QGEMM, gemm_pack, gemm_width, row_range
+from .qgemm import HAVE_QGEMM, INT8, gemm_pack, gemm_width, row_range
 from .row_products import _FUSED, gemm_path  # noqa: F401 (re-exported)
 from .simd import quant16, run_sums16
 from .vnni import HAVE_VNNI512, RUN_SUMS_AT, split8
@@ -79,17 +79,33 @@ def int_panels(c0, c1=0, c2=0, R1=0, R2=0):
     return HAVE_QGEMM and c0 != F16 and (R1 == 0 or c1 != F16) and (R2 == 0 or c2 != F16)
 
 
+@njit(inline="always")
+def reads_int16(T, c0, c1=0, c2=0, R1=0, R2=0):
+    """Whether products of T tokens with types c0 (and c1 where R1, c2 where R2) read the tokens' int16 rows (_quant_rows):
+    a product off the GEMM path (rows_fused), or integer panels packed from them (int16, not INT8's from the floats)."""
+    off = not gemm_path(T, c0) or (R1 > 0 and not gemm_path(T, c1)) or (R2 > 0 and not gemm_path(T, c2))
+    return off or (int_panels(c0, c1, c2, R1, R2) and not INT8)
+
+
+@njit(fastmath=True, cache=True)
+def _quant_needed(x, need):
+    """_quant_rows(x) where `need` (reads_int16), else empty rows (the products read none)."""
+    if need:
+        return _quant_rows(x)
+    return quant_empty(np.int64(0), x.shape[1])
+
+
 @njit(fastmath=True, cache=True)
 def panels(x, x16, dx, gemm, ints):
     """The GEMM's packed token panels of x [T, C] where a product takes the GEMM path (gemm: gemm_path), else none
-    ([0, C, NT]): from the int16 rows x16 / dx where `ints` (int_panels: qgemm.gemm_pack), else from x (float:
-    gemm.pack_tokens)."""
+    ([0, C, NT]): integer ones where `ints` (int_panels: qgemm.gemm_pack, from the int16 rows x16 / dx or, int8, from
+    x), else float ones from x (gemm.pack_tokens)."""
     T, C = x.shape
     if not gemm:
         return np.zeros((0, C, NT), np.float32)
     if ints:
         P = np.empty(((T + NT - 1) // NT, gemm_width(C), NT), np.float32)
-        gemm_pack(P, np.int64(0), x16, dx, row_range(T))
+        gemm_pack(P, np.int64(0), x, x16, dx, row_range(T))
         return P
     return pack_tokens(x)
 
@@ -196,8 +212,8 @@ def _parts_gemm(T, c0, c1, R1, c2, R2):
 
 @njit(parallel=prange_only(), nogil=True, fastmath=True, cache=True)
 def _parts(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, out):
-    """out [T, R0 + R1 + R2] = x [W0; W1; W2]^T: one activation quantisation, rows across threads."""
-    x16, dx = _quant_rows(x)
+    """out [T, R0 + R1 + R2] = x [W0; W1; W2]^T: one activation quantisation (where read), rows across threads."""
+    x16, dx = _quant_needed(x, reads_int16(x.shape[0], c0, c1, c2, R1, R2))
     gemm = _parts_gemm(x.shape[0], c0, c1, R1, c2, R2)
     P = panels(x, x16, dx, gemm, int_panels(c0, c1, c2, R1, R2))
     if x.shape[0] == 1:  # decode: items straight into the row kernels (_token_item), the chunk a constant:
@@ -222,7 +238,7 @@ def _parts(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, out):
 def _parts_serial(w0, c0, R0, w1, c1, R1, w2, c2, R2, x, out):
     """_parts on the calling thread, each matrix in one call (no row chunks: their calls cost ~30% of a
     short-row product, `tiny`'s)."""
-    x16, dx = _quant_rows(x)
+    x16, dx = _quant_needed(x, reads_int16(x.shape[0], c0, c1, c2, R1, R2))
     P = panels(x, x16, dx, _parts_gemm(x.shape[0], c0, c1, R1, c2, R2), int_panels(c0, c1, c2, R1, R2))
     if R0:
         table_rows_matmul(c0, w0, np.int64(0), R0, w0.shape[0] // R0, x, x16, dx, P, out, np.int64(0))

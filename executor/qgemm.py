@@ -24,11 +24,13 @@ Without VNNI the same code runs on `vpmaddwd` + `vpaddd` (AVX2, 16 ymm registers
 against the fp32 GEMM is not measured, so the executor takes this path only where HAVE_QGEMM). F16 weights have no
 integers: they stay on gemm.py.
 
-int8 activations (INT8: `execute --gemm-int8`, llama.cpp's precision): qpack8_into requantises each 32-block of a
-token's int16 row to int8, four adjacent values an int32; _rows8 adds BIAS8 to each weight's integer, so that
-`vpdpbusd` (unsigned weights x signed tokens, 32 multiply-adds an instruction at 256 bits) takes four values a step,
-and the bias comes off through the mins' term. One core, calibrate's weights, 128 tokens an expert: 1.28-1.64x the
-int16 tile (session 36); pp512 of `small-q4k` 1.00x llama.cpp's in place, where int16 ran 0.80x.
+int8 activations (INT8: `execute --gemm-int8`, llama.cpp's precision): qpack8_into quantises each 32-block of a
+token's float row to int8 (llama.cpp's Q8_0), four adjacent values an int32, and keeps the block's and halves' integer
+sums; _rows8 adds BIAS8 to each weight's integer, so that `vpdpbusd` (unsigned weights x signed tokens, 32
+multiply-adds an instruction at 256 bits) takes four values a step, and the bias comes off where each sub-block's
+integer sums start (-bias sum(x8): no float step). One core, calibrate's weights, 128 tokens an expert: 1.28-1.64x
+the int16 tile (session 36; the bias through a float step then); pp512 of `small-q4k` 1.14x llama.cpp's in place
+(session 37), where int16 runs 0.80x.
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ from numba.extending import intrinsic, overload
 from .gemm import MR, NT, _col_bytes
 from .nbcache import drop_stale_cache
 from .qdecode import q_decode
-from .simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fmul, _fn, _splat
+from .simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fmul, _fn, _slice, _splat
 
 drop_stale_cache(__file__)
 
@@ -99,8 +101,9 @@ def row_range(n):
 
 
 @njit(fastmath=True, inline="always")
-def _token16(B, tt, x, dx, nb):
-    """Token column tt of block B [panel_width(cols), NT] from its int16 row x / dx (qpack_into)."""
+def _token16(B, tt, X16, DX, i, nb):
+    """Token column tt of block B [panel_width(cols), NT] from int16 row i of X16 / DX (qpack_into)."""
+    x, dx = X16[i], DX[i]
     B32 = B.view(np.int32)
     for b in range(nb):
         s0 = np.int32(0)
@@ -119,44 +122,74 @@ def _token16(B, tt, x, dx, nb):
         B[18 * nb + 2 * b + 1, tt] = d * np.float32(s1)
 
 
+def _token8_gen(context, builder, sig, args):
+    """Codegen of _token8: per 32-block one <32 x float> load, its largest |x|, x 127 / max rounded to even (vrndscaleps)
+    and truncated to bytes, the block's eight quads stored down the column, then dx8 and the integer sums (sign-extended
+    bytes, added in any order: exact). 4,096 rows of 2,048 values (a `small` layer's pp512 up products) on one core:
+    5.1 ms, where session 36's requantised int16 rows value by value took 14.5 ms and plain numba loops over the
+    floats 10.3 (session 37)."""
+    B, X = (cgutils.create_struct_proxy(sig.args[i])(context, builder, value=args[i]) for i in (0, 2))
+    tt, nb = args[1], args[3]
+    i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+    b8 = builder.bitcast(B.data, I8.as_pointer())
+    rs = cgutils.unpack_tuple(builder, B.strides, 2)[0]  # bytes a row of the block (4 NT)
+    xf = builder.bitcast(X.data, F32.as_pointer())
+    fabs = _fn(builder, "llvm.fabs.v32f32", V(F32, 32), [V(F32, 32)])
+    fmax = _fn(builder, "llvm.vector.reduce.fmax.v32f32", F32, [V(F32, 32)])
+    rint = _fn(builder, "llvm.rint.v32f32", V(F32, 32), [V(F32, 32)])
+    radd = _fn(builder, "llvm.vector.reduce.add.v16i32", I32, [V(I32, 16)])
+
+    def at(r, ty):  # element tt of row r of the block, as a pointer to ty
+        p = builder.gep(b8, [builder.add(builder.mul(r, rs), builder.mul(tt, i64(4)))])
+        return builder.bitcast(p, ty.as_pointer())
+    with cgutils.for_range(builder, nb) as loop:
+        b = loop.index
+        v = builder.load(builder.bitcast(builder.gep(xf, [builder.mul(b, i64(32))]), V(F32, 32).as_pointer()), align=4)
+        a = builder.call(fmax, [builder.call(fabs, [v])])
+        pos = builder.fcmp_ordered(">", a, ir.Constant(F32, 0.0))
+        f = builder.select(pos, builder.fdiv(ir.Constant(F32, 127.0), a), ir.Constant(F32, 0.0))
+        q = builder.fptosi(builder.call(rint, [_fmul(builder, v, _splat(builder, f, 32))]), V(I32, 32))
+        quads = builder.bitcast(builder.trunc(q, V(I8, 32)), V(I32, 8))
+        for k in range(8):
+            builder.store(builder.extract_element(quads, ir.Constant(I32, k)),
+                          at(builder.add(builder.mul(b, i64(8)), i64(k)), I32), align=4)
+        s0 = builder.call(radd, [_slice(builder, q, 0, 16)])
+        s1 = builder.call(radd, [_slice(builder, q, 16, 16)])
+        builder.store(builder.fdiv(a, ir.Constant(F32, 127.0)), at(builder.add(builder.mul(nb, i64(8)), b), F32), align=4)
+        builder.store(builder.add(s0, s1), at(builder.add(builder.mul(nb, i64(9)), b), I32), align=4)
+        h0 = builder.add(builder.mul(nb, i64(10)), builder.mul(b, i64(2)))
+        builder.store(s0, at(h0, I32), align=4)
+        builder.store(s1, at(builder.add(h0, i64(1)), I32), align=4)
+    return context.get_dummy_value()
+
+
+@intrinsic
+def _token8_ir(typingctx, B, tt, x, nb):
+    if getattr(x, "layout", "") != "C" or getattr(B, "layout", "") != "C":
+        raise TypeError("qgemm._token8 reads C-contiguous rows into a C-contiguous block")
+    return types.none(B, tt, x, nb), _token8_gen
+
+
 @njit(fastmath=True, inline="always")
-def _token8(B, tt, x, dx, nb):
-    """Token column tt of block B [panel_width8(cols), NT] from its int16 row x / dx, requantised to int8
-    (qpack8_into)."""
-    B8 = B.view(np.int8)
-    for b in range(nb):
-        a = np.int32(0)
-        for j in range(32):
-            a = max(a, abs(np.int32(x[32 * b + j])))
-        f = np.float32(127.0) / np.float32(a) if a > 0 else np.float32(0.0)
-        s0 = np.int32(0)
-        s1 = np.int32(0)
-        for v in range(32):  # natural value v: quant16 holds the even ones first, then the odd
-            q = np.int32(np.round(np.float32(x[32 * b + (v % 2) * 16 + v // 2]) * f))
-            B8[8 * b + v // 4, 4 * tt + v % 4] = np.int8(q)
-            if v < 16:
-                s0 += q
-            else:
-                s1 += q
-        d = dx[b] * np.float32(a) / np.float32(127.0)
-        B[8 * nb + b, tt] = d
-        B[9 * nb + b, tt] = d * np.float32(s0 + s1)
-        B[10 * nb + 2 * b, tt] = d * np.float32(s0)
-        B[10 * nb + 2 * b + 1, tt] = d * np.float32(s1)
+def _token8(B, tt, X, D, i, nb):
+    """Token column tt of block B [panel_width8(cols), NT] from float row i of X (C-contiguous; D unused): per
+    32-block x8 = round(x 127 / max|x|), four adjacent values one int32, then dx8 = max|x| / 127 and the int32 sums
+    of x8 over the block and each 16-value half (qpack8_into)."""
+    _token8_ir(B, tt, X[i], nb)
 
 
 def _packer(token):
-    """The token blocks' loop of qpack_into / qpack8_into: each of blocks P[b0 ..]'s NT columns a token of rows idx
-    of X16 / DX (by `token`), those past the last token zeros."""
+    """The token blocks' loop of qpack_into / qpack8_into: each of blocks P[b0 ..]'s NT columns row idx[t] of the
+    activations A (and D) by `token`, those past the last token zeros."""
     @njit(fastmath=True, inline="always")
-    def pack(P, b0, X16, DX, idx):
-        m, nb = idx.shape[0], X16.shape[1] // 32
+    def pack(P, b0, A, D, idx):
+        m, nb = idx.shape[0], A.shape[1] // 32
         for kb in range((m + NT - 1) // NT):
             B = P[b0 + kb]
             for tt in range(NT):
                 t = kb * NT + tt
                 if t < m:
-                    token(B, tt, X16[idx[t]], DX[idx[t]], nb)
+                    token(B, tt, A, D, idx[t], nb)
                 else:
                     for j in range(B.shape[0]):
                         B[j, tt] = np.float32(0.0)
@@ -174,13 +207,23 @@ def qpack_into(P, b0, X16, DX, idx):
 
 
 @njit(fastmath=True, cache=True)
-def qpack8_into(P, b0, X16, DX, idx):
-    """Rows idx of X16 / DX (simd.quant16's int16 layout) as int8 activations into q_matmul8's token blocks
-    P[b0:b0 + ceil(len(idx) / NT)] [panel_width8(cols), NT]: per 32-block x8 = round(x16 127 / max|x16|), four
-    adjacent values (natural order) one int32 a token, dx8 = dx max|x16| / 127 (llama.cpp's Q8_0 activations;
-    its K-quants take one scale per 256 values, Q8_K). Going through int16 adds at most half an int16 step, 1/257 of
-    an int8 one, to int8's own rounding."""
-    _pack8(P, b0, X16, DX, idx)
+def qpack8_into(P, b0, X, idx):
+    """Rows idx of the float activations X [T, cols] (C-contiguous) as int8 into q_matmul8's token blocks
+    P[b0:b0 + ceil(len(idx) / NT)] [panel_width8(cols), NT]: per 32-block x8 = round(x 127 / max|x|), four adjacent
+    values (natural order) one int32 a token, then dx8 = max|x| / 127 and the int32 sums of x8 over the block and
+    each 16-value half (llama.cpp's Q8_0 activations, quantize_row_q8_0; its K-quants take one scale per 256 values,
+    Q8_K)."""
+    _pack8(P, b0, X, X, idx)
+
+
+@njit(fastmath=True, inline="always")
+def gemm_pack(P, b0, X, X16, DX, idx):
+    """The executor's token panels of rows idx (qpack8_into from the floats X where INT8, else qpack_into from the
+    int16 rows X16 / DX)."""
+    if INT8:
+        qpack8_into(P, b0, X, idx)
+    else:
+        qpack_into(P, b0, X16, DX, idx)
 
 
 def _dp(builder, acc, a, b):
@@ -204,14 +247,15 @@ def _dp8(builder, acc, s, u):
     return acc
 
 
-def _qtile_gen(G: int, mins: bool, NV: int, step: int = 2):
+def _qtile_gen(G: int, mins: bool, NV: int, step: int = 2, bias: int = 0):
     """Codegen: C [blocks, MR, NT] += rows A16 [MR, kc] (int16, natural order; scales SC, negated mins MN [MR,
     kc / 16]) times the first 8 NV tokens of qpack_into blocks Pk [blocks, panel_width(cols), NT] (8 lanes j at
     block j // 2, half j % 2), over columns [c0, c0 + kc) of rows of nb 32-blocks: per G-value sub-block, G / 2
     steps of MR x NV vpdpwssd (a row's pair broadcast, the tokens' pairs loaded), then per accumulator one convert
     and one fma with (row scale x token dx), and one fma with the min term. The int32 accumulators take MR NV of the
     32 ymm registers, the float ones as many (NV = 3: LLVM keeps some of those in L1). step 4: int8 activations,
-    qpack8_into's blocks of value quads against rows of unsigned bytes (q_matmul8), G / 4 steps of `vpdpbusd`."""
+    qpack8_into's blocks of value quads against rows of unsigned bytes (q_matmul8), G / 4 steps of `vpdpbusd`, each
+    sub-block's integer sums starting at -bias sum(x8) (the weights' bias, BIAS8: no float step for it)."""
     def gen(context, builder, sig, args):
         A, SC, MN, Pk, C, W = (cgutils.create_struct_proxy(sig.args[i])(context, builder, value=args[i])
                                for i in (0, 1, 2, 3, 7, 8))
@@ -259,7 +303,14 @@ def _qtile_gen(G: int, mins: bool, NV: int, step: int = 2):
                                         ir.Constant(I32, 0), ir.Constant(I32, 2), ir.Constant(I32, 1)])
             dv = [pvec(builder.add(builder.mul(nb, i64(K)), gb), j, F32) for j in range(NV)]
             for g in range(32 // G):
+                # the sums of x (int16: dx sum(x16) in float; int8: sum(x8) in int32) over the block (G = 32) or its
+                # half g (G = 16)
+                sr = (builder.add(builder.mul(nb, i64(K + 1)), gb) if G == 32 else
+                      builder.add(builder.mul(nb, i64(K + 2)), builder.add(builder.mul(gb, i64(2)), i64(g))))
                 ia = [[zero] * NV for _ in range(MR)]
+                if bias:  # the weights' bias comes off where the integer sums start: -bias sum(x8), every row's
+                    nbx = [builder.mul(pvec(sr, j, I32), _splat(builder, ir.Constant(I32, -bias), 8)) for j in range(NV)]
+                    ia = [list(nbx) for _ in range(MR)]
                 for p in range(G // step):
                     pr = builder.add(pair0, builder.add(builder.mul(b, i64(K)), i64(g * G // step + p)))
                     tv = [pvec(pr, j, I32) for j in range(NV)]
@@ -270,10 +321,9 @@ def _qtile_gen(G: int, mins: bool, NV: int, step: int = 2):
                         for j in range(NV):
                             ia[i][j] = (_dp if step == 2 else _dp8)(builder, ia[i][j], tv[j], wv)
                 sub = builder.add(builder.mul(b, i64(32 // G)), i64(g))
-                if mins:  # dx sum(x) of the block (G = 32) or of its half g (G = 16)
-                    sr = (builder.add(builder.mul(nb, i64(K + 1)), gb) if G == 32 else
-                          builder.add(builder.mul(nb, i64(K + 2)), builder.add(builder.mul(gb, i64(2)), i64(g))))
-                    sv = [pvec(sr, j, F32) for j in range(NV)]
+                if mins:  # dx sum(x) of the block or half
+                    sv = [pvec(sr, j, F32) if step == 2 else _fmul(builder, dv[j], builder.sitofp(pvec(sr, j, I32), V(F32, 8)))
+                          for j in range(NV)]
                 for i in range(MR):
                     s = _splat(builder, builder.load(builder.gep(srows[i], [sub])), 8)
                     mv = _splat(builder, builder.load(builder.gep(mrows[i], [sub])), 8) if mins else None
@@ -290,17 +340,17 @@ def _qtile_gen(G: int, mins: bool, NV: int, step: int = 2):
     return gen
 
 
-def _tile(G: int, mins: bool, NV: int, step: int):
+def _tile(G: int, mins: bool, NV: int, step: int, bias: int):
     @intrinsic
     def tile(typingctx, A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb):
-        return types.none(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb), _qtile_gen(G, mins, NV, step)
+        return types.none(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb), _qtile_gen(G, mins, NV, step, bias)
     return tile
 
 
-# (sub-block, mins, step) -> the tiles of 8, 16 and 24 tokens; step 4: int8 activations, whose biased weights always
-# take the mins' term (q_matmul8)
-_TILES = {(g, m, s): tuple(_tile(g, m, nv, s) for nv in (1, 2, 3))
-          for g in (16, 32) for m in (False, True) for s in (2, 4) if m or s == 2}
+# (sub-block, mins, step, bias) -> the tiles of 8, 16 and 24 tokens of the types' (SUB, MINS, BIAS8); step 4: int8
+# activations against biased weights (q_matmul8)
+_TILES = {(SUB[c], MINS[c], s, BIAS8[c] if s == 4 else 0): None for c in range(len(SUB)) for s in (2, 4)}
+_TILES = {k: tuple(_tile(*k[:2], nv, *k[2:]) for nv in (1, 2, 3)) for k in _TILES}
 
 
 def q_tile(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
@@ -314,7 +364,7 @@ def q_tile(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
 def _q_tile_typed(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
     c = code.literal_value
     step = 4 if A16.dtype == types.uint8 else 2  # int8 activations against biased unsigned weights (q_matmul8)
-    t8, t16, t24 = _TILES[(SUB[c], MINS[c] or step == 4, step)]
+    t8, t16, t24 = _TILES[(SUB[c], MINS[c], step, BIAS8[c] if step == 4 else 0)]
 
     def impl(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
         if nv == 3:
@@ -334,15 +384,12 @@ def _rows16(code, w, o, A, A16, S, N, kc, i):
 
 @njit(fastmath=True, inline="always")
 def _rows8(code, w, o, A, A16, S, N, kc, i):
-    """Row i of the panel as unsigned bytes for vpdpbusd: its integers plus BIAS8[code] into A[i] (uint8), the bias
-    taken off again by the mins' term: N[i] = -bias x scale for the types without mins (those with have no bias)."""
+    """Row i of the panel as unsigned bytes for vpdpbusd: its integers plus BIAS8[code] into A[i] (uint8; the tile
+    takes the bias off the integer sums: types with mins have none)."""
     q_decode(code, w, o, A16[0], S[i], N[i], kc)
     bias = BIAS8[code]
     for c in range(kc):
         A[i, c] = np.uint8(A16[0, c] + bias)
-    if bias != 0:
-        for u in range(kc // SUB[code]):
-            N[i, u] = -np.float32(bias) * S[i, u]
 
 
 def _q_matmul(int8: bool):
@@ -403,7 +450,6 @@ q_matmul8.__doc__ = """q_matmul against int8 activations packed by qpack8_into (
 
 # The integer GEMM the executor runs (INT8 chooses): its token panels' width, their packing and the product
 gemm_width = panel_width8 if INT8 else panel_width
-gemm_pack = qpack8_into if INT8 else qpack_into
 gemm_matmul = q_matmul8 if INT8 else q_matmul
 
 
