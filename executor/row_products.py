@@ -21,7 +21,7 @@ from numba.extending import overload
 
 from .gemm import (F16, GEMM_TOKENS, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0,
                    deq_dots, deq_matmul)
-from .iquants import (rows1_iq4_nl, rows1_iq4_xs, rows2_iq4_nl, rows2_iq4_xs, rows2x4_iq4_nl, rows2x4_iq4_xs,
+from .iquants import (KVALUES, rows1_iq4_nl, rows1_iq4_xs, rows2_iq4_nl, rows2_iq4_xs, rows2x4_iq4_nl, rows2x4_iq4_xs,
                       rows4x2_iq4_nl, rows4x2_iq4_xs)
 from .kquants import (rows1_q2_k, rows1_q3_k, rows1_q4_k, rows1_q5_k, rows1_q6_k, rows2_q2_k, rows2_q3_k, rows2_q4_k,
                       rows2_q5_k, rows2_q6_k, rows2x4_q2_k, rows2x4_q3_k, rows2x4_q4_k, rows2x4_q5_k, rows2x4_q6_k,
@@ -40,6 +40,15 @@ if HAVE_VNNI512:
 else:
     rows8_q4, rows4_q4, rows1_q4, rows4x2_q4, rows8x4_q4 = (simd.rows8_q4, simd.rows4_q4, simd.rows1_q4,
                                                             simd.rows4x2_q4, simd.rows8x4_q4)
+# IQ4_NL rows: its blocks are Q4_0's with a codebook, so with AVX-512 VNNI they take vnni.py's rows with a lookup
+# (vpshufb; the codebook's +128 bias off in the integer sums): one core in L2, a `small` expert matrix, 1 / 2 / 4 tokens
+# 23.2 / 16.2 / 9.7 -> 27.3 / 15.9 / 9.4 G weights/s (session 37); from DRAM (226 MB, one core) both ~12 GB/s, the
+# core's memory bound on this VM; else iquants.py's 256-bit rows
+if HAVE_VNNI512:
+    _IQ4NL_TOKEN = tuple((n, vnni_kernel(n, 1, KVALUES)) for n in (8, 4, 1))
+    _IQ4NL_PAIR, _IQ4NL_QUAD = vnni_kernel(4, 2, KVALUES), (8, vnni_kernel(8, 4, KVALUES))
+else:
+    _IQ4NL_TOKEN, _IQ4NL_PAIR, _IQ4NL_QUAD = ((2, rows2_iq4_nl), (1, rows1_iq4_nl)), rows4x2_iq4_nl, (2, rows2x4_iq4_nl)
 
 # Tokens per expert up to which each token gets fused in-place dots, by type code (-, F16, Q8_0, Q4_0, Q4_K, Q6_K, Q5_K,
 # Q3_K, Q2_K, IQ4_NL, IQ4_XS); more take a GEMM. Without VNNI (_FUSED_FLOAT) that GEMM dequantises each row once
@@ -76,12 +85,12 @@ _FUSED = (0, 16, 7, 6, 6, 5, 6, 5, 5, 5, 4) if HAVE_QGEMM else _FUSED_FLOAT
 _TOKEN = {Q8_0: ((2, rows2_q8), (1, rows1_q8)), Q4_0: ((8, rows8_q4), (4, rows4_q4), (1, rows1_q4)),
           Q4_K: ((2, rows2_q4_k), (1, rows1_q4_k)), Q6_K: ((2, rows2_q6_k), (1, rows1_q6_k)),
           Q5_K: ((2, rows2_q5_k), (1, rows1_q5_k)), Q3_K: ((2, rows2_q3_k), (1, rows1_q3_k)),
-          Q2_K: ((2, rows2_q2_k), (1, rows1_q2_k)), IQ4_NL: ((2, rows2_iq4_nl), (1, rows1_iq4_nl)),
+          Q2_K: ((2, rows2_q2_k), (1, rows1_q2_k)), IQ4_NL: _IQ4NL_TOKEN,
           IQ4_XS: ((2, rows2_iq4_xs), (1, rows1_iq4_xs))}
 _PAIR = {Q8_0: rows4x2_q8, Q4_0: rows4x2_q4, Q4_K: rows4x2_q4_k, Q6_K: rows4x2_q6_k, Q5_K: rows4x2_q5_k,
-         Q3_K: rows4x2_q3_k, Q2_K: rows4x2_q2_k, IQ4_NL: rows4x2_iq4_nl, IQ4_XS: rows4x2_iq4_xs}
+         Q3_K: rows4x2_q3_k, Q2_K: rows4x2_q2_k, IQ4_NL: _IQ4NL_PAIR, IQ4_XS: rows4x2_iq4_xs}
 _QUAD = {Q4_0: (8, rows8x4_q4), Q4_K: (2, rows2x4_q4_k), Q6_K: (2, rows2x4_q6_k), Q5_K: (2, rows2x4_q5_k),
-         Q3_K: (2, rows2x4_q3_k), Q2_K: (2, rows2x4_q2_k), IQ4_NL: (2, rows2x4_iq4_nl), IQ4_XS: (2, rows2x4_iq4_xs)}
+         Q3_K: (2, rows2x4_q3_k), Q2_K: (2, rows2x4_q2_k), IQ4_NL: _IQ4NL_QUAD, IQ4_XS: (2, rows2x4_iq4_xs)}
 # (Q8_0 stays in pairs: _FUSED; F16 has float32 rows of its own: rows_matmul)
 
 
@@ -116,7 +125,7 @@ def _token_rows_typed(code, w, r, r1, rb, X16, DX, k, nb, res, base):
     if groups is None:
         return _nothing
     (g1, k1), one = groups[0], groups[-1][1]
-    g2, k2 = groups[1] if len(groups) == 3 else groups[0]  # Q4_0's 4-row group; else the first again (never runs)
+    g2, k2 = groups[1] if len(groups) == 3 else groups[0]  # Q4_0's (IQ4_NL's) 4-row group; else the first again
 
     def impl(code, w, r, r1, rb, X16, DX, k, nb, res, base):
         while r + g1 <= r1:

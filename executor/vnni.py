@@ -1,4 +1,5 @@
-"""Q4_0 rows with AVX-512 VNNI (`vpdpbusd`): two rows a 512-bit register, int16 activations split in two bytes.
+"""Q4_0 rows with AVX-512 VNNI (`vpdpbusd`): two rows a 512-bit register, int16 activations split in two bytes;
+IQ4_NL's rows too, the same blocks with a codebook lookup (_rows_vnni's `book`).
 
 On a core with two 512-bit multiply pipes (Intel server parts) simd.py's 256-bit Q4_0 loop is bound by its
 five multiply-pipe instructions per row and block (2 `vpmaddwd`, the shift, the convert, the fma: 31.6 G
@@ -35,7 +36,8 @@ _FEATURES = llb.get_host_cpu_features().flatten().split(",")
 HAVE_VNNI512 = (all(f"+{f}" in _FEATURES for f in ("avx512f", "avx512bw", "avx512vnni"))
                 and os.environ.get("MOE_OFFLOAD_NO_VNNI") != "1")
 X16_MAX = 32639  # the largest |x16| whose split h = (x16 + 128) >> 8 fits a signed byte
-SPLIT_FLOATS = 32  # float32 slots of DX a block's split takes (128 bytes: h then l, 64 each)
+SPLIT_FLOATS = 64  # float32 slots of DX a block's split takes (256 bytes: h then l, 64 each, then each int32 lane's
+# -128 x the sum of its four h, then of its four l: where IQ4_NL's rows start their integer sums)
 # DX's run sums (simd.run_sums16, read by the Q2_K rows) start at RUN_SUMS_AT x (blocks) floats: behind the
 # scales, the block sums and, with AVX-512 VNNI, the split bytes
 RUN_SUMS_AT = 2 + SPLIT_FLOATS * HAVE_VNNI512
@@ -62,8 +64,9 @@ def _split_order() -> list[int]:
 def split8(typingctx, x16, dx, nb):
     """Write x16's split (x16 = 256 h + l, h and l int8) behind the 2 nb scales and sums of dx (both 1-D and
     contiguous; nb an int64), block by block in the lane order of the VNNI rows: 64 bytes of h, then 64 of l,
-    each value at its two rows' places. A block is one load, a word permute to the 64 places (vpermw), the
-    split in words, two truncations to bytes (vpmovwb) and two stores."""
+    each value at its two rows' places, then for each of the 16 int32 lanes -128 x the sum of its four h, then of
+    its four l (IQ4_NL's bias, _rows_vnni). A block is one load, a word permute to the 64 places (vpermw), the
+    split in words, two truncations to bytes (vpmovwb), the lanes' sums by shuffles, and four stores."""
     def gen(context, builder, sig, args):
         xa, da, n = args
         data = lambda i, v: cgutils.create_struct_proxy(sig.args[i])(context, builder, value=v).data  # noqa: E731
@@ -79,10 +82,16 @@ def split8(typingctx, x16, dx, nb):
             w = builder.shuffle_vector(w, w, order)  # <64 x i16>: each x16 at its two places
             h = builder.ashr(builder.add(w, c(128)), c(8))
             lo = builder.sub(w, builder.shl(h, c(8)))
-            ob = builder.gep(base, [builder.mul(b, i64(128))])
-            builder.store(builder.trunc(h, V(I8, 64)), builder.bitcast(ob, V(I8, 64).as_pointer()), align=1)
-            builder.store(builder.trunc(lo, V(I8, 64)),
-                          builder.bitcast(builder.gep(ob, [i64(64)]), V(I8, 64).as_pointer()), align=1)
+            ob = builder.gep(base, [builder.mul(b, i64(4 * SPLIT_FLOATS))])
+            for j, v in enumerate((h, lo)):
+                builder.store(builder.trunc(v, V(I8, 64)), builder.bitcast(builder.gep(ob, [i64(64 * j)]),
+                                                                           V(I8, 64).as_pointer()), align=1)
+                w32 = builder.sext(v, V(I32, 64))
+                lanes = [builder.shuffle_vector(w32, w32, ir.Constant(V(I32, 16), [4 * c + q for c in range(16)]))
+                         for q in range(4)]
+                tot = builder.add(builder.add(lanes[0], lanes[1]), builder.add(lanes[2], lanes[3]))
+                builder.store(builder.mul(tot, ir.Constant(V(I32, 16), [-128] * 16)),
+                              builder.bitcast(builder.gep(ob, [i64(128 + 64 * j)]), V(I32, 16).as_pointer()), align=1)
         return context.get_dummy_value()
     return types.none(x16, dx, nb), gen
 
@@ -93,11 +102,19 @@ def _dpbusd(builder, acc, a, b):
     return builder.call(f, [acc, a, b])
 
 
-def _rows_vnni(NR: int, MT: int = 1):
-    """Codegen: res[k0 + t, ro + k] = row_k . x_t for NR Q4_0 rows at byte woff + k * rb (nb blocks each), NR
-    even or 1 (paired with itself), and the MT tokens t of DX's split (split8) and scales from k0."""
+def _rows_vnni(NR: int, MT: int = 1, book: tuple = ()):
+    """Codegen: res[k0 + t, ro + k] = row_k . x_t for NR Q4_0 rows (book: IQ4_NL's, its 16-value int8 codebook) at
+    byte woff + k * rb (nb blocks each), NR even or 1 (paired with itself), and the MT tokens t of DX's split (split8)
+    and scales from k0.
+
+    IQ4_NL's blocks are Q4_0's (fp16 d, 16 bytes of nibbles, value 16 + l the high nibble of byte l); its nibbles
+    index the codebook. Both nibbles of a lane are shifted down to 0..15 (vpsrlvd: the high lanes by 4) and looked up
+    (vpshufb) in the codebook plus 128, unsigned bytes. The bias comes off in the integers: each lane's h and l sums
+    start at -128 x the sum of the lane's four h (l) bytes (split8 writes them once a token), so a lane ends at sum
+    q x16 exactly (|.| <= 4 x 127 x 32639 < 2**24: its convert is exact too)."""
     NP = max(1, NR // 2)
     bs = 18
+    iq4 = bool(book)
 
     def gen(context, builder, sig, args):
         woff, rb, nb, roff = args[1], args[2], args[6], args[8]  # _qsig's; X16 is not read: DX holds the split
@@ -115,7 +132,10 @@ def _rows_vnni(NR: int, MT: int = 1):
         fma = _fn(builder, "llvm.fma.v16f32", V(F32, 16), [V(F32, 16)] * 3)
         rbk = [builder.mul(rb, i64(k if NR > 1 else 0)) for k in range(R)]
         pfo = builder.add(woff, builder.mul(rb, i64(NR)))  # the next row group, prefetched as simd.py's
-        nib = ir.Constant(V(I32, 16), [0x0F0F0F0F] * 8 + [0xF0F0F0F0 - (1 << 32)] * 8)
+        nib = ir.Constant(V(I32, 16), [0x0F0F0F0F] * 8 + ([0x0F0F0F0F] if iq4 else [0xF0F0F0F0 - (1 << 32)]) * 8)
+        hi4 = ir.Constant(V(I32, 16), [0] * 8 + [4] * 8)  # iq4: the high nibbles down to 0..15
+        lut = ir.Constant(V(I8, 64), [int(v) + 128 for v in book] * 4 if iq4 else [0] * 64)
+        pshufb = _fn(builder, "llvm.x86.avx512.pshuf.b.512", V(I8, 64), [V(I8, 64)] * 2)
         pick = ir.Constant(V(I32, 16), [0, 4, 1, 5, 2, 6, 3, 7] * 2)  # A0 B0 A1 B1 | A2 B2 A3 B3, twice
         xoff = builder.mul(nb, i64(2))  # the split starts after the 2 nb floats of scales and sums
 
@@ -134,21 +154,35 @@ def _rows_vnni(NR: int, MT: int = 1):
             b = loop.index
             bn = builder.add(b, i64(1))  # block b + 1's scales now: off this block's critical path
             put_scales(bn, builder.select(builder.icmp_signed("<", bn, nb), bn, b))
-            q4_offset_term(builder, corr, [slot(b, t) for t in range(MT)], dds, nb, b)
+            if not iq4:
+                q4_offset_term(builder, corr, [slot(b, t) for t in range(MT)], dds, nb, b)
             xs = []
             for t in range(MT):
-                px = builder.bitcast(builder.gep(dds[t], [builder.add(xoff, builder.mul(b, i64(32)))]),
+                px = builder.bitcast(builder.gep(dds[t], [builder.add(xoff, builder.mul(b, i64(SPLIT_FLOATS)))]),
                                      V(I32, 16).as_pointer())
                 xs.append((builder.load(px, align=4), builder.load(builder.gep(px, [i64(1)]), align=4)))
+            # where each lane's sums start: 0, or (iq4) -128 x its four h (l) bytes' sum (split8's)
+            starts = []
+            for t in range(MT):
+                px = builder.bitcast(builder.gep(dds[t], [builder.add(xoff, builder.mul(b, i64(SPLIT_FLOATS)))]),
+                                     V(I32, 16).as_pointer())
+                starts.append(tuple(builder.load(builder.gep(px, [i64(q)]), align=4) for q in (2, 3)) if iq4 else
+                              (izero, izero))
             ps = rowptrs(b)
             prefetch_lines(builder, builder.gep(wd, [builder.add(pfo, builder.mul(b, i64(NR * bs)))]), NR * bs)
             for p in range(NP):
                 qa, qb = (builder.load(builder.bitcast(builder.gep(ps[2 * p + i], [i64(2)]), V(I32, 4).as_pointer()),
                                        align=1) for i in (0, 1))
-                wq = builder.and_(builder.shuffle_vector(qa, qb, pick), nib)
+                wq = builder.shuffle_vector(qa, qb, pick)
+                if iq4:
+                    wq = builder.and_(builder.lshr(wq, hi4), nib)
+                    wq = builder.bitcast(builder.call(pshufb, [lut, builder.bitcast(wq, V(I8, 64))]), V(I32, 16))
+                else:
+                    wq = builder.and_(wq, nib)
                 for t, (xh, xl) in enumerate(xs):
-                    mh = _dpbusd(builder, izero, wq, xh)  # sum q h, then times 256 plus sum q l
-                    m = _dpbusd(builder, builder.shl(mh, ir.Constant(V(I32, 16), [8] * 16)), wq, xl)
+                    sh, sl = starts[t]
+                    mh = _dpbusd(builder, sh, wq, xh)  # sum q h, then times 256 plus sum q l
+                    m = _dpbusd(builder, builder.add(builder.shl(mh, ir.Constant(V(I32, 16), [8] * 16)), sl), wq, xl)
                     s2 = builder.load(builder.bitcast(builder.gep(slot(b, t), [i64(2 * p)]), I64.as_pointer()), align=4)
                     sv = builder.bitcast(_splat(builder, s2, 8), V(F32, 16))
                     acc = builder.call(fma, [builder.sitofp(m, V(F32, 16)), sv, builder.load(accs[p][t])])
@@ -156,24 +190,26 @@ def _rows_vnni(NR: int, MT: int = 1):
         for t in range(MT):
             for p in range(NP):
                 a = builder.load(accs[p][t])
+                hi = _slice(builder, a, 8, 8)  # Q4_0's high nibbles came x 16
                 s = _fadd(builder, _slice(builder, a, 0, 8),
-                          _fmul(builder, _slice(builder, a, 8, 8), ir.Constant(V(F32, 8), [1 / 16] * 8)))
+                          hi if iq4 else _fmul(builder, hi, ir.Constant(V(F32, 8), [1 / 16] * 8)))
                 s = _fadd(builder, _slice(builder, s, 0, 4), _slice(builder, s, 4, 4))  # lanes 0, 1, 2, 3
                 for i in range(min(2, NR)):  # row 2p + i: lanes i and i + 2
                     k = 2 * p + i
                     v = _fadd(builder, builder.extract_element(s, ir.Constant(I32, i)),
                               builder.extract_element(s, ir.Constant(I32, i + 2)))
-                    v = _fsub(builder, v, builder.extract_element(builder.load(corr[t]), ir.Constant(I32, k)))
+                    if not iq4:
+                        v = _fsub(builder, v, builder.extract_element(builder.load(corr[t]), ir.Constant(I32, k)))
                     builder.store(v, builder.gep(rds[t], [builder.add(roff, ir.Constant(I64, k))]))
         return context.get_dummy_value()
 
     return gen
 
 
-def vnni_kernel(NR: int, MT: int = 1):
+def vnni_kernel(NR: int, MT: int = 1, book: tuple = ()):
     """rows{NR}[x{MT}] for Q4_0 on VNNI: simd._qkernel's signature and its results bit for bit, DX carrying
-    split8's bytes (kernels._quant_rows writes them)."""
+    split8's bytes (kernels._quant_rows writes them); book: IQ4_NL's rows against that codebook (iquants.KVALUES)."""
     @intrinsic
     def kernel(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
-        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows_vnni(NR, MT)
+        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows_vnni(NR, MT, tuple(book))
     return kernel

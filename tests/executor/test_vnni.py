@@ -1,6 +1,7 @@
 """The AVX-512 VNNI Q4_0 rows (executor/vnni.py): int16 activations split into two bytes, two rows a 512-bit
 register; they give simd.py's 256-bit int16 kernel's results bit for bit, so a token's logits do not depend
-on which of the two a machine runs."""
+on which of the two a machine runs. IQ4_NL's rows there (a codebook lookup) are checked against the dequantised
+product with every other type (test_kernels.py)."""
 from __future__ import annotations
 
 import gguf
@@ -27,14 +28,18 @@ def _split8(x16, dx, nb):
 def test_split_bytes_rebuild_every_x16(nb, scale, seed):
     """split8 (a word permute, the split, two truncations a block): for every activation j of every block,
     256 h + l == x16 at both of its places (row k's dword, row k + 1's), h and l signed bytes; quant16 keeps
-    |x16| <= 32639 so that h fits (vnni.X16_MAX)."""
+    |x16| <= 32639 so that h fits (vnni.X16_MAX). Behind them each int32 lane's -128 x the sum of its four h, then of
+    its four l (where IQ4_NL's rows start their integer sums)."""
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal(nb * 32) * scale).astype(np.float32)
     x16, dx = np.empty(nb * 32, np.int16), np.zeros((2 + vnni.SPLIT_FLOATS) * nb, np.float32)
     simd.quant16(x, x16, dx)
     assert np.abs(x16.astype(np.int32)).max() <= vnni.X16_MAX
     _split8(x16, dx, nb)
-    sp = dx[2 * nb:].view(np.int8).reshape(nb, 2, 64).astype(np.int32)  # [block, h | l, byte]
+    blocks = dx[2 * nb:].reshape(nb, vnni.SPLIT_FLOATS)
+    sp = blocks[:, :32].view(np.int8).reshape(nb, 2, 64).astype(np.int32)  # [block, h | l, byte]
+    starts = blocks[:, 32:].view(np.int32).reshape(nb, 2, 16)  # [block, h | l, lane]
+    np.testing.assert_array_equal(starts, -128 * sp.reshape(nb, 2, 16, 4).sum(axis=3))
     for b in range(nb):
         for j in range(32):
             want = int(x16[b * 32 + (j % 2) * 16 + j // 2])  # quant16's even-first order
