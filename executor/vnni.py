@@ -156,16 +156,11 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = ()):
             put_scales(bn, builder.select(builder.icmp_signed("<", bn, nb), bn, b))
             if not iq4:
                 q4_offset_term(builder, corr, [slot(b, t) for t in range(MT)], dds, nb, b)
-            xs = []
-            for t in range(MT):
+            xs, starts = [], []  # each token's split (h, l), and where each lane's sums start: 0, or (iq4) -128 x its
+            for t in range(MT):  # four h (l) bytes' sum (split8's)
                 px = builder.bitcast(builder.gep(dds[t], [builder.add(xoff, builder.mul(b, i64(SPLIT_FLOATS)))]),
                                      V(I32, 16).as_pointer())
-                xs.append((builder.load(px, align=4), builder.load(builder.gep(px, [i64(1)]), align=4)))
-            # where each lane's sums start: 0, or (iq4) -128 x its four h (l) bytes' sum (split8's)
-            starts = []
-            for t in range(MT):
-                px = builder.bitcast(builder.gep(dds[t], [builder.add(xoff, builder.mul(b, i64(SPLIT_FLOATS)))]),
-                                     V(I32, 16).as_pointer())
+                xs.append(tuple(builder.load(builder.gep(px, [i64(q)]), align=4) for q in (0, 1)))
                 starts.append(tuple(builder.load(builder.gep(px, [i64(q)]), align=4) for q in (2, 3)) if iq4 else
                               (izero, izero))
             ps = rowptrs(b)
