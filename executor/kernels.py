@@ -24,9 +24,9 @@ from .gemm import (F16, GEMM_TOKENS, IQ4_NL, IQ4_XS, MR, NT, Q2_K, Q3_K, Q4_0, Q
 from .kernel_table import table_rows_matmul
 from .nbcache import drop_stale_cache
 from .qgemm import HAVE_QGEMM, INT8, gemm_pack, gemm_width, row_range
-from .row_products import _FUSED, gemm_path  # noqa: F401 (re-exported)
+from .row_products import _FUSED, ROWS_INT8, gemm_path  # noqa: F401 (re-exported)
 from .simd import quant16, run_sums16
-from .vnni import HAVE_VNNI512, RUN_SUMS_AT, split8
+from .vnni import HAVE_VNNI512, RUN_SUMS_AT, dx8_at, lanes8, split8
 
 drop_stale_cache(__file__)
 
@@ -47,16 +47,18 @@ _ROWS = 32  # rows per parallel work item (16 -> 32: ~5% on Q4_0 expert GB/s, fe
 def quant_empty(T, C):
     """Uninitialised int16 activations of T rows of C values in _quant_rows's layout -> (x16 [T, C], dx)."""
     nb = C // 32
-    return np.empty((T, C), np.int16), np.empty((T, RUN_SUMS_AT * nb + 8 * ((nb + 3) // 4)), np.float32)
+    return np.empty((T, C), np.int16), np.empty((T, dx8_at(nb) + nb * ROWS_INT8), np.float32)  # (int8: the dx8)
 
 
 @njit(fastmath=True, inline="always")
 def quant_row(x, x16, dx):
-    """One row of _quant_rows: x [C] into x16 [C] / dx (simd.quant16, then vnni.split8 with AVX-512 VNNI, then the
-    16-value runs' sums, simd.run_sums16)."""
+    """One row of _quant_rows: x [C] into x16 [C] / dx (simd.quant16, then vnni.split8 with AVX-512 VNNI, or in an
+    int8 build vnni.lanes8 of x, then the 16-value runs' sums, simd.run_sums16)."""
     nb = x.shape[0] // 32
     quant16(x, x16, dx)
-    if HAVE_VNNI512:
+    if ROWS_INT8:
+        lanes8(np.ascontiguousarray(x), dx, nb)  # (a no-op on the C-contiguous rows callers pass)
+    elif HAVE_VNNI512:
         split8(x16, dx, nb)
     run_sums16(x16, dx, nb, RUN_SUMS_AT * nb)
 

@@ -28,14 +28,19 @@ from .kquants import (rows1_q2_k, rows1_q3_k, rows1_q4_k, rows1_q5_k, rows1_q6_k
                       rows4x2_q2_k, rows4x2_q3_k, rows4x2_q4_k, rows4x2_q5_k, rows4x2_q6_k)
 from . import simd
 from .simd import rows1_f16, rows1_q8, rows2_q8, rows4_f16, rows4x2_q8
-from .qgemm import HAVE_QGEMM, gemm_matmul
+from .qgemm import HAVE_QGEMM, INT8, gemm_matmul
 from .vnni import HAVE_VNNI512, vnni_kernel
 
 # Q4_0 rows: with AVX-512 VNNI two rows a 512-bit register (vnni.py: one core in L2 1.15-1.19x simd.py's 256-bit
 # loop, from DRAM on 2 threads 1.05-1.10x; the same integer sums and float ops, so the same results bit for bit),
 # else simd.py's
+# An int8 build (`execute --gemm-int8`, llama.cpp's precision) gives these rows, and IQ4_NL's below, int8 activations
+# (vnni.lanes8): one vpdpbusd a row pair and block, not two, a shift and an add. One core in L2, 1 / 2 / 4 tokens
+# (session 38): Q4_0 33.3 / 19.3 / 12.0 -> 42.3 / 23.0 / 16.3 G weights/s, IQ4_NL 27.3 / 15.9 / 9.6 -> 34.5 / 22.3 / 15.1;
+# all-CPU decode against llama.cpp's repacked rows: README
+ROWS_INT8 = INT8 and HAVE_VNNI512
 if HAVE_VNNI512:
-    rows8_q4, rows4_q4, rows1_q4, rows4x2_q4, rows8x4_q4 = (vnni_kernel(n, t) for n, t in
+    rows8_q4, rows4_q4, rows1_q4, rows4x2_q4, rows8x4_q4 = (vnni_kernel(n, t, int8=ROWS_INT8) for n, t in
                                                             ((8, 1), (4, 1), (1, 1), (4, 2), (8, 4)))
 else:
     rows8_q4, rows4_q4, rows1_q4, rows4x2_q4, rows8x4_q4 = (simd.rows8_q4, simd.rows4_q4, simd.rows1_q4,
@@ -45,8 +50,8 @@ else:
 # 23.2 / 16.2 / 9.7 -> 27.3 / 15.9 / 9.4 G weights/s (session 37); from DRAM (226 MB, one core) both ~12 GB/s, the
 # core's memory bound on this VM; else iquants.py's 256-bit rows
 if HAVE_VNNI512:
-    _IQ4NL_TOKEN = tuple((n, vnni_kernel(n, 1, KVALUES)) for n in (8, 4, 1))
-    _IQ4NL_PAIR, _IQ4NL_QUAD = vnni_kernel(4, 2, KVALUES), (8, vnni_kernel(8, 4, KVALUES))
+    _IQ4NL_TOKEN = tuple((n, vnni_kernel(n, 1, KVALUES, ROWS_INT8)) for n in (4, 1))
+    _IQ4NL_PAIR, _IQ4NL_QUAD = vnni_kernel(4, 2, KVALUES, ROWS_INT8), (8, vnni_kernel(8, 4, KVALUES, ROWS_INT8))
 else:
     _IQ4NL_TOKEN, _IQ4NL_PAIR, _IQ4NL_QUAD = ((2, rows2_iq4_nl), (1, rows1_iq4_nl)), rows4x2_iq4_nl, (2, rows2x4_iq4_nl)
 
@@ -82,7 +87,11 @@ _FUSED = (0, 16, 7, 6, 6, 5, 6, 5, 5, 5, 4) if HAVE_QGEMM else _FUSED_FLOAT
 # Each type's row kernels (numba intrinsics: simd.py, kquants.py, iquants.py), chosen when a product is typed for a
 # literal type code, so that a type's copy holds its own kernels only. One token: (rows a pass, kernel) from the
 # largest group down to single rows; two tokens: a 4-row group decoded once for both; four tokens: (rows, kernel).
-_TOKEN = {Q8_0: ((2, rows2_q8), (1, rows1_q8)), Q4_0: ((8, rows8_q4), (4, rows4_q4), (1, rows1_q4)),
+# Q4_0 and IQ4_NL on VNNI: 4 rows a pass, not 8 (the same bits in any row group). Decode reads them from DRAM, where
+# fewer streams read faster, as Q8_0's 2: 226 MB of rows, two threads, three processes (session 38), Q4_0 int16
+# 21.5-22.8 -> 24.8-30.9 GB/s, int8 and IQ4_NL even (23-27 GB/s either way, this VM's noise)
+_TOKEN = {Q8_0: ((2, rows2_q8), (1, rows1_q8)),
+          Q4_0: ((4, rows4_q4), (1, rows1_q4)) if HAVE_VNNI512 else ((8, rows8_q4), (4, rows4_q4), (1, rows1_q4)),
           Q4_K: ((2, rows2_q4_k), (1, rows1_q4_k)), Q6_K: ((2, rows2_q6_k), (1, rows1_q6_k)),
           Q5_K: ((2, rows2_q5_k), (1, rows1_q5_k)), Q3_K: ((2, rows2_q3_k), (1, rows1_q3_k)),
           Q2_K: ((2, rows2_q2_k), (1, rows1_q2_k)), IQ4_NL: _IQ4NL_TOKEN,

@@ -126,9 +126,9 @@ def h16_lane0(builder, p):
     return builder.bitcast(builder.insert_element(ir.Constant(V(I32, 4), [0] * 4), h, ir.Constant(I32, 0)), V(I16, 8))
 
 
-def block_scales(builder, ps, dds, b) -> list:
+def block_scales(builder, ps, dds, b, at=None) -> list:
     """Codegen: for each token's dx row in dds, <len(ps) x f32> (at most 8): the fp16 scales at the row pointers
-    ps (block b's first bytes, one a row) times the token's dx[b]."""
+    ps (block b's first bytes, one a row) times the token's dx[b] (dx[at], an i64 value, where given)."""
     n = len(ps)
     hv = h16_lane0(builder, ps[0])
     for k, p in enumerate(ps[1:], 1):
@@ -137,7 +137,7 @@ def block_scales(builder, ps, dds, b) -> list:
     sv = builder.fpext(builder.bitcast(hv, V(ir.HalfType(), 8)), V(F32, 8))
     if n < 8:
         sv = _slice(builder, sv, 0, n)
-    return [_fmul(builder, sv, _splat(builder, builder.load(builder.gep(d, [b])), n)) for d in dds]
+    return [_fmul(builder, sv, _splat(builder, builder.load(builder.gep(d, [b if at is None else at])), n)) for d in dds]
 
 
 def q4_offset_term(builder, corr, slots, dds, nb, b) -> None:

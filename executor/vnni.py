@@ -18,6 +18,12 @@ that order, each dword twice (once a row): split8 writes them behind the scales 
 integer sum of a lane is the int16 kernel's, exactly; a row's float adds are its own, whichever row it is
 paired with (a lone row is paired with itself), and each token's are as alone, so a token gets the same bits
 in any row group or token group. The -8 offset is simd.py's: scale x 8 sum(x16) per row in float.
+
+An int8 build (`execute --gemm-int8`: llama.cpp's precision, as its prefill GEMM) makes the activations bytes:
+lanes8 writes each token's x8 (qgemm.qpack8_into's values) in the same places, with each lane's start (-8 or -128
+times its bytes' sum, so the offset comes off in the integers) and the blocks' dx8, and a block of a row pair is
+one vpdpbusd, not two, a shift and an add: one core in L2 1.27x, `small-q4` / `small-iq4nl` decode even with
+llama.cpp's repacked rows (README).
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ import os
 
 from llvmlite import binding as llb
 from llvmlite import ir
+from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
@@ -96,13 +103,89 @@ def split8(typingctx, x16, dx, nb):
     return types.none(x16, dx, nb), gen
 
 
+# An int8 build's block (lanes8), in the split's place, in <16 x i32> (64 bytes): x8 at its 64 places, then the lanes'
+# starts for Q4_0, then for IQ4_NL (the last 64 bytes unused). The blocks' dx8 follow the run sums, contiguous
+# (dx8_at): a scale read from each block's 256 bytes instead cost the rows ~10% from DRAM on two threads (session 38)
+L8_Q4_STARTS, L8_IQ4_STARTS = 1, 2
+
+
+@njit(inline="always")
+def dx8_at(nb):
+    """Where an int8 build's dx8 start in a DX row of nb blocks (floats): behind the run sums (simd.run_sums16)."""
+    return RUN_SUMS_AT * nb + 8 * ((nb + 3) // 4)
+
+
+def _dx8_at_ir(builder, nb):
+    """Codegen of dx8_at (nb an i64 value)."""
+    c = lambda v: ir.Constant(I64, v)  # noqa: E731
+    return builder.add(builder.mul(nb, c(RUN_SUMS_AT)), builder.mul(builder.sdiv(builder.add(nb, c(3)), c(4)), c(8)))
+
+
+def _lanes8_order() -> list[int]:
+    """For each of a block's 64 places (lanes8's order), the activation (0..31, in x's own order) it holds."""
+    src = [0] * 64
+    for j in range(32):
+        for p in _split_pos(j):
+            src[p] = j
+    return src
+
+
+@intrinsic
+def lanes8(typingctx, x, dx, nb):
+    """int8 activations for the VNNI rows (an int8 build, `execute --gemm-int8`: llama.cpp's precision) from the
+    float row x behind the 2 nb floats of dx (both 1-D and contiguous; nb an int64), block by block: x8 =
+    round-to-even(x 127 / max|x|), qgemm.qpack8_into's own quantisation, at its two rows' places (split8's order,
+    64 bytes); then each int32 lane's start for Q4_0 rows (-8 x the sum of its four bytes; -128 x in lanes 8-15, whose
+    weights come x 16), then for IQ4_NL ones (-128 x: its codebook + 128), so a lane ends at sum (q - bias) x8; and
+    dx8 = max|x| / 127 at dx[dx8_at(nb) + b]. A block is one load, its max, the rounding, a byte shuffle to the 64
+    places, the lanes' sums by shuffles, and four stores."""
+    if getattr(x, "layout", "") != "C":
+        raise TypeError("vnni.lanes8 reads a C-contiguous row of floats")
+
+    def gen(context, builder, sig, args):
+        xa, da, n = args
+        data = lambda i, v: cgutils.create_struct_proxy(sig.args[i])(context, builder, value=v).data  # noqa: E731
+        pxf = data(0, xa)
+        pd = builder.bitcast(data(1, da), I8.as_pointer())
+        i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+        fabs = _fn(builder, "llvm.fabs.v32f32", V(F32, 32), [V(F32, 32)])
+        fmax = _fn(builder, "llvm.vector.reduce.fmax.v32f32", F32, [V(F32, 32)])
+        rint = _fn(builder, "llvm.rint.v32f32", V(F32, 32), [V(F32, 32)])
+        order = ir.Constant(V(I32, 64), _lanes8_order())
+        base = builder.gep(pd, [builder.mul(n, i64(8))])  # behind 2 nb floats
+        d8 = _dx8_at_ir(builder, n)
+        with cgutils.for_range(builder, n) as loop:
+            b = loop.index
+            v = builder.load(builder.bitcast(builder.gep(pxf, [builder.mul(b, i64(32))]), V(F32, 32).as_pointer()),
+                             align=4)
+            a = builder.call(fmax, [builder.call(fabs, [v])])
+            pos = builder.fcmp_ordered(">", a, ir.Constant(F32, 0.0))
+            f = builder.select(pos, builder.fdiv(ir.Constant(F32, 127.0), a), ir.Constant(F32, 0.0))
+            q = builder.trunc(builder.fptosi(builder.call(rint, [_fmul(builder, v, _splat(builder, f, 32))]),
+                                             V(I32, 32)), V(I8, 32))
+            q = builder.shuffle_vector(q, q, order)  # <64 x i8>: each x8 at its two places
+            ob = builder.gep(base, [builder.mul(b, i64(4 * SPLIT_FLOATS))])
+            builder.store(q, builder.bitcast(ob, V(I8, 64).as_pointer()), align=1)
+            w32 = builder.sext(q, V(I32, 64))
+            lanes = [builder.shuffle_vector(w32, w32, ir.Constant(V(I32, 16), [4 * c + k for c in range(16)]))
+                     for k in range(4)]
+            tot = builder.add(builder.add(lanes[0], lanes[1]), builder.add(lanes[2], lanes[3]))
+            for at, bias in ((L8_Q4_STARTS, [-8] * 8 + [-128] * 8), (L8_IQ4_STARTS, [-128] * 16)):
+                builder.store(builder.mul(tot, ir.Constant(V(I32, 16), bias)),
+                              builder.bitcast(builder.gep(ob, [i64(64 * at)]), V(I32, 16).as_pointer()), align=1)
+            builder.store(builder.fdiv(a, ir.Constant(F32, 127.0)),
+                          builder.gep(builder.bitcast(pd, F32.as_pointer()), [builder.add(d8, b)]), align=4)
+        return context.get_dummy_value()
+    return types.none(x, dx, nb), gen
+
+
 def _dpbusd(builder, acc, a, b):
     """acc + (each four unsigned bytes of a times the signed bytes of b, summed): <16 x i32>."""
     f = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", V(I32, 16), [V(I32, 16)] * 3)
     return builder.call(f, [acc, a, b])
 
 
-def _rows_vnni(NR: int, MT: int = 1, book: tuple = ()):
+def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False):
     """Codegen: res[k0 + t, ro + k] = row_k . x_t for NR Q4_0 rows (book: IQ4_NL's, its 16-value int8 codebook) at
     byte woff + k * rb (nb blocks each), NR even or 1 (paired with itself), and the MT tokens t of DX's split (split8)
     and scales from k0.
@@ -111,7 +194,10 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = ()):
     index the codebook. Both nibbles of a lane are shifted down to 0..15 (vpsrlvd: the high lanes by 4) and looked up
     (vpshufb) in the codebook plus 128, unsigned bytes. The bias comes off in the integers: each lane's h and l sums
     start at -128 x the sum of the lane's four h (l) bytes (split8 writes them once a token), so a lane ends at sum
-    q x16 exactly (|.| <= 4 x 127 x 32639 < 2**24: its convert is exact too)."""
+    q x16 exactly (|.| <= 4 x 127 x 32639 < 2**24: its convert is exact too).
+
+    int8: DX holds lanes8's int8 activations instead of the split: one vpdpbusd a row pair and block, from the lane's
+    start (Q4_0's -8 comes off there too), and the block scales times dx8."""
     NP = max(1, NR // 2)
     bs = 18
     iq4 = bool(book)
@@ -138,13 +224,15 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = ()):
         pshufb = _fn(builder, "llvm.x86.avx512.pshuf.b.512", V(I8, 64), [V(I8, 64)] * 2)
         pick = ir.Constant(V(I32, 16), [0, 4, 1, 5, 2, 6, 3, 7] * 2)  # A0 B0 A1 B1 | A2 B2 A3 B3, twice
         xoff = builder.mul(nb, i64(2))  # the split starts after the 2 nb floats of scales and sums
+        d8 = _dx8_at_ir(builder, nb) if int8 else None
 
         def rowptrs(b):
             p0 = builder.gep(wd, [builder.add(woff, builder.mul(b, i64(bs)))])
             return [builder.gep(p0, [rbk[k]]) for k in range(R)]
 
         def put_scales(b, src):  # a lone row's scale twice
-            for t, v in enumerate(block_scales(builder, rowptrs(src), dds, src)):
+            at = builder.add(d8, src) if int8 else None  # lanes8's dx8
+            for t, v in enumerate(block_scales(builder, rowptrs(src), dds, src, at)):
                 builder.store(v, builder.bitcast(slot(b, t), V(F32, R).as_pointer()), align=4)
 
         corr = [cgutils.alloca_once_value(builder, ir.Constant(V(F32, R), [0.0] * R)) for _ in range(MT)]
@@ -154,12 +242,17 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = ()):
             b = loop.index
             bn = builder.add(b, i64(1))  # block b + 1's scales now: off this block's critical path
             put_scales(bn, builder.select(builder.icmp_signed("<", bn, nb), bn, b))
-            if not iq4:
+            if not (iq4 or int8):
                 q4_offset_term(builder, corr, [slot(b, t) for t in range(MT)], dds, nb, b)
             xs, starts = [], []  # each token's split (h, l), and where each lane's sums start: 0, or (iq4) -128 x its
             for t in range(MT):  # four h (l) bytes' sum (split8's)
                 px = builder.bitcast(builder.gep(dds[t], [builder.add(xoff, builder.mul(b, i64(SPLIT_FLOATS)))]),
                                      V(I32, 16).as_pointer())
+                if int8:
+                    xs.append((builder.load(px, align=4), None))
+                    at = L8_IQ4_STARTS if iq4 else L8_Q4_STARTS
+                    starts.append((builder.load(builder.gep(px, [i64(at)]), align=4), None))
+                    continue
                 xs.append(tuple(builder.load(builder.gep(px, [i64(q)]), align=4) for q in (0, 1)))
                 starts.append(tuple(builder.load(builder.gep(px, [i64(q)]), align=4) for q in (2, 3)) if iq4 else
                               (izero, izero))
@@ -176,8 +269,9 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = ()):
                     wq = builder.and_(wq, nib)
                 for t, (xh, xl) in enumerate(xs):
                     sh, sl = starts[t]
-                    mh = _dpbusd(builder, sh, wq, xh)  # sum q h, then times 256 plus sum q l
-                    m = _dpbusd(builder, builder.add(builder.shl(mh, ir.Constant(V(I32, 16), [8] * 16)), sl), wq, xl)
+                    mh = _dpbusd(builder, sh, wq, xh)  # sum q h, then times 256 plus sum q l (int8: sum q x8)
+                    m = mh if int8 else _dpbusd(builder, builder.add(builder.shl(mh, ir.Constant(V(I32, 16), [8] * 16)),
+                                                                     sl), wq, xl)
                     s2 = builder.load(builder.bitcast(builder.gep(slot(b, t), [i64(2 * p)]), I64.as_pointer()), align=4)
                     sv = builder.bitcast(_splat(builder, s2, 8), V(F32, 16))
                     acc = builder.call(fma, [builder.sitofp(m, V(F32, 16)), sv, builder.load(accs[p][t])])
@@ -193,7 +287,7 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = ()):
                     k = 2 * p + i
                     v = _fadd(builder, builder.extract_element(s, ir.Constant(I32, i)),
                               builder.extract_element(s, ir.Constant(I32, i + 2)))
-                    if not iq4:
+                    if not (iq4 or int8):
                         v = _fsub(builder, v, builder.extract_element(builder.load(corr[t]), ir.Constant(I32, k)))
                     builder.store(v, builder.gep(rds[t], [builder.add(roff, ir.Constant(I64, k))]))
         return context.get_dummy_value()
@@ -201,10 +295,11 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = ()):
     return gen
 
 
-def vnni_kernel(NR: int, MT: int = 1, book: tuple = ()):
+def vnni_kernel(NR: int, MT: int = 1, book: tuple = (), int8: bool = False):
     """rows{NR}[x{MT}] for Q4_0 on VNNI: simd._qkernel's signature and its results bit for bit, DX carrying
-    split8's bytes (kernels._quant_rows writes them); book: IQ4_NL's rows against that codebook (iquants.KVALUES)."""
+    split8's bytes (kernels._quant_rows writes them); book: IQ4_NL's rows against that codebook (iquants.KVALUES);
+    int8: DX carrying lanes8's int8 activations instead (an int8 build's _quant_rows)."""
     @intrinsic
     def kernel(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
-        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows_vnni(NR, MT, tuple(book))
+        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows_vnni(NR, MT, tuple(book), int8)
     return kernel

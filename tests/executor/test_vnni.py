@@ -13,6 +13,7 @@ from numba import njit
 from executor import kernels as K
 from executor import row_products as RP
 from executor import simd, vnni
+from executor.iquants import KVALUES
 
 QT = gguf.GGMLQuantizationType
 needs_vnni = pytest.mark.skipif(not vnni.HAVE_VNNI512, reason="no AVX-512 VNNI on this CPU")
@@ -98,3 +99,87 @@ def test_executor_runs_the_vnni_rows_where_the_cpu_has_them():
     assert RP.rows8_q4 is not simd.rows8_q4 and RP.rows8x4_q4 is not simd.rows8x4_q4
     x16, dx = K._quant_rows(np.ones((2, 64), np.float32))
     assert dx.shape == (2, (2 + vnni.SPLIT_FLOATS) * 2 + 8)  # 2 blocks: the split bytes, then a group of run sums
+
+
+@njit(fastmath=True)  # as kernels.quant_row, whose fastmath lets LLVM divide by 127 as a multiply (qpack8_into's too)
+def _lanes8(x, dx, nb):
+    vnni.lanes8(x, dx, np.int64(nb))
+
+
+def _int8_activations(x):
+    """lanes8's rows of the float tokens x [T, C] in a zeroed DX (an int8 build's _quant_rows writes them the same way
+    behind quant16's scales) -> (x16 [T, C] unused by the int8 rows, DX)."""
+    T, C = x.shape
+    nb = C // 32
+    dx = np.zeros((T, vnni.dx8_at(nb) + nb), np.float32)
+    for t in range(T):
+        _lanes8(x[t], dx[t], nb)
+    return np.zeros((T, C), np.int16), dx
+
+
+@settings(max_examples=30, deadline=None)
+@given(nb=st.integers(1, 8), scale=st.floats(1e-30, 1e30), seed=st.integers(0, 2**31))
+def test_lanes8_writes_qpack8s_int8_values_at_the_split_places(nb, scale, seed):
+    """lanes8 (an int8 build's activations for these rows): each activation j of block b at both of its places
+    (_split_pos) is x8 = round-to-even(x 127 / max|x|), the very bytes qgemm.qpack8_into packs for the prefill GEMM
+    (llama.cpp's Q8_0); behind them each int32 lane's start, -8 x the sum of its four bytes for Q4_0 (-128 x in lanes
+    8-15, whose weights come x 16) and -128 x for IQ4_NL; dx8 = max|x| / 127 (to an ulp), qpack8_into's, at
+    dx[dx8_at(nb) + b], behind the run sums."""
+    from executor import qgemm
+    from executor.gemm import NT
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((1, nb * 32)) * scale).astype(np.float32)
+    x[0, :32] *= rng.integers(0, 2)  # sometimes an all-zero block: x8 and dx8 0
+    _, dx = _int8_activations(x)
+    d8 = vnni.dx8_at(nb)
+    blocks = dx[0, 2 * nb:2 * nb + vnni.SPLIT_FLOATS * nb].reshape(nb, vnni.SPLIT_FLOATS)
+    x8 = blocks[:, :16].view(np.int8).astype(np.int64)  # [block, place]
+    lanes = x8.reshape(nb, 16, 4).sum(axis=2)
+    np.testing.assert_array_equal(blocks[:, 16:32].view(np.int32), lanes * np.array([-8] * 8 + [-128] * 8))
+    np.testing.assert_array_equal(blocks[:, 32:48].view(np.int32), -128 * lanes)
+    P = np.zeros((1, qgemm.panel_width8(nb * 32), NT), np.float32)
+    qgemm.qpack8_into(P, np.int64(0), x, qgemm.row_range(1))
+    packed = np.ascontiguousarray(P[0, :8 * nb, 0]).view(np.int8).reshape(nb, 32)
+    for b in range(nb):
+        for j in range(32):
+            for p in vnni._split_pos(j):
+                assert x8[b, p] == packed[b, j]
+    np.testing.assert_array_equal(dx[0, d8:d8 + nb], P[0, 8 * nb:9 * nb, 0])
+    a = np.abs(x[0].reshape(nb, 32)).max(axis=1).astype(np.float64)
+    np.testing.assert_allclose(dx[0, d8:d8 + nb], a / 127.0, rtol=2 ** -23)  # within an ulp
+
+
+_INT8 = {(qt, NR, MT): _kernel_loop(vnni.vnni_kernel(NR, MT, tuple(KVALUES) if qt == QT.IQ4_NL else (), int8=True), NR)
+         for qt in (QT.Q4_0, QT.IQ4_NL) for NR, MT in ((8, 1), (4, 1), (1, 1), (4, 2), (8, 4))} if vnni.HAVE_VNNI512 else {}
+
+
+@needs_vnni
+@settings(max_examples=30, deadline=None)
+@given(shape=st.sampled_from(sorted(_INT8) or [(QT.Q4_0, 1, 1)]), groups=st.integers(1, 4), nb=st.integers(1, 12),
+       seed=st.integers(0, 2**31))
+def test_int8_rows_are_the_int8_activations_times_ggufs_values(qk, shape, groups, nb, seed):
+    """The int8 build's Q4_0 and IQ4_NL rows (vnni_kernel(int8=True), one vpdpbusd a row pair and block): each token's
+    result is its int8 activations (x8 dx8, lanes8's) times gguf's dequantised rows up to float32 rounding (1e-5 of
+    the terms: the integer sums are exact), the same bits whichever row group (8, 4, 1) computed it, and within int8
+    precision (llama.cpp's) of the float product."""
+    qt, NR, MT = shape
+    rng = np.random.default_rng(seed)
+    rows = 8 * groups
+    w = qk.tensor(rng, qt, 1, rows, nb * 32)
+    W = qk.deq(w, 0).astype(np.float64)
+    x = rng.standard_normal((MT + 1, nb * 32)).astype(np.float32)
+    x16, dx = _int8_activations(x)
+    d8 = vnni.dx8_at(nb)
+    got = np.full((MT + 1, rows), np.nan, np.float32)
+    _INT8[shape](w.data[0].reshape(-1), rows, x16, dx, 1, got)  # tokens from k0 = 1
+    assert np.isnan(got[0]).all()
+    a = np.abs(x.reshape(MT + 1, nb, 32)).max(axis=2, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x8 = np.where(a > 0, np.rint(x.reshape(MT + 1, nb, 32) * (np.float32(127.0) / a)), 0.0)
+    xq = (x8 * dx[:, d8:d8 + nb, None].astype(np.float64)).reshape(MT + 1, -1)
+    qk.close(got[1:], xq[1:] @ W.T, np.abs(xq[1:]) @ np.abs(W).T, tol=1e-5)
+    one = np.full((MT + 1, rows), np.nan, np.float32)
+    for k in range(1, MT + 1):  # each token alone, a row a pass (paired with itself)
+        _INT8[(qt, 1, 1)](w.data[0].reshape(-1), rows, x16, dx, k, one)
+    assert np.array_equal(got[1:], one[1:])
+    qk.close(got[1:], x[1:] @ W.T, np.abs(x[1:]) @ np.abs(W).T, tol=2e-2)
