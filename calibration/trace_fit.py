@@ -48,6 +48,10 @@ per-layer constants do not absorb it.
 A step's host time outside its layers (sampling, bookkeeping) is on its last record as t_host_ms
 (traces before it: 0); layer_overhead_ms takes it in through the step means, spread over the layers.
 
+Traces of an int8 build (`execute --gemm-int8`) and of the default one are not fitted together (activations):
+its prefill GEMM and its Q4_0 / IQ4_NL decode rows run at other rates. Each record names its build
+(gemm_activations; traces before session 38 do not, and fit with either).
+
 Errors: per trace, the summed step time the fitted per-layer model gives for the trace's own
 hits and misses (and Engram rows) against the measured sum, in sample and leave-one-trace-out.
 """
@@ -117,6 +121,23 @@ def read_trace(path: str | Path) -> list[dict]:
     if not out:
         raise SpecError(str(path), None, "empty trace")
     return out
+
+
+def activations(traces: dict[str, list[dict]]) -> str | None:
+    """The activations the executor's kernels ran on in `traces` (the records' gemm_activations: int8, int16 or
+    float), None where no record says (traces before session 38); SpecError when two traces say different ones: an
+    int8 build's prefill GEMM and Q4_0 / IQ4_NL decode rows run at other rates, so a fit over both is neither's."""
+    seen = {}
+    for name, recs in traces.items():
+        for r in recs:
+            a = r.get("gemm_activations")
+            if a is not None:
+                seen.setdefault(a, name)
+    if len(seen) > 1:
+        (a, fa), (b, fb) = list(seen.items())[:2]
+        raise SpecError(fb, "gemm_activations", f"{b} activations, where {Path(fa).name} ran on {a}: fit each "
+                        "build's traces apart")
+    return next(iter(seen), None)
 
 
 def check_trace(recs: list[dict], model, path: str) -> None:

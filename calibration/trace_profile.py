@@ -10,7 +10,7 @@ from pathlib import Path
 from specs.errors import SpecError
 from specs.figure import Figure
 
-from .trace_fit import DEVICE_BYTES_PER_PARAM, HostFit, check_trace, errors, fit, read_trace
+from .trace_fit import DEVICE_BYTES_PER_PARAM, HostFit, activations, check_trace, errors, fit, read_trace
 
 
 def _measured(hw, what: str) -> float:
@@ -39,11 +39,12 @@ def base_rates(hw, model) -> tuple[float, float, float, float]:
     return dense, ddr, ho, ca
 
 
-def fitted_profile(base, model, f: HostFit, sources: list[str], date: str):
-    """`base` with a host-sharing pseudo-GPU (the torch device) and the fitted constants."""
+def fitted_profile(base, model, f: HostFit, sources: list[str], date: str, acts: str | None = None):
+    """`base` with a host-sharing pseudo-GPU (the torch device) and the fitted constants (acts: the traces'
+    activations, trace_fit.activations, named in each figure's source)."""
     from specs.hardware import GPU
-    ref = f"{date}, calibration/trace_fit.py over {len(sources)} executor trace(s) of {model.name}: " \
-          + ", ".join(Path(s).name for s in sources)
+    ref = f"{date}, calibration/trace_fit.py over {len(sources)} executor trace(s) of {model.name}" \
+          + (f" ({acts} activations)" if acts else "") + ": " + ", ".join(Path(s).name for s in sources)
     d = lambda v, how: Figure(float(v), "measured", f"{ref}; {how}")  # noqa: E731
     dev_eb = model.params_per_expert * DEVICE_BYTES_PER_PARAM
     consts = dict(base.constants)
@@ -113,12 +114,13 @@ def calibrate_from_traces(paths: list[str], model_path: str, hw_base, out: str |
         recs = read_trace(p)
         check_trace(recs, model, p)
         traces[str(p)] = recs
+    acts = activations(traces)
     dense, ddr, ho, ca = base_rates(hw_base, model)
     discrete = hw_base.gpu is not None and not hw_base.gpu.shares_host
     copy = float(hw_base.constants.get("pageable_h2d_gbs", 0.0)) if discrete else 0.0
     f = fit(traces, model, dense, hw_base.cpu.threads_used, ca, discrete, copy)
     errs = errors(traces, model, dense, ddr, hw_base.cpu.threads_used, ho, ca, discrete, copy)
-    hw = fitted_profile(hw_base, model, f, list(traces), today())
+    hw = fitted_profile(hw_base, model, f, list(traces), today(), acts)
     if out is not None:
         write_atomic(out, dump_hardware(hw))
     if log:

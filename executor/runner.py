@@ -286,8 +286,11 @@ def execute(plan: Plan, model_path: str | Path, prompt_tokens: int = 32, gen_tok
     if trace_path is None:
         trace_path = Path("runs") / f"trace-{model_path.stem}-{int(time.time())}.jsonl"
     out = summarise(r.trace, times, plan.streams, gen_tokens)
+    acts = qgemm.gemm_activations()
+    for rec in r.trace:  # which build's kernels timed it: trace_fit fits each build's traces apart
+        rec["gemm_activations"] = acts
     out.update(tokens=tokens.tolist(), trace=str(write_trace(r.trace, trace_path)), device=str(r.device),
-               decode_path=r.decode_path(), gemm_activations=qgemm.gemm_activations(),
+               decode_path=r.decode_path(), gemm_activations=acts,
                streams=plan.streams, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
                dense_bytes_per_token=r.dense.nbytes_per_token())
     if keep_logits:

@@ -334,3 +334,41 @@ def test_cli_bad_inputs(runs, tmp_path, capsys):
     st.write_text("time,commit,machine,case,metric,value\n")
     code, err = _cli(["regress", "--local-only", "--hw", str(stripped), "--store", str(st)], capsys)
     assert code == 2 and len(err.splitlines()) == 1 and "layer_overhead_ms" in err, err
+
+
+def test_trace_records_name_their_activations(runs):
+    """Each record of an executor trace says which build's kernels timed it (gemm_activations: int8, int16 or float,
+    executor.qgemm.gemm_activations), as the run's result does."""
+    from executor.qgemm import gemm_activations
+    path, m, d, out = runs
+    for _, _, res in out:
+        recs = trace_fit.read_trace(res["trace"])
+        assert {r["gemm_activations"] for r in recs} == {res["gemm_activations"]} == {gemm_activations()}
+
+
+def test_traces_of_two_builds_are_not_fitted_together(runs, tmp_path, capsys):
+    """An int8 build's prefill GEMM and Q4_0 / IQ4_NL decode rows run at other rates than the int16 build's, so
+    `calibrate --from-trace` over traces of both is one line naming the field and the file, exit 2; traces of one
+    build fit, and the profile's figures name their activations (traces without the field, before session 38, fit
+    with either)."""
+    path, m, d, out = runs
+    good = out[0][2]["trace"]
+    acts = out[0][2]["gemm_activations"]
+    other = "int8" if acts != "int8" else "int16"
+    recs = trace_fit.read_trace(good)
+    mixed = tmp_path / "other-build.jsonl"
+    mixed.write_text("".join(json.dumps({**r, "gemm_activations": other}) + "\n" for r in recs))
+    old = tmp_path / "unrecorded.jsonl"
+    old.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "gemm_activations"}) + "\n" for r in recs))
+    base = tmp_path / "base.yaml"
+    base.write_text(dump_hardware(base_profile()))
+    outp = tmp_path / "out.yaml"
+    code, err = _cli(["calibrate", "--from-trace", good, str(mixed), "--model", str(path), "--hw-base", str(base),
+                      "--out", str(outp)], capsys)
+    assert code == 2 and len(err.splitlines()) == 1 and "gemm_activations" in err and "other-build.jsonl" in err, err
+    assert not outp.exists()
+    code, err = _cli(["calibrate", "--from-trace", good, str(old), "--model", str(path), "--hw-base", str(base),
+                      "--out", str(outp)], capsys)
+    assert code == 0, err
+    hw = load_hardware(str(outp))
+    assert f"({acts} activations)" in hw.constants["layer_overhead_ms"].ref
