@@ -42,6 +42,9 @@ _FEATURES = llb.get_host_cpu_features().flatten().split(",")
 # MOE_OFFLOAD_NO_VNNI=1 keeps simd.py's int16 rows on a VNNI CPU (the same results; to test or time that path)
 HAVE_VNNI512 = (all(f"+{f}" in _FEATURES for f in ("avx512f", "avx512bw", "avx512vnni"))
                 and os.environ.get("MOE_OFFLOAD_NO_VNNI") != "1")
+# AVX-512 VBMI (vpermb: a byte lookup in 64 entries by each index's low six bits) takes IQ4_NL's codebook lookup
+# without masking the nibbles first (the table repeats every 16): one core in L2, one token, 1.07-1.08x (session 38)
+HAVE_VBMI = "+avx512vbmi" in _FEATURES
 X16_MAX = 32639  # the largest |x16| whose split h = (x16 + 128) >> 8 fits a signed byte
 SPLIT_FLOATS = 64  # float32 slots of DX a block's split takes (256 bytes: h then l, 64 each, then each int32 lane's
 # -128 x the sum of its four h, then of its four l: where IQ4_NL's rows start their integer sums)
@@ -185,14 +188,14 @@ def _dpbusd(builder, acc, a, b):
     return builder.call(f, [acc, a, b])
 
 
-def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False):
+def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi: bool = HAVE_VBMI):
     """Codegen: res[k0 + t, ro + k] = row_k . x_t for NR Q4_0 rows (book: IQ4_NL's, its 16-value int8 codebook) at
     byte woff + k * rb (nb blocks each), NR even or 1 (paired with itself), and the MT tokens t of DX's split (split8)
     and scales from k0.
 
     IQ4_NL's blocks are Q4_0's (fp16 d, 16 bytes of nibbles, value 16 + l the high nibble of byte l); its nibbles
     index the codebook. Both nibbles of a lane are shifted down to 0..15 (vpsrlvd: the high lanes by 4) and looked up
-    (vpshufb) in the codebook plus 128, unsigned bytes. The bias comes off in the integers: each lane's h and l sums
+    in the codebook plus 128, unsigned bytes (vpermb in its four copies, with AVX-512 VBMI; else masked, then vpshufb). The bias comes off in the integers: each lane's h and l sums
     start at -128 x the sum of the lane's four h (l) bytes (split8 writes them once a token), so a lane ends at sum
     q x16 exactly (|.| <= 4 x 127 x 32639 < 2**24: its convert is exact too).
 
@@ -222,6 +225,7 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False):
         hi4 = ir.Constant(V(I32, 16), [0] * 8 + [4] * 8)  # iq4: the high nibbles down to 0..15
         lut = ir.Constant(V(I8, 64), [int(v) + 128 for v in book] * 4 if iq4 else [0] * 64)
         pshufb = _fn(builder, "llvm.x86.avx512.pshuf.b.512", V(I8, 64), [V(I8, 64)] * 2)
+        vpermb = _fn(builder, "llvm.x86.avx512.permvar.qi.512", V(I8, 64), [V(I8, 64)] * 2)
         pick = ir.Constant(V(I32, 16), [0, 4, 1, 5, 2, 6, 3, 7] * 2)  # A0 B0 A1 B1 | A2 B2 A3 B3, twice
         xoff = builder.mul(nb, i64(2))  # the split starts after the 2 nb floats of scales and sums
         d8 = _dx8_at_ir(builder, nb) if int8 else None
@@ -263,8 +267,12 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False):
                                        align=1) for i in (0, 1))
                 wq = builder.shuffle_vector(qa, qb, pick)
                 if iq4:
-                    wq = builder.and_(builder.lshr(wq, hi4), nib)
-                    wq = builder.bitcast(builder.call(pshufb, [lut, builder.bitcast(wq, V(I8, 64))]), V(I32, 16))
+                    if vbmi:  # bits 4-5 of an index (the next nibble's) pick the same value: no mask
+                        wq = builder.call(vpermb, [lut, builder.bitcast(builder.lshr(wq, hi4), V(I8, 64))])
+                    else:
+                        wq = builder.call(pshufb, [lut, builder.bitcast(builder.and_(builder.lshr(wq, hi4), nib),
+                                                                        V(I8, 64))])
+                    wq = builder.bitcast(wq, V(I32, 16))
                 else:
                     wq = builder.and_(wq, nib)
                 for t, (xh, xl) in enumerate(xs):
@@ -295,11 +303,11 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False):
     return gen
 
 
-def vnni_kernel(NR: int, MT: int = 1, book: tuple = (), int8: bool = False):
+def vnni_kernel(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi: bool = HAVE_VBMI):
     """rows{NR}[x{MT}] for Q4_0 on VNNI: simd._qkernel's signature and its results bit for bit, DX carrying
     split8's bytes (kernels._quant_rows writes them); book: IQ4_NL's rows against that codebook (iquants.KVALUES);
-    int8: DX carrying lanes8's int8 activations instead (an int8 build's _quant_rows)."""
+    int8: DX carrying lanes8's int8 activations instead (an int8 build's _quant_rows); vbmi: IQ4_NL's lookup by vpermb."""
     @intrinsic
     def kernel(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
-        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows_vnni(NR, MT, tuple(book), int8)
+        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows_vnni(NR, MT, tuple(book), int8, vbmi)
     return kernel

@@ -183,3 +183,28 @@ def test_int8_rows_are_the_int8_activations_times_ggufs_values(qk, shape, groups
         _INT8[(qt, 1, 1)](w.data[0].reshape(-1), rows, x16, dx, k, one)
     assert np.array_equal(got[1:], one[1:])
     qk.close(got[1:], x[1:] @ W.T, np.abs(x[1:]) @ np.abs(W).T, tol=2e-2)
+
+
+_LOOKUPS = {(i8, vb): _kernel_loop(vnni.vnni_kernel(4, 1, tuple(KVALUES), int8=i8, vbmi=vb), 4)
+            for i8 in (False, True) for vb in (False, True)} if vnni.HAVE_VNNI512 and vnni.HAVE_VBMI else {}
+
+
+@pytest.mark.skipif(not _LOOKUPS, reason="no AVX-512 VNNI and VBMI on this CPU")
+@settings(max_examples=10, deadline=None)
+@given(nb=st.integers(1, 12), seed=st.integers(0, 2**31))
+def test_iq4_nl_lookups_by_vpermb_and_vpshufb_give_the_same_bits(nb, seed):
+    """IQ4_NL's codebook lookup by vpermb (AVX-512 VBMI: the nibbles unmasked, the 16 values four times over) and by
+    vpshufb after a mask give the same bytes, so the same bits, with int16 and int8 activations, over arbitrary bytes
+    (every nibble value, in either half of a byte)."""
+    rng = np.random.default_rng(seed)
+    rows = 8
+    w = rng.integers(0, 256, (rows, nb, 18), dtype=np.uint8)
+    w[:, :, :2] = rng.uniform(1e-3, 1e-2, (rows, nb, 1)).astype(np.float16).view(np.uint8)
+    w = w.reshape(-1)
+    x = rng.standard_normal((1, nb * 32)).astype(np.float32)
+    for i8 in (False, True):
+        x16, dx = _int8_activations(x) if i8 else K._quant_rows(x)
+        got = {vb: np.zeros((1, rows), np.float32) for vb in (False, True)}
+        for vb in (False, True):
+            _LOOKUPS[(i8, vb)](w, rows, x16, dx, 0, got[vb])
+        assert np.array_equal(got[False], got[True]) and np.abs(got[True]).max() > 0
