@@ -46,7 +46,7 @@ from numba.extending import intrinsic, overload
 from .gemm import MR, NT, _col_bytes
 from .nbcache import drop_stale_cache
 from .qdecode import q_decode
-from .simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fmul, _fn, _slice, _splat
+from .simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fmul, _fn, _slice, _splat, q8_block
 
 drop_stale_cache(__file__)
 
@@ -134,9 +134,6 @@ def _token8_gen(context, builder, sig, args):
     b8 = builder.bitcast(B.data, I8.as_pointer())
     rs = cgutils.unpack_tuple(builder, B.strides, 2)[0]  # bytes a row of the block (4 NT)
     xf = builder.bitcast(X.data, F32.as_pointer())
-    fabs = _fn(builder, "llvm.fabs.v32f32", V(F32, 32), [V(F32, 32)])
-    fmax = _fn(builder, "llvm.vector.reduce.fmax.v32f32", F32, [V(F32, 32)])
-    rint = _fn(builder, "llvm.rint.v32f32", V(F32, 32), [V(F32, 32)])
     radd = _fn(builder, "llvm.vector.reduce.add.v16i32", I32, [V(I32, 16)])
 
     def at(r, ty):  # element tt of row r of the block, as a pointer to ty
@@ -145,10 +142,7 @@ def _token8_gen(context, builder, sig, args):
     with cgutils.for_range(builder, nb) as loop:
         b = loop.index
         v = builder.load(builder.bitcast(builder.gep(xf, [builder.mul(b, i64(32))]), V(F32, 32).as_pointer()), align=4)
-        a = builder.call(fmax, [builder.call(fabs, [v])])
-        pos = builder.fcmp_ordered(">", a, ir.Constant(F32, 0.0))
-        f = builder.select(pos, builder.fdiv(ir.Constant(F32, 127.0), a), ir.Constant(F32, 0.0))
-        q = builder.fptosi(builder.call(rint, [_fmul(builder, v, _splat(builder, f, 32))]), V(I32, 32))
+        q, a = q8_block(builder, v)
         quads = builder.bitcast(builder.trunc(q, V(I8, 32)), V(I32, 8))
         for k in range(8):
             builder.store(builder.extract_element(quads, ir.Constant(I32, k)),

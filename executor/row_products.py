@@ -36,8 +36,8 @@ from .vnni import HAVE_VNNI512, vnni_kernel
 # else simd.py's
 # An int8 build (`execute --gemm-int8`, llama.cpp's precision) gives these rows, and IQ4_NL's below, int8 activations
 # (vnni.lanes8): one vpdpbusd a row pair and block, not two, a shift and an add. One core in L2, 1 / 2 / 4 tokens
-# (session 38): Q4_0 33.3 / 19.3 / 12.0 -> 42.3 / 23.0 / 16.3 G weights/s, IQ4_NL 27.3 / 15.9 / 9.6 -> 34.5 / 22.3 / 15.1;
-# all-CPU decode against llama.cpp's repacked rows: README
+# (session 38): Q4_0 33.3 / 19.3 / 12.0 -> 42.3 / 23.0 / 16.3 G weights/s, IQ4_NL 27.3 / 15.9 / 9.6 -> 34.5 / 22.3 /
+# 15.1 (36.9 / 22.3 / 15.5 by vpermb); all-CPU decode against llama.cpp's repacked rows: README
 ROWS_INT8 = INT8 and HAVE_VNNI512
 if HAVE_VNNI512:
     rows8_q4, rows4_q4, rows1_q4, rows4x2_q4, rows8x4_q4 = (vnni_kernel(n, t, int8=ROWS_INT8) for n, t in

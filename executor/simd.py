@@ -91,6 +91,18 @@ def _splat(builder, v, n):
     return builder.shuffle_vector(t, t, ir.Constant(V(I32, n), [0] * n))
 
 
+def q8_block(builder, v):
+    """Codegen: a <32 x float> block's int8 values, llama.cpp's quantize_row_q8_0 (round-to-even(x 127 / max|x|), 0
+    where the block is 0), as <32 x i32>, and max|x| (dx8 = max / 127): qgemm's panels and vnni.lanes8 both."""
+    fabs = _fn(builder, "llvm.fabs.v32f32", V(F32, 32), [V(F32, 32)])
+    fmax = _fn(builder, "llvm.vector.reduce.fmax.v32f32", F32, [V(F32, 32)])
+    rint = _fn(builder, "llvm.rint.v32f32", V(F32, 32), [V(F32, 32)])
+    a = builder.call(fmax, [builder.call(fabs, [v])])
+    pos = builder.fcmp_ordered(">", a, ir.Constant(F32, 0.0))
+    f = builder.select(pos, builder.fdiv(ir.Constant(F32, 127.0), a), ir.Constant(F32, 0.0))
+    return builder.fptosi(builder.call(rint, [_fmul(builder, v, _splat(builder, f, 32))]), V(I32, 32)), a
+
+
 def h16x8(builder, p):
     """Codegen: the fp16 at byte pointer p as <8 x f32> (vpbroadcastw from memory, vcvtph2ps: two vector ops where
     a lone lane's insert, convert and broadcast took three; an insert into a lone lane also keeps whatever register
@@ -137,7 +149,8 @@ def block_scales(builder, ps, dds, b, at=None) -> list:
     sv = builder.fpext(builder.bitcast(hv, V(ir.HalfType(), 8)), V(F32, 8))
     if n < 8:
         sv = _slice(builder, sv, 0, n)
-    return [_fmul(builder, sv, _splat(builder, builder.load(builder.gep(d, [b if at is None else at])), n)) for d in dds]
+    i = b if at is None else at
+    return [_fmul(builder, sv, _splat(builder, builder.load(builder.gep(d, [i])), n)) for d in dds]
 
 
 def q4_offset_term(builder, corr, slots, dds, nb, b) -> None:

@@ -35,7 +35,7 @@ from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from .simd import (F32, I8, I16, I32, I64, V, _fadd, _fmul, _fn, _fsub, _qsig, _slice, _splat, block_scales,
+from .simd import (F32, I8, I16, I32, I64, V, _fadd, _fmul, _fn, _fsub, _qsig, _slice, _splat, block_scales, q8_block,
                    prefetch_lines, q4_offset_term, token_rows)
 
 _FEATURES = llb.get_host_cpu_features().flatten().split(",")
@@ -61,13 +61,23 @@ def _split_pos(j: int) -> tuple[int, int]:
     return 4 * d + b, 4 * d + 4 + b
 
 
-def _split_order() -> list[int]:
-    """For each of a block's 64 places (split8's order), the position in quant16's block of the x16 it holds."""
+def _split_order(held=lambda j: (j % 2) * 16 + j // 2) -> list[int]:
+    """For each of a block's 64 places (split8's order), where the activation it holds is in the block written
+    from: held(j) for activation j (default quant16's even-first order; lanes8's floats are in order, j)."""
     src = [0] * 64
     for j in range(32):
         for p in _split_pos(j):
-            src[p] = (j % 2) * 16 + j // 2
+            src[p] = held(j)
     return src
+
+
+def _lane_starts(builder, v, bias):
+    """Codegen: each int32 lane's start, bias (a list of 16) x the sum of its four bytes of v (<64 x i8 or i16>)."""
+    w32 = builder.sext(v, V(I32, 64))
+    lanes = [builder.shuffle_vector(w32, w32, ir.Constant(V(I32, 16), [4 * c + q for c in range(16)]))
+             for q in range(4)]
+    tot = builder.add(builder.add(lanes[0], lanes[1]), builder.add(lanes[2], lanes[3]))
+    return builder.mul(tot, ir.Constant(V(I32, 16), bias))
 
 
 @intrinsic
@@ -96,11 +106,7 @@ def split8(typingctx, x16, dx, nb):
             for j, v in enumerate((h, lo)):
                 builder.store(builder.trunc(v, V(I8, 64)), builder.bitcast(builder.gep(ob, [i64(64 * j)]),
                                                                            V(I8, 64).as_pointer()), align=1)
-                w32 = builder.sext(v, V(I32, 64))
-                lanes = [builder.shuffle_vector(w32, w32, ir.Constant(V(I32, 16), [4 * c + q for c in range(16)]))
-                         for q in range(4)]
-                tot = builder.add(builder.add(lanes[0], lanes[1]), builder.add(lanes[2], lanes[3]))
-                builder.store(builder.mul(tot, ir.Constant(V(I32, 16), [-128] * 16)),
+                builder.store(_lane_starts(builder, v, [-128] * 16),
                               builder.bitcast(builder.gep(ob, [i64(128 + 64 * j)]), V(I32, 16).as_pointer()), align=1)
         return context.get_dummy_value()
     return types.none(x16, dx, nb), gen
@@ -124,15 +130,6 @@ def _dx8_at_ir(builder, nb):
     return builder.add(builder.mul(nb, c(RUN_SUMS_AT)), builder.mul(builder.sdiv(builder.add(nb, c(3)), c(4)), c(8)))
 
 
-def _lanes8_order() -> list[int]:
-    """For each of a block's 64 places (lanes8's order), the activation (0..31, in x's own order) it holds."""
-    src = [0] * 64
-    for j in range(32):
-        for p in _split_pos(j):
-            src[p] = j
-    return src
-
-
 @intrinsic
 def lanes8(typingctx, x, dx, nb):
     """int8 activations for the VNNI rows (an int8 build, `execute --gemm-int8`: llama.cpp's precision) from the
@@ -151,30 +148,20 @@ def lanes8(typingctx, x, dx, nb):
         pxf = data(0, xa)
         pd = builder.bitcast(data(1, da), I8.as_pointer())
         i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
-        fabs = _fn(builder, "llvm.fabs.v32f32", V(F32, 32), [V(F32, 32)])
-        fmax = _fn(builder, "llvm.vector.reduce.fmax.v32f32", F32, [V(F32, 32)])
-        rint = _fn(builder, "llvm.rint.v32f32", V(F32, 32), [V(F32, 32)])
-        order = ir.Constant(V(I32, 64), _lanes8_order())
+        order = ir.Constant(V(I32, 64), _split_order(lambda j: j))
         base = builder.gep(pd, [builder.mul(n, i64(8))])  # behind 2 nb floats
         d8 = _dx8_at_ir(builder, n)
         with cgutils.for_range(builder, n) as loop:
             b = loop.index
             v = builder.load(builder.bitcast(builder.gep(pxf, [builder.mul(b, i64(32))]), V(F32, 32).as_pointer()),
                              align=4)
-            a = builder.call(fmax, [builder.call(fabs, [v])])
-            pos = builder.fcmp_ordered(">", a, ir.Constant(F32, 0.0))
-            f = builder.select(pos, builder.fdiv(ir.Constant(F32, 127.0), a), ir.Constant(F32, 0.0))
-            q = builder.trunc(builder.fptosi(builder.call(rint, [_fmul(builder, v, _splat(builder, f, 32))]),
-                                             V(I32, 32)), V(I8, 32))
+            q, a = q8_block(builder, v)  # qgemm.qpack8_into's values
+            q = builder.trunc(q, V(I8, 32))
             q = builder.shuffle_vector(q, q, order)  # <64 x i8>: each x8 at its two places
             ob = builder.gep(base, [builder.mul(b, i64(4 * SPLIT_FLOATS))])
             builder.store(q, builder.bitcast(ob, V(I8, 64).as_pointer()), align=1)
-            w32 = builder.sext(q, V(I32, 64))
-            lanes = [builder.shuffle_vector(w32, w32, ir.Constant(V(I32, 16), [4 * c + k for c in range(16)]))
-                     for k in range(4)]
-            tot = builder.add(builder.add(lanes[0], lanes[1]), builder.add(lanes[2], lanes[3]))
             for at, bias in ((L8_Q4_STARTS, [-8] * 8 + [-128] * 8), (L8_IQ4_STARTS, [-128] * 16)):
-                builder.store(builder.mul(tot, ir.Constant(V(I32, 16), bias)),
+                builder.store(_lane_starts(builder, q, bias),
                               builder.bitcast(builder.gep(ob, [i64(64 * at)]), V(I32, 16).as_pointer()), align=1)
             builder.store(builder.fdiv(a, ir.Constant(F32, 127.0)),
                           builder.gep(builder.bitcast(pd, F32.as_pointer()), [builder.add(d8, b)]), align=4)
@@ -194,10 +181,11 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi:
     and scales from k0.
 
     IQ4_NL's blocks are Q4_0's (fp16 d, 16 bytes of nibbles, value 16 + l the high nibble of byte l); its nibbles
-    index the codebook. Both nibbles of a lane are shifted down to 0..15 (vpsrlvd: the high lanes by 4) and looked up
-    in the codebook plus 128, unsigned bytes (vpermb in its four copies, with AVX-512 VBMI; else masked, then vpshufb). The bias comes off in the integers: each lane's h and l sums
-    start at -128 x the sum of the lane's four h (l) bytes (split8 writes them once a token), so a lane ends at sum
-    q x16 exactly (|.| <= 4 x 127 x 32639 < 2**24: its convert is exact too).
+    index the codebook. Both nibbles of a lane are shifted down to 0..15 (vpsrlvd: the high lanes by 4) and looked
+    up in the codebook plus 128, unsigned bytes (vpermb in its four copies, with AVX-512 VBMI; else masked, then
+    vpshufb). The bias comes off in the integers: each lane's h and l sums start at -128 x the sum of the lane's
+    four h (l) bytes (split8 writes them once a token), so a lane ends at sum q x16 exactly (|.| <= 4 x 127 x 32639
+    < 2**24: its convert is exact too).
 
     int8: DX holds lanes8's int8 activations instead of the split: one vpdpbusd a row pair and block, from the lane's
     start (Q4_0's -8 comes off there too), and the block scales times dx8."""
@@ -306,7 +294,8 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi:
 def vnni_kernel(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi: bool = HAVE_VBMI):
     """rows{NR}[x{MT}] for Q4_0 on VNNI: simd._qkernel's signature and its results bit for bit, DX carrying
     split8's bytes (kernels._quant_rows writes them); book: IQ4_NL's rows against that codebook (iquants.KVALUES);
-    int8: DX carrying lanes8's int8 activations instead (an int8 build's _quant_rows); vbmi: IQ4_NL's lookup by vpermb."""
+    int8: DX carrying lanes8's int8 activations instead (an int8 build's _quant_rows); vbmi: IQ4_NL's lookup by
+    vpermb."""
     @intrinsic
     def kernel(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
         return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows_vnni(NR, MT, tuple(book), int8, vbmi)

@@ -150,7 +150,8 @@ def test_lanes8_writes_qpack8s_int8_values_at_the_split_places(nb, scale, seed):
 
 
 _INT8 = {(qt, NR, MT): _kernel_loop(vnni.vnni_kernel(NR, MT, tuple(KVALUES) if qt == QT.IQ4_NL else (), int8=True), NR)
-         for qt in (QT.Q4_0, QT.IQ4_NL) for NR, MT in ((8, 1), (4, 1), (1, 1), (4, 2), (8, 4))} if vnni.HAVE_VNNI512 else {}
+         for qt in (QT.Q4_0, QT.IQ4_NL) for NR, MT in ((8, 1), (4, 1), (1, 1), (4, 2), (8, 4))
+         } if vnni.HAVE_VNNI512 else {}
 
 
 @needs_vnni
