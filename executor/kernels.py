@@ -47,7 +47,8 @@ _ROWS = 32  # rows per parallel work item (16 -> 32: ~5% on Q4_0 expert GB/s, fe
 def quant_empty(T, C):
     """Uninitialised int16 activations of T rows of C values in _quant_rows's layout -> (x16 [T, C], dx)."""
     nb = C // 32
-    return np.empty((T, C), np.int16), np.empty((T, dx8_at(nb) + nb * ROWS_INT8), np.float32)  # (int8: the dx8)
+    extra = 4 * nb * ROWS_INT8  # an int8 build's dx8, sums8 and runs8 (vnni.lanes8)
+    return np.empty((T, C), np.int16), np.empty((T, dx8_at(nb) + extra), np.float32)
 
 
 @njit(fastmath=True, inline="always")

@@ -28,6 +28,7 @@ from .kquants import (rows1_q2_k, rows1_q3_k, rows1_q4_k, rows1_q5_k, rows1_q6_k
                       rows4x2_q2_k, rows4x2_q3_k, rows4x2_q4_k, rows4x2_q5_k, rows4x2_q6_k)
 from . import simd
 from .simd import rows1_f16, rows1_q8, rows2_q8, rows4_f16, rows4x2_q8
+from .kquants_vnni import k_vnni_kernel
 from .qgemm import HAVE_QGEMM, INT8, gemm_matmul
 from .vnni import HAVE_VNNI512, vnni_kernel
 
@@ -54,6 +55,20 @@ if HAVE_VNNI512:
     _IQ4NL_PAIR, _IQ4NL_QUAD = vnni_kernel(4, 2, KVALUES, ROWS_INT8), (8, vnni_kernel(8, 4, KVALUES, ROWS_INT8))
 else:
     _IQ4NL_TOKEN, _IQ4NL_PAIR, _IQ4NL_QUAD = ((2, rows2_iq4_nl), (1, rows1_iq4_nl)), rows4x2_iq4_nl, (2, rows2x4_iq4_nl)
+# Q4_K and Q6_K rows in an int8 build: kquants_vnni.py's, on int8 activations (lanes8's), one vpdpbusd a 64-byte load
+# of a row's nibbles (Q6_K: with qh's bit pairs or-ed in) where kquants.py's int16 rows take four vpmaddwd. A `small`
+# expert matrix, one core in L2, 1 / 2 / 4 tokens (session 39, G token-weights/s): Q4_K 33.6 / 41.3 / 48.5 -> 42.5 /
+# 45.5 / 47.3, Q6_K 25.8 / 37.4 / 45.7 -> 34.4 / 40.9 / 38.7; 158 MB of Q4_K rows from DRAM, two threads, 25.3 -> 33.8
+# GB/s. Every kernel of a type in the build is int8 so that a token gets the same bits in any token group
+if ROWS_INT8:
+    _Q4K_TOKEN, _Q4K_PAIR = ((2, k_vnni_kernel(2, 1)), (1, k_vnni_kernel(1, 1))), k_vnni_kernel(4, 2)
+    _Q4K_QUAD = (2, k_vnni_kernel(2, 4))
+    # (Q6_K one row a pass: from DRAM on two threads 31.1-40.5 GB/s against 2 rows' 25.1-33.4, three processes; even in L2)
+    _Q6K_TOKEN, _Q6K_PAIR = ((1, k_vnni_kernel(1, 1, True)),), k_vnni_kernel(4, 2, True)
+    _Q6K_QUAD = (2, k_vnni_kernel(2, 4, True))
+else:
+    _Q4K_TOKEN, _Q4K_PAIR, _Q4K_QUAD = ((2, rows2_q4_k), (1, rows1_q4_k)), rows4x2_q4_k, (2, rows2x4_q4_k)
+    _Q6K_TOKEN, _Q6K_PAIR, _Q6K_QUAD = ((2, rows2_q6_k), (1, rows1_q6_k)), rows4x2_q6_k, (2, rows2x4_q6_k)
 
 # Tokens per expert up to which each token gets fused in-place dots, by type code (-, F16, Q8_0, Q4_0, Q4_K, Q6_K, Q5_K,
 # Q3_K, Q2_K, IQ4_NL, IQ4_XS); more take a GEMM. Without VNNI (_FUSED_FLOAT) that GEMM dequantises each row once
@@ -81,7 +96,14 @@ _FUSED_FLOAT = (0, 16, 16, 32, 12, 6, 6, 8, 4, 8, 4)
 # Q8_0 0.54 0.90 1.26, Q4_K 0.58 0.91 1.17, Q6_K 0.94 1.35 1.83, Q2_K 0.85 1.28 1.69, IQ4_XS 0.78 1.23 1.54; at 5, 6, 7
 # (a first version) Q4_0 0.60 0.67 1.08, Q5_K 1.03 0.78 1.08, Q3_K 0.87 1.01 1.27, IQ4_NL 0.98 1.22 1.49; at 16 tokens
 # 1.7-2.3. F16 keeps its 16.
-_FUSED = (0, 16, 7, 6, 6, 5, 6, 5, 5, 5, 4) if HAVE_QGEMM else _FUSED_FLOAT
+# An int8 build's GEMM (q_matmul8) and its Q4_0 / IQ4_NL / Q4_K / Q6_K rows run at other rates: the same bench run with
+# MOE_OFFLOAD_GEMM_INT8=1 (session 39, `--tokens 3 4 5 6 7 8 10 12 --rounds 15`), qgemm / fused at 4 5 6 7 8 tokens:
+# Q8_0 0.77 1.04 1.13 1.39 1.47, Q4_K 0.71 0.88-0.92 1.07-1.12 1.20-1.29 1.45, Q6_K 0.78 1.01-1.10 1.14-1.19 1.36-1.49
+# 1.59, Q5_K 0.78 1.09 1.28 1.53 1.53, Q3_K 0.80 1.13 1.24 1.56 1.56, Q2_K 0.68 0.93 1.15 1.28 1.30, IQ4_NL 0.56
+# 0.78-0.80 0.92-0.94 1.14 1.10, IQ4_XS 0.92 1.29 1.42 1.80 1.76; Q4_0 0.34 0.47-0.65 0.55-0.76 0.71-0.99 0.94, at 10
+# and 12 0.98 and 1.10
+_FUSED_INT8 = (0, 16, 4, 8, 5, 4, 4, 4, 5, 6, 4)
+_FUSED = _FUSED_INT8 if ROWS_INT8 else (0, 16, 7, 6, 6, 5, 6, 5, 5, 5, 4) if HAVE_QGEMM else _FUSED_FLOAT
 
 
 # Each type's row kernels (numba intrinsics: simd.py, kquants.py, iquants.py), chosen when a product is typed for a
@@ -92,13 +114,13 @@ _FUSED = (0, 16, 7, 6, 6, 5, 6, 5, 5, 5, 4) if HAVE_QGEMM else _FUSED_FLOAT
 # 21.5-22.8 -> 24.8-30.9 GB/s, int8 and IQ4_NL even (23-27 GB/s either way, this VM's noise)
 _TOKEN = {Q8_0: ((2, rows2_q8), (1, rows1_q8)),
           Q4_0: ((4, rows4_q4), (1, rows1_q4)) if HAVE_VNNI512 else ((8, rows8_q4), (4, rows4_q4), (1, rows1_q4)),
-          Q4_K: ((2, rows2_q4_k), (1, rows1_q4_k)), Q6_K: ((2, rows2_q6_k), (1, rows1_q6_k)),
+          Q4_K: _Q4K_TOKEN, Q6_K: _Q6K_TOKEN,
           Q5_K: ((2, rows2_q5_k), (1, rows1_q5_k)), Q3_K: ((2, rows2_q3_k), (1, rows1_q3_k)),
           Q2_K: ((2, rows2_q2_k), (1, rows1_q2_k)), IQ4_NL: _IQ4NL_TOKEN,
           IQ4_XS: ((2, rows2_iq4_xs), (1, rows1_iq4_xs))}
-_PAIR = {Q8_0: rows4x2_q8, Q4_0: rows4x2_q4, Q4_K: rows4x2_q4_k, Q6_K: rows4x2_q6_k, Q5_K: rows4x2_q5_k,
+_PAIR = {Q8_0: rows4x2_q8, Q4_0: rows4x2_q4, Q4_K: _Q4K_PAIR, Q6_K: _Q6K_PAIR, Q5_K: rows4x2_q5_k,
          Q3_K: rows4x2_q3_k, Q2_K: rows4x2_q2_k, IQ4_NL: _IQ4NL_PAIR, IQ4_XS: rows4x2_iq4_xs}
-_QUAD = {Q4_0: (8, rows8x4_q4), Q4_K: (2, rows2x4_q4_k), Q6_K: (2, rows2x4_q6_k), Q5_K: (2, rows2x4_q5_k),
+_QUAD = {Q4_0: (8, rows8x4_q4), Q4_K: _Q4K_QUAD, Q6_K: _Q6K_QUAD, Q5_K: (2, rows2x4_q5_k),
          Q3_K: (2, rows2x4_q3_k), Q2_K: (2, rows2x4_q2_k), IQ4_NL: _IQ4NL_QUAD, IQ4_XS: (2, rows2x4_iq4_xs)}
 # (Q8_0 stays in pairs: _FUSED; F16 has float32 rows of its own: rows_matmul)
 

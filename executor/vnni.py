@@ -23,7 +23,8 @@ An int8 build (`execute --gemm-int8`: llama.cpp's precision, as its prefill GEMM
 lanes8 writes each token's x8 (qgemm.qpack8_into's values) in the same places, with each lane's start (-8 or -128
 times its bytes' sum, so the offset comes off in the integers) and the blocks' dx8, and a block of a row pair is
 one vpdpbusd, not two, a shift and an add: one core in L2 1.27x, `small-q4` / `small-iq4nl` decode even with
-llama.cpp's repacked rows (README).
+llama.cpp's repacked rows (README). lanes8 also writes whole blocks of x8 for the int8 build's Q4_K and Q6_K rows
+(kquants_vnni.py) in the block's last 64 bytes, and the blocks' and 16-value runs' sums those rows' offsets take.
 """
 from __future__ import annotations
 
@@ -113,9 +114,15 @@ def split8(typingctx, x16, dx, nb):
 
 
 # An int8 build's block (lanes8), in the split's place, in <16 x i32> (64 bytes): x8 at its 64 places, then the lanes'
-# starts for Q4_0, then for IQ4_NL (the last 64 bytes unused). The blocks' dx8 follow the run sums, contiguous
-# (dx8_at): a scale read from each block's 256 bytes instead cost the rows ~10% from DRAM on two threads (session 38)
-L8_Q4_STARTS, L8_IQ4_STARTS = 1, 2
+# starts for Q4_0, then for IQ4_NL, then (L8_KQ) 64-byte pairs of whole blocks in order for the K-quant rows
+# (kquants_vnni.py), each block's x8 in two of them (_kq_at_ir), so that one 64-byte load of a row's nibbles meets one
+# slot: in each four blocks 4i .. 4i + 3 the slots hold
+#     4i: x8(4i) x8(4i + 2)   4i + 1: x8(4i + 1) x8(4i + 3)   (Q4_K: a load's low nibbles, its high ones)
+#     4i + 2: x8(4i) x8(4i + 1)   4i + 3: x8(4i + 2) x8(4i + 3)   (Q6_K: a load of ql's)
+# The last two only where the four blocks are whole. The blocks' dx8 follow the run sums, contiguous (dx8_at), then
+# sums8 (dx8 x the sum of a block's x8: Q4_K's mins), then runs8 (the same for each 16-value run: Q6_K's - 32): a
+# scale read from each block's 256 bytes instead cost the Q4_0 rows ~10% from DRAM on two threads (session 38)
+L8_Q4_STARTS, L8_IQ4_STARTS, L8_KQ = 1, 2, 3
 
 
 @njit(inline="always")
@@ -130,15 +137,34 @@ def _dx8_at_ir(builder, nb):
     return builder.add(builder.mul(nb, c(RUN_SUMS_AT)), builder.mul(builder.sdiv(builder.add(nb, c(3)), c(4)), c(8)))
 
 
+@njit(inline="always")
+def sums8_at(nb):
+    """Where an int8 build's sums8 (dx8 x the sum of a block's x8) start in a DX row of nb blocks (floats): behind
+    the dx8; runs8 (the same for each 16-value run, two a block) follow at sums8_at(nb) + nb."""
+    return dx8_at(nb) + nb
+
+
+def _kq_at_ir(builder, b, q6: bool):
+    """Codegen: the byte offset, within the split area, of block b's x8 in its Q4_K place (q6: its Q6_K place) of the
+    L8_KQ slots (b an i64)."""
+    c = lambda v: ir.Constant(I64, v)  # noqa: E731
+    half = builder.and_(builder.lshr(b, c(1)), c(1))  # block 4i + 2 or 4i + 3
+    slot, at = ((builder.add(builder.and_(b, c(~3)), builder.add(half, c(2))), builder.and_(b, c(1))) if q6 else
+                (builder.and_(b, c(~2)), half))
+    return builder.add(builder.add(builder.mul(slot, c(4 * SPLIT_FLOATS)), c(64 * L8_KQ)), builder.mul(at, c(32)))
+
+
 @intrinsic
 def lanes8(typingctx, x, dx, nb):
     """int8 activations for the VNNI rows (an int8 build, `execute --gemm-int8`: llama.cpp's precision) from the
     float row x behind the 2 nb floats of dx (both 1-D and contiguous; nb an int64), block by block: x8 =
     round-to-even(x 127 / max|x|), qgemm.qpack8_into's own quantisation, at its two rows' places (split8's order,
     64 bytes); then each int32 lane's start for Q4_0 rows (-8 x the sum of its four bytes; -128 x in lanes 8-15, whose
-    weights come x 16), then for IQ4_NL ones (-128 x: its codebook + 128), so a lane ends at sum (q - bias) x8; and
-    dx8 = max|x| / 127 at dx[dx8_at(nb) + b]. A block is one load, its max, the rounding, a byte shuffle to the 64
-    places, the lanes' sums by shuffles, and four stores."""
+    weights come x 16), then for IQ4_NL ones (-128 x: its codebook + 128), so a lane ends at sum (q - bias) x8; the
+    block's x8 in order at its K-quant places (_kq_at_ir); dx8 = max|x| / 127 at dx[dx8_at(nb) + b], dx8 x the sum of
+    the block's x8 at dx[sums8_at(nb) + b], and of each of its 16-value runs at dx[sums8_at(nb) + nb + 2 b (+ 1)]. A
+    block is one load, its max, the rounding, a byte shuffle to the 64 places, the lanes' sums by shuffles, and nine
+    stores."""
     if getattr(x, "layout", "") != "C":
         raise TypeError("vnni.lanes8 reads a C-contiguous row of floats")
 
@@ -151,20 +177,35 @@ def lanes8(typingctx, x, dx, nb):
         order = ir.Constant(V(I32, 64), _split_order(lambda j: j))
         base = builder.gep(pd, [builder.mul(n, i64(8))])  # behind 2 nb floats
         d8 = _dx8_at_ir(builder, n)
+        vsum = _fn(builder, "llvm.vector.reduce.add.v16i32", I32, [V(I32, 16)])
         with cgutils.for_range(builder, n) as loop:
             b = loop.index
             v = builder.load(builder.bitcast(builder.gep(pxf, [builder.mul(b, i64(32))]), V(F32, 32).as_pointer()),
                              align=4)
             q, a = q8_block(builder, v)  # qgemm.qpack8_into's values
+            runs = [builder.call(vsum, [_slice(builder, q, 16 * r, 16)]) for r in (0, 1)]
             q = builder.trunc(q, V(I8, 32))
+            def kq(q6):
+                return builder.bitcast(builder.gep(base, [_kq_at_ir(builder, b, q6)]), V(I8, 32).as_pointer())
+            builder.store(q, kq(False), align=1)
+            with builder.if_then(builder.icmp_signed("<", builder.or_(b, i64(3)), n)):  # its four blocks whole
+                builder.store(q, kq(True), align=1)
             q = builder.shuffle_vector(q, q, order)  # <64 x i8>: each x8 at its two places
             ob = builder.gep(base, [builder.mul(b, i64(4 * SPLIT_FLOATS))])
             builder.store(q, builder.bitcast(ob, V(I8, 64).as_pointer()), align=1)
             for at, bias in ((L8_Q4_STARTS, [-8] * 8 + [-128] * 8), (L8_IQ4_STARTS, [-128] * 16)):
                 builder.store(_lane_starts(builder, q, bias),
                               builder.bitcast(builder.gep(ob, [i64(64 * at)]), V(I32, 16).as_pointer()), align=1)
-            builder.store(builder.fdiv(a, ir.Constant(F32, 127.0)),
-                          builder.gep(builder.bitcast(pd, F32.as_pointer()), [builder.add(d8, b)]), align=4)
+            dx8 = builder.fdiv(a, ir.Constant(F32, 127.0))
+            pf = builder.bitcast(pd, F32.as_pointer())
+            builder.store(dx8, builder.gep(pf, [builder.add(d8, b)]), align=4)
+            s8 = builder.add(d8, n)
+            builder.store(_fmul(builder, builder.sitofp(builder.add(*runs), F32), dx8),
+                          builder.gep(pf, [builder.add(s8, b)]), align=4)
+            r8 = builder.add(builder.add(s8, n), builder.mul(b, i64(2)))
+            for r in (0, 1):
+                builder.store(_fmul(builder, builder.sitofp(runs[r], F32), dx8),
+                              builder.gep(pf, [builder.add(r8, i64(r))]), align=4)
         return context.get_dummy_value()
     return types.none(x, dx, nb), gen
 

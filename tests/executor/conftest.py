@@ -1,6 +1,8 @@
 """Executor fixtures: the `tiny` model built once per session, and an independent fp32 reference."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 import gguf
 import numpy as np
 import pytest
@@ -98,6 +100,19 @@ def engram_of():
     return engram_path
 
 
+@lru_cache(maxsize=None)
+def _lanes8():
+    """vnni.lanes8 from Python, compiled once (fastmath, as kernels.quant_row: LLVM divides by 127 as a multiply,
+    qgemm.qpack8_into's too)."""
+    from numba import njit
+    from executor import vnni
+
+    @njit(fastmath=True)
+    def lanes8(x, dx, nb):
+        vnni.lanes8(x, dx, np.int64(nb))
+    return lanes8
+
+
 class QuantKit:
     """Random expert tensors in a GGUF type, their gguf dequantisation, and the kernels' tolerance check."""
 
@@ -115,6 +130,28 @@ class QuantKit:
         """Expert e of w dequantised by the gguf package -> [rows, cols] f32."""
         raw = w.data[e] if w.qtype != gguf.GGMLQuantizationType.F16 else w.data[e].view(np.float16)
         return gguf.dequantize(raw, w.qtype).astype(np.float32).reshape(w.rows, w.cols)
+
+    @staticmethod
+    def int8_activations(x):
+        """vnni.lanes8's rows of the float tokens x [T, C] in a zeroed DX (an int8 build's _quant_rows writes them the
+        same way behind quant16's scales) -> (x16 [T, C], unused by the int8 rows, DX)."""
+        from executor import vnni
+        T, C = x.shape
+        nb = C // 32
+        dx = np.zeros((T, vnni.sums8_at(nb) + 3 * nb), np.float32)
+        for t in range(T):
+            _lanes8()(x[t], dx[t], nb)
+        return np.zeros((T, C), np.int16), dx
+
+    @staticmethod
+    def int8_values(x, dx8):
+        """The int8 activations' values x8 dx8 of the float tokens x [T, C] (llama.cpp's Q8_0: x8 = round-to-even(x 127
+        / max|x|) per 32-block; dx8 [T, C / 32] as lanes8 wrote them), in float64 -> [T, C]."""
+        T, C = x.shape
+        a = np.abs(x.reshape(T, C // 32, 32)).max(axis=2, keepdims=True)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x8 = np.where(a > 0, np.rint(x.reshape(T, C // 32, 32) * (np.float32(127.0) / a)), 0.0)
+        return (x8 * dx8[:, :, None].astype(np.float64)).reshape(T, C)
 
     @staticmethod
     def close(got, want, mag, tol=1e-4):

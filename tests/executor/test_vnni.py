@@ -101,25 +101,9 @@ def test_executor_runs_the_vnni_rows_where_the_cpu_has_them():
     assert dx.shape == (2, (2 + vnni.SPLIT_FLOATS) * 2 + 8)  # 2 blocks: the split bytes, then a group of run sums
 
 
-@njit(fastmath=True)  # as kernels.quant_row, whose fastmath lets LLVM divide by 127 as a multiply (qpack8_into's too)
-def _lanes8(x, dx, nb):
-    vnni.lanes8(x, dx, np.int64(nb))
-
-
-def _int8_activations(x):
-    """lanes8's rows of the float tokens x [T, C] in a zeroed DX (an int8 build's _quant_rows writes them the same way
-    behind quant16's scales) -> (x16 [T, C] unused by the int8 rows, DX)."""
-    T, C = x.shape
-    nb = C // 32
-    dx = np.zeros((T, vnni.dx8_at(nb) + nb), np.float32)
-    for t in range(T):
-        _lanes8(x[t], dx[t], nb)
-    return np.zeros((T, C), np.int16), dx
-
-
 @settings(max_examples=30, deadline=None)
 @given(nb=st.integers(1, 8), scale=st.floats(1e-30, 1e30), seed=st.integers(0, 2**31))
-def test_lanes8_writes_qpack8s_int8_values_at_the_split_places(nb, scale, seed):
+def test_lanes8_writes_qpack8s_int8_values_at_the_split_places(qk, nb, scale, seed):
     """lanes8 (an int8 build's activations for these rows): each activation j of block b at both of its places
     (_split_pos) is x8 = round-to-even(x 127 / max|x|), the very bytes qgemm.qpack8_into packs for the prefill GEMM
     (llama.cpp's Q8_0); behind them each int32 lane's start, -8 x the sum of its four bytes for Q4_0 (-128 x in lanes
@@ -130,7 +114,7 @@ def test_lanes8_writes_qpack8s_int8_values_at_the_split_places(nb, scale, seed):
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((1, nb * 32)) * scale).astype(np.float32)
     x[0, :32] *= rng.integers(0, 2)  # sometimes an all-zero block: x8 and dx8 0
-    _, dx = _int8_activations(x)
+    _, dx = qk.int8_activations(x)
     d8 = vnni.dx8_at(nb)
     blocks = dx[0, 2 * nb:2 * nb + vnni.SPLIT_FLOATS * nb].reshape(nb, vnni.SPLIT_FLOATS)
     x8 = blocks[:, :16].view(np.int8).astype(np.int64)  # [block, place]
@@ -169,15 +153,12 @@ def test_int8_rows_are_the_int8_activations_times_ggufs_values(qk, shape, groups
     w = qk.tensor(rng, qt, 1, rows, nb * 32)
     W = qk.deq(w, 0).astype(np.float64)
     x = rng.standard_normal((MT + 1, nb * 32)).astype(np.float32)
-    x16, dx = _int8_activations(x)
+    x16, dx = qk.int8_activations(x)
     d8 = vnni.dx8_at(nb)
     got = np.full((MT + 1, rows), np.nan, np.float32)
     _INT8[shape](w.data[0].reshape(-1), rows, x16, dx, 1, got)  # tokens from k0 = 1
     assert np.isnan(got[0]).all()
-    a = np.abs(x.reshape(MT + 1, nb, 32)).max(axis=2, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        x8 = np.where(a > 0, np.rint(x.reshape(MT + 1, nb, 32) * (np.float32(127.0) / a)), 0.0)
-    xq = (x8 * dx[:, d8:d8 + nb, None].astype(np.float64)).reshape(MT + 1, -1)
+    xq = qk.int8_values(x, dx[:, d8:d8 + nb])
     qk.close(got[1:], xq[1:] @ W.T, np.abs(xq[1:]) @ np.abs(W).T, tol=1e-5)
     one = np.full((MT + 1, rows), np.nan, np.float32)
     for k in range(1, MT + 1):  # each token alone, a row a pass (paired with itself)
@@ -193,7 +174,7 @@ _LOOKUPS = {(i8, vb): _kernel_loop(vnni.vnni_kernel(4, 1, tuple(KVALUES), int8=i
 @pytest.mark.skipif(not _LOOKUPS, reason="no AVX-512 VNNI and VBMI on this CPU")
 @settings(max_examples=10, deadline=None)
 @given(nb=st.integers(1, 12), seed=st.integers(0, 2**31))
-def test_iq4_nl_lookups_by_vpermb_and_vpshufb_give_the_same_bits(nb, seed):
+def test_iq4_nl_lookups_by_vpermb_and_vpshufb_give_the_same_bits(qk, nb, seed):
     """IQ4_NL's codebook lookup by vpermb (AVX-512 VBMI: the nibbles unmasked, the 16 values four times over) and by
     vpshufb after a mask give the same bytes, so the same bits, with int16 and int8 activations, over arbitrary bytes
     (every nibble value, in either half of a byte)."""
@@ -204,7 +185,7 @@ def test_iq4_nl_lookups_by_vpermb_and_vpshufb_give_the_same_bits(nb, seed):
     w = w.reshape(-1)
     x = rng.standard_normal((1, nb * 32)).astype(np.float32)
     for i8 in (False, True):
-        x16, dx = _int8_activations(x) if i8 else K._quant_rows(x)
+        x16, dx = qk.int8_activations(x) if i8 else K._quant_rows(x)
         got = {vb: np.zeros((1, rows), np.float32) for vb in (False, True)}
         for vb in (False, True):
             _LOOKUPS[(i8, vb)](w, rows, x16, dx, 0, got[vb])
