@@ -25,8 +25,6 @@ from .kquants import _prologue, _super_block
 from .simd import F32, I16, I32, I64, V, _fadd, _fmul, _fn, _fsub, _qsig, _slice, _splat, h16x8, hsum8
 from .vnni import L8_KQ, SPLIT_FLOATS, _dpbusd, _dx8_at_ir
 
-# the sub-blocks of a super-block in the order the lane sums come out: 0 2 1 3 (the first load's), 4 6 5 7
-_SUMS_ORDER = [0, 2, 1, 3, 4, 6, 5, 7]
 _PAIRS = list(range(0, 32, 2))  # each pair of adjacent lanes of two <16 x i32>, the first's then the second's
 
 
@@ -38,9 +36,9 @@ def _pair_sums(builder, x, y, idx=_PAIRS):
 
 def _sub_block_sums(builder, a, b, c, d):
     """Codegen: four <16 x i32> vpdpbusd results of a Q4_K super-block, eight lanes a sub-block (a: sub-blocks 0, 2; b:
-    1, 3; c: 4, 6; d: 5, 7) -> <8 x i32>, lane i the sum of sub-block _SUMS_ORDER[i]'s lanes. Integer adds: exact."""
-    ab, cd = _pair_sums(builder, a, b), _pair_sums(builder, c, d)  # lanes 4g .. 4g + 3: sub-block group g
-    half = [4 * g for g in range(4)] + [16 + 4 * g for g in range(4)]  # lanes i and i + 8: halves of group i
+    1, 3; c: 4, 6; d: 5, 7) -> <8 x i32>, lane c the sum of sub-block c's lanes. Integer adds: exact."""
+    ab, cd = _pair_sums(builder, a, b), _pair_sums(builder, c, d)  # lanes 4g .. 4g + 3: sub-blocks 0 2 1 3 (4 6 5 7)
+    half = [0, 8, 4, 12, 16, 24, 20, 28]  # lanes c and c + 8: the halves of sub-block c's four
     s = _pair_sums(builder, ab, cd, half + [i + 2 for i in half])
     return builder.add(_slice(builder, s, 0, 8), _slice(builder, s, 8, 8))
 
@@ -68,7 +66,12 @@ def _rows_k_vnni(NR: int, MT: int, q6: bool):
     64-byte load of ql and qh's 32 bytes broadcast to both halves of a register; ql's low nibbles are blocks 4h, 4h + 1
     with qh's bit pairs 0 and 2 (a shift of each 256-bit half by its own count, vpsllvd), its high ones blocks 4h + 2,
     4h + 3 with pairs 4 and 6 (vpsrlvd): q in 0..63, unsigned bytes against lanes8's natural pairs of blocks. A run's
-    value is d sc (q - 32): the -32 x the run's x8 sum comes off in float, a second accumulator of d sc runs8."""
+    value is d sc (q - 32): the -32 x the run's x8 sum comes off in float, a second accumulator of d sc runs8.
+
+    The default build's int16 activations, split as Q4_0's (x16 = 256 h + l: two vpdpbusd and a shift a load), gave
+    kquants.py's int16 Q4_K rows their bits but not their speed (one core in L2, session 39: 1 / 2 / 4 tokens 34.4 /
+    36.1 / 38.4 against 33.6 / 41.3 / 48.5 G token-weights/s: the lane sums cost as much as the products saved), so
+    that build keeps kquants.py's."""
     bs = 210 if q6 else 144
     W = 16 if q6 else 8  # float lanes: a Q6_K super-block's 16 runs, a Q4_K one's 8 sub-blocks
 
@@ -80,7 +83,6 @@ def _rows_k_vnni(NR: int, MT: int, q6: bool):
         corr = [[cgutils.alloca_once_value(builder, zero) for _ in range(MT)] for _ in range(NR)]
         fma = _fn(builder, f"llvm.fma.v{W}f32", V(F32, W), [V(F32, W)] * 3)
         c32 = lambda v: ir.Constant(V(I32, 16), v if isinstance(v, list) else [v] * 16)  # noqa: E731
-        order = ir.Constant(V(I32, 8), _SUMS_ORDER)
         d8at = _dx8_at_ir(builder, nb)
         s8at = builder.add(d8at, nb)  # sums8; runs8 behind them
         kq = [builder.bitcast(dd, ir.IntType(8).as_pointer()) for dd in dds]
@@ -99,7 +101,7 @@ def _rows_k_vnni(NR: int, MT: int, q6: bool):
                     s8s.append(floats(builder.add(builder.add(s8at, nb), builder.add(blk0, blk0)), 16))
                     xs.append(_x8_slots(builder, kq[t], blk0, (2, 3, 6, 7)))
                 else:
-                    dx8s.append(builder.shuffle_vector(v, v, order))
+                    dx8s.append(v)
                     s8s.append(floats(builder.add(s8at, blk0), 8))
                     xs.append(_x8_slots(builder, kq[t], blk0, (0, 1, 4, 5)))
             for k, p in enumerate(ps):
@@ -123,8 +125,7 @@ def _rows_k_vnni(NR: int, MT: int, q6: bool):
                         ws += [lo, hi]
                 else:
                     sc, mn = _q4_k_scales_ir(builder, p)
-                    dsc = _fmul(builder, h16x8(builder, p), builder.sitofp(builder.shuffle_vector(sc, sc, order),
-                                                                           V(F32, 8)))
+                    dsc = _fmul(builder, h16x8(builder, p), builder.sitofp(sc, V(F32, 8)))
                     dmn = _fmul(builder, h16x8(builder, builder.gep(p, [i64(2)])), builder.sitofp(mn, V(F32, 8)))
                     for j in (0, 1):  # chunks 2j, 2j + 1: low nibbles sub-blocks 4j, 4j + 2; high ones 4j + 1, 4j + 3
                         q = builder.load(builder.bitcast(builder.gep(p, [i64(16 + 64 * j)]), V(I32, 16).as_pointer()),
