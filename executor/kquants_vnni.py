@@ -20,9 +20,9 @@ from llvmlite import ir
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kquant_blocks import _q4_k_scales_ir
+from .kquant_blocks import _q3_k_scales_ir, _q4_k_scales_ir
 from .kquants import _prologue, _super_block
-from .simd import F32, I16, I32, I64, V, _fadd, _fmul, _fn, _fsub, _qsig, _slice, _splat, h16x8, hsum8
+from .simd import F32, I8, I16, I32, I64, V, _fadd, _fmul, _fn, _fsub, _qsig, _slice, _splat, hsum8
 from .vnni import L8_KQ, SPLIT_FLOATS, _dpbusd, _dx8_at_ir
 
 _PAIRS = list(range(0, 32, 2))  # each pair of adjacent lanes of two <16 x i32>, the first's then the second's
@@ -56,24 +56,131 @@ def _x8_slots(builder, kq, blk0, slots):
                                          V(I32, 16).as_pointer()), align=1) for q in slots]
 
 
-def _rows_k_vnni(NR: int, MT: int, q6: bool):
-    """Codegen: res[k0 + t, ro + k] = row_k . x_t for NR Q4_K (q6: Q6_K) rows at byte woff + k * rb (nb 32-blocks each)
-    and the MT tokens t of DX from k0, read as lanes8 wrote them (an int8 build): x8 at the K-quant places, dx8, sums8
-    (Q4_K's mins), runs8 (Q6_K's - 32). A row's weights and scales are decoded once for all MT tokens; each token's
-    products and adds are those of MT = 1, so a token gets the same bits in any row or token group.
+def _h16(builder, p, n):
+    """Codegen: the fp16 at byte pointer p as <n x f32>."""
+    h = builder.load(builder.bitcast(p, I16.as_pointer()), align=1)
+    return builder.fpext(builder.bitcast(_splat(builder, h, n), V(ir.HalfType(), n)), V(F32, n))
 
-    Q6_K (210 bytes: ql 128, qh 64, sixteen int8 run scales, fp16 d): half h of a super-block (128 values) is one
-    64-byte load of ql and qh's 32 bytes broadcast to both halves of a register; ql's low nibbles are blocks 4h, 4h + 1
-    with qh's bit pairs 0 and 2 (a shift of each 256-bit half by its own count, vpsllvd), its high ones blocks 4h + 2,
-    4h + 3 with pairs 4 and 6 (vpsrlvd): q in 0..63, unsigned bytes against lanes8's natural pairs of blocks. A run's
-    value is d sc (q - 32): the -32 x the run's x8 sum comes off in float, a second accumulator of d sc runs8.
+
+def _bytes(builder, p, at, n):
+    """Codegen: the n bytes at p + at as <n/4 x i32>."""
+    return builder.load(builder.bitcast(builder.gep(p, [ir.Constant(I64, at)]), V(I32, n // 4).as_pointer()), align=1)
+
+
+def _c32(v):
+    """<16 x i32> constant: v in every lane, or the list v."""
+    return ir.Constant(V(I32, 16), v if isinstance(v, list) else [v] * 16)
+
+
+def _halves(builder, v32):
+    """Codegen: <8 x i32> (32 bytes) in both 256-bit halves of a <16 x i32>."""
+    return builder.shuffle_vector(v32, v32, _c32(list(range(8)) * 2))
+
+
+def _shifted(builder, v, counts):
+    """Codegen: v's dwords shifted by per-half counts (a, b): positive right, negative left (vpsrlvd / vpsllvd)."""
+    a, b = counts
+    if a <= 0 and b <= 0:
+        return builder.shl(v, _c32([-a] * 8 + [-b] * 8))
+    assert a >= 0 and b >= 0
+    return builder.lshr(v, _c32([a] * 8 + [b] * 8))
+
+
+def _q4_k_weights(builder, p, q5: bool):
+    """Codegen: a Q4_K (q5: Q5_K) super-block's four unsigned-byte vectors (sub-blocks 0 2, 1 3, 4 6, 5 7), d sc
+    and dmin m (<8 x f32>, sub-blocks in order). Q5_K's fifth bit of sub-block c is bit c of qh's byte l, moved to
+    bit 4 by one shift of each half (qh broadcast to both) and a mask, or-ed in: q in 0..31."""
+    sc, mn = _q4_k_scales_ir(builder, p)
+    dsc = _fmul(builder, _h16(builder, p, 8), builder.sitofp(sc, V(F32, 8)))
+    dmn = _fmul(builder, _h16(builder, builder.gep(p, [ir.Constant(I64, 2)]), 8), builder.sitofp(mn, V(F32, 8)))
+    nib = _c32(0x0F0F0F0F)
+    ws = []
+    for j in (0, 1):  # chunks 2j, 2j + 1: low nibbles sub-blocks 4j, 4j + 2; high ones 4j + 1, 4j + 3
+        q = _bytes(builder, p, (48 if q5 else 16) + 64 * j, 64)
+        ws += [builder.and_(q, nib), builder.and_(builder.lshr(q, _c32(4)), nib)]
+    if q5:
+        qh = _halves(builder, _bytes(builder, p, 16, 32))
+        for i, c in enumerate((0, 1, 4, 5)):  # the vector's sub-blocks c, c + 2: bits c, c + 2 of qh to bit 4
+            five = builder.and_(_shifted(builder, qh, (c - 4, c - 2)), _c32(0x10101010))
+            ws[i] = builder.or_(ws[i], five)
+    return ws, dsc, dmn
+
+
+def _q6_k_weights(builder, p):
+    """Codegen: a Q6_K super-block's four unsigned-byte vectors (blocks 0 1, 2 3, 4 5, 6 7, q in 0..63), d sc and
+    32 d sc (<16 x f32>, the runs in order). Half h is one 64-byte load of ql and qh's 32 bytes broadcast to both
+    halves: ql's low nibbles are blocks 4h, 4h + 1 with qh's bit pairs 0 and 2 (vpsllvd by 4 and 2), its high ones
+    blocks 4h + 2, 4h + 3 with pairs 4 and 6 (vpsrlvd by 0 and 2)."""
+    sc = builder.load(builder.bitcast(builder.gep(p, [ir.Constant(I64, 192)]), V(I8, 16).as_pointer()), align=1)
+    dsc = _fmul(builder, _h16(builder, builder.gep(p, [ir.Constant(I64, 208)]), 16), builder.sitofp(sc, V(F32, 16)))
+    nib, pair = _c32(0x0F0F0F0F), _c32(0x30303030)
+    ws = []
+    for h in (0, 1):
+        ql, qh = _bytes(builder, p, 64 * h, 64), _halves(builder, _bytes(builder, p, 128 + 32 * h, 32))
+        ws += [builder.or_(builder.and_(ql, nib), builder.and_(_shifted(builder, qh, (-4, -2)), pair)),
+               builder.or_(builder.and_(builder.lshr(ql, _c32(4)), nib), builder.and_(_shifted(builder, qh, (0, 2)), pair))]
+    return ws, dsc, _fmul(builder, dsc, ir.Constant(V(F32, 16), [32.0] * 16))
+
+
+def _q2_q3_k_weights(builder, p, q3: bool):
+    """Codegen: a Q2_K (q3: Q3_K) super-block's four unsigned-byte vectors (blocks 0 1, 2 3, 4 5, 6 7), d sc and the
+    offsets' scale (<16 x f32>, the runs in order): Q2_K's dmin m (a run's value d sc q - dmin m), Q3_K's 4 d sc (its
+    value d sc (q - 4)). Block 4h + j is bit pair j of the 32 bytes of half h of qs (Q3_K: with bit 4h + j of hmask's
+    bytes as bit 2), so a vector is that half broadcast to both halves, each shifted by its own count, and a mask."""
+    qs_at, d_at = (32, 108) if q3 else (16, 80)
+    if q3:
+        s0, s1 = _q3_k_scales_ir(builder, p)  # (runs 0-7, 8-15) - 32
+        sc = builder.shuffle_vector(s0, s1, _c32(list(range(16))))
+    else:
+        b = builder.load(builder.bitcast(p, V(I8, 16).as_pointer()), align=1)
+        sc = builder.zext(b, V(I32, 16))
+        mins = builder.lshr(sc, _c32(4))
+        sc = builder.and_(sc, _c32(15))
+    dsc = _fmul(builder, _h16(builder, builder.gep(p, [ir.Constant(I64, d_at)]), 16), builder.sitofp(sc, V(F32, 16)))
+    if q3:
+        off = _fmul(builder, dsc, ir.Constant(V(F32, 16), [4.0] * 16))
+    else:
+        off = _fmul(builder, _h16(builder, builder.gep(p, [ir.Constant(I64, 82)]), 16), builder.sitofp(mins, V(F32, 16)))
+    ws = []
+    hm = _halves(builder, _bytes(builder, p, 0, 32)) if q3 else None
+    for h in (0, 1):
+        qs = _halves(builder, _bytes(builder, p, qs_at + 32 * h, 32))
+        for j in (0, 2):
+            w = builder.and_(_shifted(builder, qs, (2 * j, 2 * j + 2)), _c32(0x03030303))
+            if q3:  # bits 4h + j, 4h + j + 1 of hmask to bit 2
+                hb = _shifted(builder, hm, (4 * h + j - 2, 4 * h + j - 1))
+                w = builder.or_(w, builder.and_(hb, _c32(0x04040404)))
+            ws.append(w)
+    return ws, dsc, off
+
+
+# Each type's super-block bytes, float lanes (8 sub-blocks or 16 runs) and the L8_KQ slots its four vectors meet
+_KINDS = {"q4_k": (144, 8, (0, 1, 4, 5)), "q5_k": (176, 8, (0, 1, 4, 5)), "q6_k": (210, 16, (2, 3, 6, 7)),
+          "q3_k": (110, 16, (2, 3, 6, 7)), "q2_k": (84, 16, (2, 3, 6, 7))}
+
+
+def _weights(builder, p, kind):
+    """Codegen: the four unsigned-byte vectors of a super-block of type `kind`, its scales and its offsets' scales."""
+    if kind in ("q4_k", "q5_k"):
+        return _q4_k_weights(builder, p, kind == "q5_k")
+    if kind == "q6_k":
+        return _q6_k_weights(builder, p)
+    return _q2_q3_k_weights(builder, p, kind == "q3_k")
+
+
+def _rows_k_vnni(NR: int, MT: int, kind: str):
+    """Codegen: res[k0 + t, ro + k] = row_k . x_t for NR K-quant rows of type `kind` at byte woff + k * rb (nb 32-blocks
+    each) and the MT tokens t of DX from k0, read as lanes8 wrote them (an int8 build): x8 at the K-quant places, dx8,
+    sums8 (the mins of Q4_K and Q5_K), runs8 (Q6_K's - 32, Q3_K's - 4, Q2_K's mins). A row's weights and scales are
+    decoded once for all MT tokens; each token's products and adds are those of MT = 1, so a token gets the same bits
+    in any row or token group. Per token and super-block: four vpdpbusd, the lanes summed per sub-block (run), one
+    convert and one fma with d sc dx8, and one fma of the offsets' scale and sums8 (runs8) into a second accumulator.
 
     The default build's int16 activations, split as Q4_0's (x16 = 256 h + l: two vpdpbusd and a shift a load), gave
     kquants.py's int16 Q4_K rows their bits but not their speed (one core in L2, session 39: 1 / 2 / 4 tokens 34.4 /
     36.1 / 38.4 against 33.6 / 41.3 / 48.5 G token-weights/s: the lane sums cost as much as the products saved), so
     that build keeps kquants.py's."""
-    bs = 210 if q6 else 144
-    W = 16 if q6 else 8  # float lanes: a Q6_K super-block's 16 runs, a Q4_K one's 8 sub-blocks
+    bs, W, slots = _KINDS[kind]
 
     def gen(context, builder, sig, args):
         woff, nb, roff = args[1], args[6], args[8]
@@ -82,11 +189,10 @@ def _rows_k_vnni(NR: int, MT: int, q6: bool):
         accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(MT)] for _ in range(NR)]
         corr = [[cgutils.alloca_once_value(builder, zero) for _ in range(MT)] for _ in range(NR)]
         fma = _fn(builder, f"llvm.fma.v{W}f32", V(F32, W), [V(F32, W)] * 3)
-        c32 = lambda v: ir.Constant(V(I32, 16), v if isinstance(v, list) else [v] * 16)  # noqa: E731
         d8at = _dx8_at_ir(builder, nb)
-        s8at = builder.add(d8at, nb)  # sums8; runs8 behind them
-        kq = [builder.bitcast(dd, ir.IntType(8).as_pointer()) for dd in dds]
-        kq = [builder.gep(p, [builder.add(builder.mul(nb, i64(8)), i64(64 * L8_KQ))]) for p in kq]  # block 0's slot
+        s8at = builder.add(d8at, nb) if W == 8 else builder.add(d8at, builder.add(nb, nb))  # sums8 / runs8
+        kq = [builder.gep(builder.bitcast(dd, I8.as_pointer()), [builder.add(builder.mul(nb, i64(8)), i64(64 * L8_KQ))])
+              for dd in dds]  # block 0's slot
         with cgutils.for_range(builder, nsb) as loop:
             sb = loop.index
             ps = _super_block(builder, wd, woff, rbk, pfo, sb, bs)
@@ -96,44 +202,14 @@ def _rows_k_vnni(NR: int, MT: int, q6: bool):
                 def floats(at, n):
                     return builder.load(builder.bitcast(builder.gep(dd, [at]), V(F32, n).as_pointer()), align=4)
                 v = floats(builder.add(d8at, blk0), 8)
-                if q6:
-                    dx8s.append(builder.shuffle_vector(v, v, ir.Constant(V(I32, 16), [r // 2 for r in range(16)])))
-                    s8s.append(floats(builder.add(builder.add(s8at, nb), builder.add(blk0, blk0)), 16))
-                    xs.append(_x8_slots(builder, kq[t], blk0, (2, 3, 6, 7)))
-                else:
-                    dx8s.append(v)
-                    s8s.append(floats(builder.add(s8at, blk0), 8))
-                    xs.append(_x8_slots(builder, kq[t], blk0, (0, 1, 4, 5)))
+                dx8s.append(v if W == 8 else builder.shuffle_vector(v, v, _c32([r // 2 for r in range(16)])))
+                s8s.append(floats(builder.add(s8at, builder.mul(blk0, i64(W // 8))), W))
+                xs.append(_x8_slots(builder, kq[t], blk0, slots))
             for k, p in enumerate(ps):
-                ws = []
-                if q6:
-                    sc = builder.load(builder.bitcast(builder.gep(p, [i64(192)]), V(ir.IntType(8), 16).as_pointer()),
-                                      align=1)
-                    d = h16x16(builder, builder.gep(p, [i64(208)]))
-                    dsc = _fmul(builder, d, builder.sitofp(sc, V(F32, 16)))
-                    dmn = _fmul(builder, dsc, ir.Constant(V(F32, 16), [32.0] * 16))
-                    for h in (0, 1):
-                        ql = builder.load(builder.bitcast(builder.gep(p, [i64(64 * h)]), V(I32, 16).as_pointer()),
-                                          align=1)
-                        qh = builder.load(builder.bitcast(builder.gep(p, [i64(128 + 32 * h)]), V(I32, 8).as_pointer()),
-                                          align=1)
-                        qh = builder.shuffle_vector(qh, qh, ir.Constant(V(I32, 16), list(range(8)) * 2))
-                        lo = builder.or_(builder.and_(ql, c32(0x0F0F0F0F)),
-                                         builder.and_(builder.shl(qh, c32([4] * 8 + [2] * 8)), c32(0x30303030)))
-                        hi = builder.or_(builder.and_(builder.lshr(ql, c32(4)), c32(0x0F0F0F0F)),
-                                         builder.and_(builder.lshr(qh, c32([0] * 8 + [2] * 8)), c32(0x30303030)))
-                        ws += [lo, hi]
-                else:
-                    sc, mn = _q4_k_scales_ir(builder, p)
-                    dsc = _fmul(builder, h16x8(builder, p), builder.sitofp(sc, V(F32, 8)))
-                    dmn = _fmul(builder, h16x8(builder, builder.gep(p, [i64(2)])), builder.sitofp(mn, V(F32, 8)))
-                    for j in (0, 1):  # chunks 2j, 2j + 1: low nibbles sub-blocks 4j, 4j + 2; high ones 4j + 1, 4j + 3
-                        q = builder.load(builder.bitcast(builder.gep(p, [i64(16 + 64 * j)]), V(I32, 16).as_pointer()),
-                                         align=1)
-                        ws += [builder.and_(q, c32(0x0F0F0F0F)), builder.and_(builder.lshr(q, c32(4)), c32(0x0F0F0F0F))]
+                ws, dsc, dmn = _weights(builder, p, kind)
                 for t in range(MT):
-                    prods = [_dpbusd(builder, c32(0), w, x) for w, x in zip(ws, xs[t])]
-                    s = _run_sums(builder, *prods) if q6 else _sub_block_sums(builder, *prods)
+                    prods = [_dpbusd(builder, _c32(0), w, x) for w, x in zip(ws, xs[t])]
+                    s = _run_sums(builder, *prods) if W == 16 else _sub_block_sums(builder, *prods)
                     acc = builder.call(fma, [builder.sitofp(s, V(F32, W)), _fmul(builder, dsc, dx8s[t]),
                                              builder.load(accs[k][t])])
                     builder.store(acc, accs[k][t])
@@ -141,7 +217,7 @@ def _rows_k_vnni(NR: int, MT: int, q6: bool):
         for t in range(MT):
             for k in range(NR):
                 a, c = builder.load(accs[k][t]), builder.load(corr[k][t])
-                if q6:  # 16 lanes: halves added first
+                if W == 16:  # halves added first
                     a, c = (_fadd(builder, _slice(builder, v, 0, 8), _slice(builder, v, 8, 8)) for v in (a, c))
                 v = _fsub(builder, hsum8(builder, a), hsum8(builder, c))
                 builder.store(v, builder.gep(rds[t], [builder.add(roff, i64(k))]))
@@ -150,16 +226,10 @@ def _rows_k_vnni(NR: int, MT: int, q6: bool):
     return gen
 
 
-def k_vnni_kernel(NR: int, MT: int = 1, q6: bool = False):
-    """rows{NR}[x{MT}] for Q4_K (q6: Q6_K) on int8 activations (an int8 build with AVX-512 VNNI): simd._qkernel's
-    signature, DX carrying lanes8's rows (kernels._quant_rows writes them)."""
+def k_vnni_kernel(NR: int, MT: int = 1, kind: str = "q4_k"):
+    """rows{NR}[x{MT}] for K-quant rows of type `kind` (q2_k .. q6_k) on int8 activations (an int8 build with AVX-512
+    VNNI): simd._qkernel's signature, DX carrying lanes8's rows (kernels._quant_rows writes them)."""
     @intrinsic
     def kernel(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
-        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows_k_vnni(NR, MT, q6)
+        return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows_k_vnni(NR, MT, kind)
     return kernel
-
-
-def h16x16(builder, p):
-    """Codegen: the fp16 at byte pointer p as <16 x f32>."""
-    h = builder.load(builder.bitcast(p, I16.as_pointer()), align=1)
-    return builder.fpext(builder.bitcast(_splat(builder, h, 16), V(ir.HalfType(), 16)), V(F32, 16))

@@ -55,20 +55,27 @@ if HAVE_VNNI512:
     _IQ4NL_PAIR, _IQ4NL_QUAD = vnni_kernel(4, 2, KVALUES, ROWS_INT8), (8, vnni_kernel(8, 4, KVALUES, ROWS_INT8))
 else:
     _IQ4NL_TOKEN, _IQ4NL_PAIR, _IQ4NL_QUAD = ((2, rows2_iq4_nl), (1, rows1_iq4_nl)), rows4x2_iq4_nl, (2, rows2x4_iq4_nl)
-# Q4_K and Q6_K rows in an int8 build: kquants_vnni.py's, on int8 activations (lanes8's), one vpdpbusd a 64-byte load
-# of a row's nibbles (Q6_K: with qh's bit pairs or-ed in) where kquants.py's int16 rows take four vpmaddwd. A `small`
-# expert matrix, one core in L2, 1 / 2 / 4 tokens (session 39, G token-weights/s): Q4_K 33.6 / 41.3 / 48.5 -> 42.5 /
-# 45.5 / 47.3, Q6_K 25.8 / 37.4 / 45.7 -> 34.4 / 40.9 / 38.7; 158 MB of Q4_K rows from DRAM, two threads, 25.3 -> 33.8
-# GB/s. Every kernel of a type in the build is int8 so that a token gets the same bits in any token group
+# The K-quants' rows in an int8 build: kquants_vnni.py's, on int8 activations (lanes8's), one vpdpbusd a 64-byte load
+# of a row's values where kquants.py's int16 rows take four vpmaddwd. A `small` expert matrix, one core in L2, 1 / 2 / 4
+# tokens (session 39, G token-weights/s): Q4_K 33.6 / 41.3 / 48.5 -> 42.5 / 45.5 / 47.3, Q6_K 25.7 / 37.1 / 44.8 -> 34.3
+# / 43.7 / 45.1, Q5_K 27.6 / 36.1 / 42.8 -> 34.1 / 39.7 / 43.9, Q3_K 24.8 / 36.9 / 42.6 -> 29.0 / 35.9 / 42.0, Q2_K
+# 29.8 / 42.3 / 45.6 -> 37.9 / 45.2 / 45.9; from DRAM (158-300 MB of rows, two threads) Q4_K 25.3 -> 33.8 GB/s, Q2_K
+# 18.6 -> 23.0, Q3_K 19.0 -> 23.7, Q5_K 33.7 -> 36.4. Every kernel of a type in the build is int8, so that a token gets
+# the same bits in any token group. One token, rows a pass: Q6_K's and Q5_K's one (from DRAM on two threads Q6_K
+# 31.1-40.5 GB/s against 2 rows' 25.1-33.4 in three processes, Q5_K 36.4 against 29.7; even in L2)
 if ROWS_INT8:
-    _Q4K_TOKEN, _Q4K_PAIR = ((2, k_vnni_kernel(2, 1)), (1, k_vnni_kernel(1, 1))), k_vnni_kernel(4, 2)
-    _Q4K_QUAD = (2, k_vnni_kernel(2, 4))
-    # (Q6_K one row a pass: from DRAM on two threads 31.1-40.5 GB/s against 2 rows' 25.1-33.4, three processes; even in L2)
-    _Q6K_TOKEN, _Q6K_PAIR = ((1, k_vnni_kernel(1, 1, True)),), k_vnni_kernel(4, 2, True)
-    _Q6K_QUAD = (2, k_vnni_kernel(2, 4, True))
+    def _k_rows(kind: str, one: int) -> tuple:
+        """(one token's groups, two tokens' kernel, four tokens' group) of kind's int8 rows, `one` rows a pass."""
+        return (((2, k_vnni_kernel(2, 1, kind)),) if one == 2 else ()) + ((1, k_vnni_kernel(1, 1, kind)),), \
+            k_vnni_kernel(4, 2, kind), (2, k_vnni_kernel(2, 4, kind))
+    _Q4K, _Q6K, _Q5K, _Q3K, _Q2K = (_k_rows(k, n) for k, n in (("q4_k", 2), ("q6_k", 1), ("q5_k", 1), ("q3_k", 2),
+                                                               ("q2_k", 2)))
 else:
-    _Q4K_TOKEN, _Q4K_PAIR, _Q4K_QUAD = ((2, rows2_q4_k), (1, rows1_q4_k)), rows4x2_q4_k, (2, rows2x4_q4_k)
-    _Q6K_TOKEN, _Q6K_PAIR, _Q6K_QUAD = ((2, rows2_q6_k), (1, rows1_q6_k)), rows4x2_q6_k, (2, rows2x4_q6_k)
+    _Q4K = ((2, rows2_q4_k), (1, rows1_q4_k)), rows4x2_q4_k, (2, rows2x4_q4_k)
+    _Q6K = ((2, rows2_q6_k), (1, rows1_q6_k)), rows4x2_q6_k, (2, rows2x4_q6_k)
+    _Q5K = ((2, rows2_q5_k), (1, rows1_q5_k)), rows4x2_q5_k, (2, rows2x4_q5_k)
+    _Q3K = ((2, rows2_q3_k), (1, rows1_q3_k)), rows4x2_q3_k, (2, rows2x4_q3_k)
+    _Q2K = ((2, rows2_q2_k), (1, rows1_q2_k)), rows4x2_q2_k, (2, rows2x4_q2_k)
 
 # Tokens per expert up to which each token gets fused in-place dots, by type code (-, F16, Q8_0, Q4_0, Q4_K, Q6_K, Q5_K,
 # Q3_K, Q2_K, IQ4_NL, IQ4_XS); more take a GEMM. Without VNNI (_FUSED_FLOAT) that GEMM dequantises each row once
@@ -101,7 +108,8 @@ _FUSED_FLOAT = (0, 16, 16, 32, 12, 6, 6, 8, 4, 8, 4)
 # Q8_0 0.77 1.04 1.13 1.39 1.47, Q4_K 0.71 0.88-0.92 1.07-1.12 1.20-1.29 1.45, Q6_K 0.78 1.01-1.10 1.14-1.19 1.36-1.49
 # 1.59, Q5_K 0.78 1.09 1.28 1.53 1.53, Q3_K 0.80 1.13 1.24 1.56 1.56, Q2_K 0.68 0.93 1.15 1.28 1.30, IQ4_NL 0.56
 # 0.78-0.80 0.92-0.94 1.14 1.10, IQ4_XS 0.92 1.29 1.42 1.80 1.76; Q4_0 0.34 0.47-0.65 0.55-0.76 0.71-0.99 0.94, at 10
-# and 12 0.98 and 1.10
+# and 12 0.98 and 1.10 (Q5_K's, Q3_K's and Q2_K's with their int16 fused rows, which their int8 ones, since, match at four
+# tokens: 42.8 / 42.6 / 45.6 against 43.9 / 42.0 / 45.9 G token-weights/s)
 _FUSED_INT8 = (0, 16, 4, 8, 5, 4, 4, 4, 5, 6, 4)
 _FUSED = _FUSED_INT8 if ROWS_INT8 else (0, 16, 7, 6, 6, 5, 6, 5, 5, 5, 4) if HAVE_QGEMM else _FUSED_FLOAT
 
@@ -114,14 +122,12 @@ _FUSED = _FUSED_INT8 if ROWS_INT8 else (0, 16, 7, 6, 6, 5, 6, 5, 5, 5, 4) if HAV
 # 21.5-22.8 -> 24.8-30.9 GB/s, int8 and IQ4_NL even (23-27 GB/s either way, this VM's noise)
 _TOKEN = {Q8_0: ((2, rows2_q8), (1, rows1_q8)),
           Q4_0: ((4, rows4_q4), (1, rows1_q4)) if HAVE_VNNI512 else ((8, rows8_q4), (4, rows4_q4), (1, rows1_q4)),
-          Q4_K: _Q4K_TOKEN, Q6_K: _Q6K_TOKEN,
-          Q5_K: ((2, rows2_q5_k), (1, rows1_q5_k)), Q3_K: ((2, rows2_q3_k), (1, rows1_q3_k)),
-          Q2_K: ((2, rows2_q2_k), (1, rows1_q2_k)), IQ4_NL: _IQ4NL_TOKEN,
+          Q4_K: _Q4K[0], Q6_K: _Q6K[0], Q5_K: _Q5K[0], Q3_K: _Q3K[0], Q2_K: _Q2K[0], IQ4_NL: _IQ4NL_TOKEN,
           IQ4_XS: ((2, rows2_iq4_xs), (1, rows1_iq4_xs))}
-_PAIR = {Q8_0: rows4x2_q8, Q4_0: rows4x2_q4, Q4_K: _Q4K_PAIR, Q6_K: _Q6K_PAIR, Q5_K: rows4x2_q5_k,
-         Q3_K: rows4x2_q3_k, Q2_K: rows4x2_q2_k, IQ4_NL: _IQ4NL_PAIR, IQ4_XS: rows4x2_iq4_xs}
-_QUAD = {Q4_0: (8, rows8x4_q4), Q4_K: _Q4K_QUAD, Q6_K: _Q6K_QUAD, Q5_K: (2, rows2x4_q5_k),
-         Q3_K: (2, rows2x4_q3_k), Q2_K: (2, rows2x4_q2_k), IQ4_NL: _IQ4NL_QUAD, IQ4_XS: (2, rows2x4_iq4_xs)}
+_PAIR = {Q8_0: rows4x2_q8, Q4_0: rows4x2_q4, Q4_K: _Q4K[1], Q6_K: _Q6K[1], Q5_K: _Q5K[1], Q3_K: _Q3K[1], Q2_K: _Q2K[1],
+         IQ4_NL: _IQ4NL_PAIR, IQ4_XS: rows4x2_iq4_xs}
+_QUAD = {Q4_0: (8, rows8x4_q4), Q4_K: _Q4K[2], Q6_K: _Q6K[2], Q5_K: _Q5K[2], Q3_K: _Q3K[2], Q2_K: _Q2K[2],
+         IQ4_NL: _IQ4NL_QUAD, IQ4_XS: (2, rows2x4_iq4_xs)}
 # (Q8_0 stays in pairs: _FUSED; F16 has float32 rows of its own: rows_matmul)
 
 

@@ -39,7 +39,7 @@ def test_lanes8_writes_each_blocks_x8_at_its_k_quant_places_and_its_sums(qk, nb,
             assert dx[0, s8 + nb + 2 * b + r] == np.float32(np.float32(x8[16 * r:16 * r + 16].sum()) * dx[0, d8 + b])
 
 
-_KERNELS = {(qt, NR, MT): k_vnni_kernel(NR, MT, qt == QT.Q6_K) for qt in (QT.Q4_K, QT.Q6_K)
+_KERNELS = {(qt, NR, MT): k_vnni_kernel(NR, MT, qt.name.lower()) for qt in (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q3_K, QT.Q2_K)
             for NR, MT in ((2, 1), (1, 1), (4, 2), (2, 4))} if vnni.HAVE_VNNI512 else {}
 
 
