@@ -6,7 +6,8 @@ little work runs serially) and hands each row range to the type's row products (
 kernel_table's table of C functions, so no driver compiles the kernels in. The products: one to _FUSED tokens an
 expert read the rows in place with int16 activations (simd.py for Q8_0 / Q4_0, vnni.py's Q4_0 rows on AVX-512
 VNNI, kquants.py for the K-quants of llama.cpp's Q2_K .. Q5_K_M files, iquants.py for its IQ4_NL / IQ4_XS; F16 with
-float32 activations); more dequantise each row once (gemm.py: dot blocks, from GEMM_TOKENS a packed register-tile
+float32 activations; an int8 build's Q4_0, IQ4_NL and K-quant rows on AVX-512 VNNI read int8 ones, vnni.lanes8's:
+vnni.py, kquants_vnni.py); more dequantise each row once (gemm.py: dot blocks, from GEMM_TOKENS a packed register-tile
 GEMM in few large items). Kernels release the GIL (nogil). Type codes: 1 = F16, 2 = Q8_0, 3 = Q4_0, 4 = Q4_K,
 5 = Q6_K, 6 = Q5_K (Q5_K_M files: Q5_K with Q6_K), 7 = Q3_K, 8 = Q2_K (Q3_K_M and Q2_K files), 9 = IQ4_NL,
 10 = IQ4_XS.

@@ -312,6 +312,12 @@ def rows_matmul(code, w, r0, r1, rb, X, X16, DX, P, res, off):
         rows_fused(code, w, r0, r1, rb, X16, DX, res, off)
 
 
+def rows_activations() -> str:
+    """The activations the fused in-place rows of Q4_0, IQ4_NL and the K-quants read: 'int8' in an int8 build with
+    AVX-512 VNNI (ROWS_INT8), else 'int16' (Q8_0's and IQ4_XS's rows are int16 in either build)."""
+    return "int8" if ROWS_INT8 else "int16"
+
+
 @njit(fastmath=True, inline="always")
 def gemm_path(T, code):
     """Whether T tokens through a matrix of type `code` take packed panels and few large items: qgemm.q_matmul above
