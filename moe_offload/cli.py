@@ -168,6 +168,8 @@ def _cmd_hw(a) -> int:
 
 
 def _cmd_calibrate(a) -> int:
+    if a.gemm_int8:  # the int8 build's kernels measured: a profile that predicts `execute --gemm-int8`
+        _int8_build()
     from calibration.calibrate import calibrate
     from specs.loaders import load_hardware
 
@@ -215,14 +217,20 @@ def _cmd_make_model(a) -> int:
     return 0
 
 
+def _int8_build() -> None:
+    """Select the executor's int8 build (--gemm-int8) before its kernels load: MOE_OFFLOAD_GEMM_INT8=1, read where they
+    load (executor.qgemm.INT8) and compiled into them as a constant; one clear line if they already loaded without."""
+    loaded = sys.modules.get("executor.qgemm")
+    if loaded is not None and not loaded.INT8:
+        raise SpecError(None, "--gemm-int8", "the executor's kernels are already loaded in this process without "
+                        "it; set MOE_OFFLOAD_GEMM_INT8=1 before they load")
+    import os
+    os.environ["MOE_OFFLOAD_GEMM_INT8"] = "1"
+
+
 def _cmd_execute(a) -> int:
-    if a.gemm_int8:  # read where the kernels load (executor.qgemm.INT8): a constant compiled into them
-        loaded = sys.modules.get("executor.qgemm")
-        if loaded is not None and not loaded.INT8:
-            raise SpecError(None, "--gemm-int8", "the executor's kernels are already loaded in this process without "
-                            "it; set MOE_OFFLOAD_GEMM_INT8=1 before they load")
-        import os
-        os.environ["MOE_OFFLOAD_GEMM_INT8"] = "1"
+    if a.gemm_int8:
+        _int8_build()
     from executor.runner import execute
     from specs.loaders import load_plan, output_file
 
@@ -403,6 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fit overheads to the store's measured runs of --model (e.g. ingested llama.cpp runs)")
     p.add_argument("--from-trace", nargs="+", metavar="TRACE", help="fit host overheads from executor traces")
     p.add_argument("--model", help="with --from-trace: the GGUF the traces ran")
+    p.add_argument("--gemm-int8", action="store_true",
+                   help="measure the executor's int8 build (`execute --gemm-int8`'s kernels), so that the profile "
+                   "predicts it; its figures name their activations")
     p.set_defaults(func=_cmd_calibrate)
 
     p = sub.add_parser("make-model", help="write a synthetic MoE GGUF (llama.cpp loads it too)")
@@ -424,9 +435,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hw", help="a profile of this machine: each tier's roof beside what it achieved, and "
                    "the simulator's prediction of the run")
     p.add_argument("--gemm-int8", action="store_true",
-                   help="prefill's integer GEMM, and the Q4_0 / IQ4_NL decode rows, on int8 activations, llama.cpp's "
-                   "precision (~0.5%% of a product; the default int16 keeps the logits within 1e-3 of an fp32 "
-                   "reference): with AVX-512 VNNI about 1.5x the GEMM's rate and 1.27x those rows', no change without")
+                   help="prefill's integer GEMM, and the Q4_0 / IQ4_NL / K-quant decode rows, on int8 activations, "
+                   "llama.cpp's precision (~0.5%% of a product; the default int16 keeps the logits within 1e-3 of an "
+                   "fp32 reference): with AVX-512 VNNI about 1.5x the GEMM's rate and 1.17-1.33x those rows', no "
+                   "change without")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_execute)
 

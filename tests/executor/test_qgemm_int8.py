@@ -143,6 +143,19 @@ def test_gemm_int8_flag_after_the_kernels_loaded_is_one_line_exit_2(tiny, tmp_pa
     assert len(err.splitlines()) == 1 and "--gemm-int8" in err and "MOE_OFFLOAD_GEMM_INT8" in err
 
 
+def test_calibrate_gemm_int8_after_the_kernels_loaded_is_one_line_exit_2(tmp_path, capsys):
+    """`calibrate --gemm-int8` (a profile of the int8 build's kernels) in a process whose kernels loaded without it: the
+    same one line and exit code 2, before anything is measured."""
+    from moe_offload.cli import main
+
+    if qgemm.INT8:
+        pytest.skip("this process runs the int8 build")
+    assert main(["calibrate", "--gemm-int8", "--quick", "--out", str(tmp_path / "hw.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--gemm-int8" in err and "MOE_OFFLOAD_GEMM_INT8" in err
+    assert not (tmp_path / "hw.yaml").exists()
+
+
 @pytest.mark.skipif(not qgemm.HAVE_QGEMM, reason="the integer GEMM runs with AVX-512 VNNI (or MOE_OFFLOAD_QGEMM=1)")
 def test_execute_gemm_int8_end_to_end_within_int8_precision(tmp_path_factory, reference):
     """`execute` with MOE_OFFLOAD_GEMM_INT8=1 (what `--gemm-int8` sets) on `tiny-k` (Q4_K / Q6_K / Q8_0 experts) and
