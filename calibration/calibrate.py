@@ -263,11 +263,14 @@ def _kernel_job(s: Settings, fmt: str, use_exec: bool, whole: bool = False):
     """(run_job, expert bytes, label) of the CPU expert kernel benchmark for `fmt` (whole: whole experts per
     thread, the executor's decode structure)."""
     if use_exec:
+        import gguf
+        from executor.gguf_model import EXPERT_TYPES
         from executor.row_products import rows_activations  # the label says which rows the rate is of
+        acts = rows_activations(EXPERT_TYPES[gguf.GGMLQuantizationType[fmt]])
         job, eb = executor_expert_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes, max_k=max(s.kernel_ks),
                                       whole=whole)
         return job, eb, (f"executor.cpu_experts.moe_cpu@{kernel_version()} {fmt} SwiGLU "
-                         f"{s.kernel_hidden}x{s.kernel_ffn}, 1 token, {rows_activations()} activations, "
+                         f"{s.kernel_hidden}x{s.kernel_ffn}, 1 token, {acts} activations, "
                          + ("whole experts per thread" if whole else "rows split across threads"))
     job, eb = toy_expert_job(rows=s.kernel_ffn, cols=s.kernel_hidden, pool=2 * max(s.kernel_ks))
     return job, eb, f"toy numba f32 kernel {s.kernel_ffn}x{s.kernel_hidden}"

@@ -57,12 +57,14 @@ else:
     _IQ4NL_TOKEN, _IQ4NL_PAIR, _IQ4NL_QUAD = ((2, rows2_iq4_nl), (1, rows1_iq4_nl)), rows4x2_iq4_nl, (2, rows2x4_iq4_nl)
 # The K-quants' rows in an int8 build: kquants_vnni.py's, on int8 activations (lanes8's), one vpdpbusd a 64-byte load
 # of a row's values where kquants.py's int16 rows take four vpmaddwd. A `small` expert matrix, one core in L2, 1 / 2 / 4
-# tokens (session 39, G token-weights/s): Q4_K 33.6 / 41.3 / 48.5 -> 42.5 / 45.5 / 47.3, Q6_K 25.7 / 37.1 / 44.8 -> 34.3
-# / 43.7 / 45.1, Q5_K 27.6 / 36.1 / 42.8 -> 34.1 / 39.7 / 43.9, Q3_K 24.8 / 36.9 / 42.6 -> 29.0 / 35.9 / 42.0, Q2_K
-# 29.8 / 42.3 / 45.6 -> 37.9 / 45.2 / 45.9; from DRAM (158-300 MB of rows, two threads) Q4_K 25.3 -> 33.8 GB/s, Q2_K
-# 18.6 -> 23.0, Q3_K 19.0 -> 23.7, Q5_K 33.7 -> 36.4. Every kernel of a type in the build is int8, so that a token gets
-# the same bits in any token group. One token, rows a pass: Q6_K's and Q5_K's one (from DRAM on two threads Q6_K
-# 31.1-40.5 GB/s against 2 rows' 25.1-33.4 in three processes, Q5_K 36.4 against 29.7; even in L2)
+# tokens, int16 -> int8 (session 39, `python benchmarks/bench_int8_rows.py`, G token-weights/s): Q4_K 34.4 / 41.3 / 48.4
+# -> 43.0 / 46.8 / 43.4, Q6_K 25.7 / 37.5 / 45.4 -> 35.1 / 42.8 / 40.0, Q5_K 27.3 / 36.1 / 43.8 -> 33.3 / 40.3 / 38.1,
+# Q3_K 25.2 / 35.9 / 43.2 -> 29.1 / 28.0 / 34.4, Q2_K 29.8 / 42.8 / 45.2 -> 37.2 / 45.8 / 36.7 (four tokens slower: each
+# token's lane sums are its own); from DRAM, one token on two threads (`--dram`) Q4_K 23.5-26.7 -> 29.6-35.5 GB/s, Q6_K
+# 21.0 -> 24.8, Q5_K 31.6 -> 34.9, Q3_K 20.4 -> 23.9, Q2_K 18.5 -> 22.9. Every kernel of a type in the build is int8, so
+# that a token gets the same bits in any token group. One token, rows a pass: Q6_K's and Q5_K's one (from DRAM Q6_K
+# 31.1-40.5 GB/s against 2 rows' 25.1-33.4 in three processes of a first loop, 24.8 against 24.0 in the bench; Q5_K 34.9
+# against 33.2; even in L2)
 if ROWS_INT8:
     def _k_rows(kind: str, one: int) -> tuple:
         """(one token's groups, two tokens' kernel, four tokens' group) of kind's int8 rows, `one` rows a pass."""
@@ -312,10 +314,13 @@ def rows_matmul(code, w, r0, r1, rb, X, X16, DX, P, res, off):
         rows_fused(code, w, r0, r1, rb, X16, DX, res, off)
 
 
-def rows_activations() -> str:
-    """The activations the fused in-place rows of Q4_0, IQ4_NL and the K-quants read: 'int8' in an int8 build with
-    AVX-512 VNNI (ROWS_INT8), else 'int16' (Q8_0's and IQ4_XS's rows are int16 in either build)."""
-    return "int8" if ROWS_INT8 else "int16"
+_INT8_ROWS = (Q4_0, IQ4_NL, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K)  # the types whose rows an int8 build gives int8 activations
+
+
+def rows_activations(code: int) -> str:
+    """The activations type `code`'s fused in-place rows read: 'int8' for Q4_0, IQ4_NL and the K-quants in an int8
+    build with AVX-512 VNNI (ROWS_INT8), 'float32' for F16, else 'int16' (Q8_0's and IQ4_XS's in either build)."""
+    return "float32" if code == F16 else "int8" if ROWS_INT8 and code in _INT8_ROWS else "int16"
 
 
 @njit(fastmath=True, inline="always")
