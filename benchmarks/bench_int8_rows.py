@@ -1,7 +1,7 @@
 """The decode rows on int8 activations (an int8 build's: `execute --gemm-int8`) against the default build's int16 rows,
-side by side in one process, for the K-quants (kquants_vnni.py against kquants.py):
+side by side in one process, for the K-quants and IQ4_XS (kquants_vnni.py against kquants.py / iquants.py):
 
-    python benchmarks/bench_int8_rows.py [--types Q4_K Q6_K Q5_K Q3_K Q2_K] [--rounds 200]   # one core, in L2
+    python benchmarks/bench_int8_rows.py [--types Q4_K Q6_K Q5_K Q3_K Q2_K IQ4_XS] [--rounds 200]   # one core, in L2
     python benchmarks/bench_int8_rows.py --dram [--types Q4_K ...] [--rounds 15]                # two threads, DRAM
 
 In L2: a `small` expert matrix (768 x 2048), 1 / 2 / 4 tokens a pass (the token rows, the pairs' 4-row groups, the
@@ -23,7 +23,7 @@ from numba import njit
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import executor  # noqa: E402,F401  (first: sets OMP_WAIT_POLICY before torch loads OpenMP)
-from executor import kquants, vnni  # noqa: E402
+from executor import iquants, kquants, vnni  # noqa: E402
 from executor.kernels import _quant_rows  # noqa: E402
 from executor.kquants_vnni import k_vnni_kernel  # noqa: E402
 
@@ -44,6 +44,11 @@ def int8_rows(x: np.ndarray):
     for t in range(T):
         _lanes8(x[t], dx[t], nb)
     return np.zeros((T, C), np.int16), dx
+
+
+def _int16(name: str, kernel: str):
+    """The default build's int16 row kernel `kernel` (e.g. rows2_q4_k) of type `name`: kquants.py's, IQ4_XS's iquants.py's."""
+    return getattr(iquants if name.startswith("IQ") else kquants, kernel)
 
 
 def _loop(kernel, NR: int, MT: int, nogil: bool = False):
@@ -73,7 +78,7 @@ def bench_l2(types, rounds: int) -> None:
             x = rng.standard_normal((MT, cols)).astype(np.float32)
             out = np.zeros((MT, rows), np.float32)
             (x16, dx), (a16, adx) = _quant_rows(x), int8_rows(x)
-            f16 = _loop(getattr(kquants, k16.format(name.lower())), n16, MT)
+            f16 = _loop(_int16(name, k16.format(name.lower())), n16, MT)
             f8 = _loop(k_vnni_kernel(n8, MT, name.lower()), n8, MT)
             t16 = median_s(lambda: f16(w, 0, rows, rb, x16, dx, out), rounds)
             t8 = median_s(lambda: f8(w, 0, rows, rb, a16, adx, out), rounds)
@@ -91,7 +96,7 @@ def bench_dram(types, rounds: int) -> None:
         x = rng.standard_normal((1, cols)).astype(np.float32)
         out = np.zeros((1, rows), np.float32)
         (x16, dx), (a16, adx) = _quant_rows(x), int8_rows(x)
-        variants = [("int16, 2 rows a pass", _loop(getattr(kquants, f"rows2_{name.lower()}"), 2, 1, True), x16, dx)]
+        variants = [("int16, 2 rows a pass", _loop(_int16(name, f"rows2_{name.lower()}"), 2, 1, True), x16, dx)]
         variants += [(f"int8, {n} row{'s' if n > 1 else ''} a pass", _loop(k_vnni_kernel(n, 1, name.lower()), n, 1, True),
                       a16, adx) for n in (2, 1)]
 
@@ -117,7 +122,7 @@ def bench_dram(types, rounds: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--types", nargs="+", default=["Q4_K", "Q6_K", "Q5_K", "Q3_K", "Q2_K"])
+    ap.add_argument("--types", nargs="+", default=["Q4_K", "Q6_K", "Q5_K", "Q3_K", "Q2_K", "IQ4_XS"])
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--dram", action="store_true", help="one token from DRAM on two threads")
     a = ap.parse_args()

@@ -20,10 +20,11 @@ from llvmlite import ir
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .iquants import KVALUES, _xs_scales_ir
 from .kquant_blocks import _q3_k_scales_ir, _q4_k_scales_ir
 from .kquants import _prologue, _super_block
 from .simd import F32, I8, I16, I32, I64, V, _fadd, _fmul, _fn, _fsub, _qsig, _slice, _splat, hsum8
-from .vnni import L8_KQ, SPLIT_FLOATS, _dpbusd, _dx8_at_ir
+from .vnni import HAVE_VBMI, L8_KQ, SPLIT_FLOATS, _dpbusd, _dx8_at_ir
 
 _PAIRS = list(range(0, 32, 2))  # each pair of adjacent lanes of two <16 x i32>, the first's then the second's
 
@@ -34,11 +35,13 @@ def _pair_sums(builder, x, y, idx=_PAIRS):
     return builder.add(p, builder.shuffle_vector(x, y, ir.Constant(V(I32, 16), [i + 1 for i in idx])))
 
 
-def _sub_block_sums(builder, a, b, c, d):
+def _sub_block_sums(builder, a, b, c, d, natural: bool = False):
     """Codegen: four <16 x i32> vpdpbusd results of a Q4_K super-block, eight lanes a sub-block (a: sub-blocks 0, 2; b:
-    1, 3; c: 4, 6; d: 5, 7) -> <8 x i32>, lane c the sum of sub-block c's lanes. Integer adds: exact."""
+    1, 3; c: 4, 6; d: 5, 7; natural: 0, 1; 2, 3; 4, 5; 6, 7) -> <8 x i32>, lane c the sum of sub-block c's lanes.
+    Integer adds: exact."""
     ab, cd = _pair_sums(builder, a, b), _pair_sums(builder, c, d)  # lanes 4g .. 4g + 3: sub-blocks 0 2 1 3 (4 6 5 7)
-    half = [0, 8, 4, 12, 16, 24, 20, 28]  # lanes c and c + 8: the halves of sub-block c's four
+    # lanes c and c + 8: the halves of sub-block c's four
+    half = [0, 4, 8, 12, 16, 20, 24, 28] if natural else [0, 8, 4, 12, 16, 24, 20, 28]
     s = _pair_sums(builder, ab, cd, half + [i + 2 for i in half])
     return builder.add(_slice(builder, s, 0, 8), _slice(builder, s, 8, 8))
 
@@ -154,9 +157,35 @@ def _q2_q3_k_weights(builder, p, q3: bool):
     return ws, dsc, off
 
 
+def _iq4_xs_weights(builder, p):
+    """Codegen: an IQ4_XS super-block's four unsigned-byte vectors (blocks 0 1, 2 3, 4 5, 6 7: kvalues_iq4nl + 128), d
+    (ls - 32) and 128 d (ls - 32) (<8 x f32>, the blocks in order: the +128 comes off as each block's x8 sum times its
+    scale). A 64-byte load of qs is four blocks of 16 bytes, value l of a block the low nibble of its byte l, value 16 +
+    l the high one: both looked up (vpermb in the 64-entry table, the 16 values four times over, with AVX-512 VBMI;
+    else masked, then vpshufb), then each block's two 16-byte halves put side by side (two qword permutes)."""
+    dsc = _xs_scales_ir(builder, p)
+    lut = ir.Constant(V(I8, 64), [int(v) + 128 for v in KVALUES] * 4)
+    vpermb = _fn(builder, "llvm.x86.avx512.permvar.qi.512", V(I8, 64), [V(I8, 64)] * 2)
+    pshufb = _fn(builder, "llvm.x86.avx512.pshuf.b.512", V(I8, 64), [V(I8, 64)] * 2)
+
+    def look(v):
+        if HAVE_VBMI:  # bits 4-5 of an index pick the same value: no mask
+            return builder.bitcast(builder.call(vpermb, [lut, builder.bitcast(v, V(I8, 64))]), V(I64, 8))
+        idx = builder.bitcast(builder.and_(v, _c32(0x0F0F0F0F)), V(I8, 64))
+        return builder.bitcast(builder.call(pshufb, [lut, idx]), V(I64, 8))
+    ws = []
+    for k in (0, 1):  # blocks 4k .. 4k + 3
+        q = _bytes(builder, p, 8 + 64 * k, 64)
+        lo, hi = look(q), look(builder.lshr(q, _c32(4)))
+        for i in (0, 1):  # blocks 4k + 2i, 4k + 2i + 1: each one's low-nibble values, then its high ones
+            idx = [4 * i, 4 * i + 1, 8 + 4 * i, 9 + 4 * i, 4 * i + 2, 4 * i + 3, 10 + 4 * i, 11 + 4 * i]
+            ws.append(builder.bitcast(builder.shuffle_vector(lo, hi, ir.Constant(V(I32, 8), idx)), V(I32, 16)))
+    return ws, dsc, _fmul(builder, dsc, ir.Constant(V(F32, 8), [128.0] * 8))
+
+
 # Each type's super-block bytes, float lanes (8 sub-blocks or 16 runs) and the L8_KQ slots its four vectors meet
 _KINDS = {"q4_k": (144, 8, (0, 1, 4, 5)), "q5_k": (176, 8, (0, 1, 4, 5)), "q6_k": (210, 16, (2, 3, 6, 7)),
-          "q3_k": (110, 16, (2, 3, 6, 7)), "q2_k": (84, 16, (2, 3, 6, 7))}
+          "q3_k": (110, 16, (2, 3, 6, 7)), "q2_k": (84, 16, (2, 3, 6, 7)), "iq4_xs": (136, 8, (2, 3, 6, 7))}
 
 
 def _weights(builder, p, kind):
@@ -165,6 +194,8 @@ def _weights(builder, p, kind):
         return _q4_k_weights(builder, p, kind == "q5_k")
     if kind == "q6_k":
         return _q6_k_weights(builder, p)
+    if kind == "iq4_xs":
+        return _iq4_xs_weights(builder, p)
     return _q2_q3_k_weights(builder, p, kind == "q3_k")
 
 
@@ -209,7 +240,7 @@ def _rows_k_vnni(NR: int, MT: int, kind: str):
                 ws, dsc, dmn = _weights(builder, p, kind)
                 for t in range(MT):
                     prods = [_dpbusd(builder, _c32(0), w, x) for w, x in zip(ws, xs[t])]
-                    s = _run_sums(builder, *prods) if W == 16 else _sub_block_sums(builder, *prods)
+                    s = _run_sums(builder, *prods) if W == 16 else _sub_block_sums(builder, *prods, slots[0] == 2)
                     acc = builder.call(fma, [builder.sitofp(s, V(F32, W)), _fmul(builder, dsc, dx8s[t]),
                                              builder.load(accs[k][t])])
                     builder.store(acc, accs[k][t])

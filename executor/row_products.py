@@ -55,13 +55,14 @@ if HAVE_VNNI512:
     _IQ4NL_PAIR, _IQ4NL_QUAD = vnni_kernel(4, 2, KVALUES, ROWS_INT8), (8, vnni_kernel(8, 4, KVALUES, ROWS_INT8))
 else:
     _IQ4NL_TOKEN, _IQ4NL_PAIR, _IQ4NL_QUAD = ((2, rows2_iq4_nl), (1, rows1_iq4_nl)), rows4x2_iq4_nl, (2, rows2x4_iq4_nl)
-# The K-quants' rows in an int8 build: kquants_vnni.py's, on int8 activations (lanes8's), one vpdpbusd a 64-byte load
+# The K-quants' and IQ4_XS's rows in an int8 build: kquants_vnni.py's, on int8 activations (lanes8's), one vpdpbusd a 64-byte load
 # of a row's values where kquants.py's int16 rows take four vpmaddwd. A `small` expert matrix, one core in L2, 1 / 2 / 4
 # tokens, int16 -> int8 (session 39, `python benchmarks/bench_int8_rows.py`, G token-weights/s): Q4_K 34.4 / 41.3 / 48.4
 # -> 43.0 / 46.8 / 43.4, Q6_K 25.7 / 37.5 / 45.4 -> 35.1 / 42.8 / 40.0, Q5_K 27.3 / 36.1 / 43.8 -> 33.3 / 40.3 / 38.1,
 # Q3_K 25.2 / 35.9 / 43.2 -> 29.1 / 28.0 / 34.4, Q2_K 29.8 / 42.8 / 45.2 -> 37.2 / 45.8 / 36.7 (four tokens slower: each
-# token's lane sums are its own); from DRAM, one token on two threads (`--dram`) Q4_K 23.5-26.7 -> 29.6-35.5 GB/s, Q6_K
-# 21.0 -> 24.8, Q5_K 31.6 -> 34.9, Q3_K 20.4 -> 23.9, Q2_K 18.5 -> 22.9. Every kernel of a type in the build is int8, so
+# token's lane sums are its own), IQ4_XS 23.3 / 34.6 / 41.0 -> 32.9 / 37.2 / 43.2; from DRAM, one token on two threads
+# (`--dram`) Q4_K 23.5-26.7 -> 29.6-35.5 GB/s, Q6_K 21.0 -> 24.8, Q5_K 31.6 -> 34.9, Q3_K 20.4 -> 23.9, Q2_K 18.5 ->
+# 22.9, IQ4_XS 21.6 -> 25.5. Every kernel of a type in the build is int8, so
 # that a token gets the same bits in any token group. One token, rows a pass: Q6_K's and Q5_K's one (from DRAM Q6_K
 # 31.1-40.5 GB/s against 2 rows' 25.1-33.4 in three processes of a first loop, 24.8 against 24.0 in the bench; Q5_K 34.9
 # against 33.2; even in L2)
@@ -70,14 +71,15 @@ if ROWS_INT8:
         """(one token's groups, two tokens' kernel, four tokens' group) of kind's int8 rows, `one` rows a pass."""
         return (((2, k_vnni_kernel(2, 1, kind)),) if one == 2 else ()) + ((1, k_vnni_kernel(1, 1, kind)),), \
             k_vnni_kernel(4, 2, kind), (2, k_vnni_kernel(2, 4, kind))
-    _Q4K, _Q6K, _Q5K, _Q3K, _Q2K = (_k_rows(k, n) for k, n in (("q4_k", 2), ("q6_k", 1), ("q5_k", 1), ("q3_k", 2),
-                                                               ("q2_k", 2)))
+    _Q4K, _Q6K, _Q5K, _Q3K, _Q2K, _IQ4XS = (_k_rows(k, n) for k, n in (("q4_k", 2), ("q6_k", 1), ("q5_k", 1),
+                                                                       ("q3_k", 2), ("q2_k", 2), ("iq4_xs", 2)))
 else:
     _Q4K = ((2, rows2_q4_k), (1, rows1_q4_k)), rows4x2_q4_k, (2, rows2x4_q4_k)
     _Q6K = ((2, rows2_q6_k), (1, rows1_q6_k)), rows4x2_q6_k, (2, rows2x4_q6_k)
     _Q5K = ((2, rows2_q5_k), (1, rows1_q5_k)), rows4x2_q5_k, (2, rows2x4_q5_k)
     _Q3K = ((2, rows2_q3_k), (1, rows1_q3_k)), rows4x2_q3_k, (2, rows2x4_q3_k)
     _Q2K = ((2, rows2_q2_k), (1, rows1_q2_k)), rows4x2_q2_k, (2, rows2x4_q2_k)
+    _IQ4XS = ((2, rows2_iq4_xs), (1, rows1_iq4_xs)), rows4x2_iq4_xs, (2, rows2x4_iq4_xs)
 
 # Tokens per expert up to which each token gets fused in-place dots, by type code (-, F16, Q8_0, Q4_0, Q4_K, Q6_K, Q5_K,
 # Q3_K, Q2_K, IQ4_NL, IQ4_XS); more take a GEMM. Without VNNI (_FUSED_FLOAT) that GEMM dequantises each row once
@@ -125,11 +127,11 @@ _FUSED = _FUSED_INT8 if ROWS_INT8 else (0, 16, 7, 6, 6, 5, 6, 5, 5, 5, 4) if HAV
 _TOKEN = {Q8_0: ((2, rows2_q8), (1, rows1_q8)),
           Q4_0: ((4, rows4_q4), (1, rows1_q4)) if HAVE_VNNI512 else ((8, rows8_q4), (4, rows4_q4), (1, rows1_q4)),
           Q4_K: _Q4K[0], Q6_K: _Q6K[0], Q5_K: _Q5K[0], Q3_K: _Q3K[0], Q2_K: _Q2K[0], IQ4_NL: _IQ4NL_TOKEN,
-          IQ4_XS: ((2, rows2_iq4_xs), (1, rows1_iq4_xs))}
+          IQ4_XS: _IQ4XS[0]}
 _PAIR = {Q8_0: rows4x2_q8, Q4_0: rows4x2_q4, Q4_K: _Q4K[1], Q6_K: _Q6K[1], Q5_K: _Q5K[1], Q3_K: _Q3K[1], Q2_K: _Q2K[1],
-         IQ4_NL: _IQ4NL_PAIR, IQ4_XS: rows4x2_iq4_xs}
+         IQ4_NL: _IQ4NL_PAIR, IQ4_XS: _IQ4XS[1]}
 _QUAD = {Q4_0: (8, rows8x4_q4), Q4_K: _Q4K[2], Q6_K: _Q6K[2], Q5_K: _Q5K[2], Q3_K: _Q3K[2], Q2_K: _Q2K[2],
-         IQ4_NL: _IQ4NL_QUAD, IQ4_XS: (2, rows2x4_iq4_xs)}
+         IQ4_NL: _IQ4NL_QUAD, IQ4_XS: _IQ4XS[2]}
 # (Q8_0 stays in pairs: _FUSED; F16 has float32 rows of its own: rows_matmul)
 
 
@@ -314,12 +316,12 @@ def rows_matmul(code, w, r0, r1, rb, X, X16, DX, P, res, off):
         rows_fused(code, w, r0, r1, rb, X16, DX, res, off)
 
 
-_INT8_ROWS = (Q4_0, IQ4_NL, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K)  # the types whose rows an int8 build gives int8 activations
+_INT8_ROWS = (Q4_0, IQ4_NL, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS)  # the types an int8 build gives int8 rows
 
 
 def rows_activations(code: int) -> str:
-    """The activations type `code`'s fused in-place rows read: 'int8' for Q4_0, IQ4_NL and the K-quants in an int8
-    build with AVX-512 VNNI (ROWS_INT8), 'float32' for F16, else 'int16' (Q8_0's and IQ4_XS's in either build)."""
+    """The activations type `code`'s fused in-place rows read: 'int8' for Q4_0, the IQ4s and the K-quants in an int8
+    build with AVX-512 VNNI (ROWS_INT8), 'float32' for F16, else 'int16' (Q8_0's in either build)."""
     return "float32" if code == F16 else "int8" if ROWS_INT8 and code in _INT8_ROWS else "int16"
 
 

@@ -1,4 +1,4 @@
-"""The int8 build's Q4_K and Q6_K rows with AVX-512 VNNI (executor/kquants_vnni.py): lanes8's whole blocks at the
+"""The int8 build's K-quant and IQ4_XS rows with AVX-512 VNNI (executor/kquants_vnni.py): lanes8's whole blocks at the
 K-quant places and their sums, and the rows against gguf's dequantised values times the int8 activations."""
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_lanes8_writes_each_blocks_x8_at_its_k_quant_places_and_its_sums(qk, nb,
             assert dx[0, s8 + nb + 2 * b + r] == np.float32(np.float32(x8[16 * r:16 * r + 16].sum()) * dx[0, d8 + b])
 
 
-_KERNELS = {(qt, NR, MT): k_vnni_kernel(NR, MT, qt.name.lower()) for qt in (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q3_K, QT.Q2_K)
+_KERNELS = {(qt, NR, MT): k_vnni_kernel(NR, MT, qt.name.lower()) for qt in (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q3_K, QT.Q2_K, QT.IQ4_XS)
             for NR, MT in ((2, 1), (1, 1), (4, 2), (2, 4))} if vnni.HAVE_VNNI512 else {}
 
 
@@ -63,7 +63,7 @@ _LOOPS = {shape: _kernel_loop(k, shape[1]) for shape, k in _KERNELS.items()}
 @given(shape=st.sampled_from(sorted(_LOOPS) or [(QT.Q4_K, 1, 1)]), groups=st.integers(1, 3), nsb=st.integers(1, 4),
        seed=st.integers(0, 2**31))
 def test_int8_k_quant_rows_are_the_int8_activations_times_ggufs_values(qk, shape, groups, nsb, seed):
-    """The int8 build's Q4_K and Q6_K rows (2 or 1 rows a token, 4 rows x 2 tokens, 2 rows x 4): each token's result
+    """The int8 build's K-quant and IQ4_XS rows (2 or 1 rows a token, 4 rows x 2 tokens, 2 rows x 4): each token's result
     is its int8 activations (x8 dx8, lanes8's) times gguf's dequantised rows up to float32 rounding (1e-5 of the terms:
     the sub-blocks' and runs' integer sums are exact), the same bits as the token alone in single rows, and within int8
     precision (llama.cpp's) of the float product."""

@@ -174,15 +174,15 @@ def test_execute_gemm_int8_end_to_end_within_int8_precision(tmp_path_factory, re
               f"    r = execute(Plan(), p, 128, 3, trace_path={str(d)!r} + f'/t{{i}}.jsonl', keep_logits=True)\n"
               f"    np.save({str(d)!r} + f'/logits{{i}}.npy', np.stack([lg[0] for lg in r['logits']]))\n"
               "    out.append([r['gemm_activations'], r['tokens'][0]])\n"
-              "from executor import kquants, row_products as RP\n"  # whether the K-quant rows read int8 activations
-              "k8 = [RP._TOKEN[c][-1][1] is not getattr(kquants, f'rows1_{n}') for c, n in "
-              "((4, 'q4_k'), (5, 'q6_k'), (6, 'q5_k'), (7, 'q3_k'), (8, 'q2_k'))]\n"
+              "from executor import iquants, kquants, row_products as RP\n"  # whether these rows read int8 activations
+              "k8 = [RP._TOKEN[c][-1][1] is not getattr(iquants if c == 10 else kquants, f'rows1_{n}') for c, n in "
+              "((4, 'q4_k'), (5, 'q6_k'), (6, 'q5_k'), (7, 'q3_k'), (8, 'q2_k'), (10, 'iq4_xs'))]\n"
               "print(json.dumps([out, RP.ROWS_INT8, k8]))")
     out = subprocess.run([sys.executable, "-c", script], env={**os.environ, "MOE_OFFLOAD_GEMM_INT8": "1"},
                          capture_output=True, text=True, check=True, cwd=ROOT)
     prompt = [int(t) for t in default_prompts(1, 128, 512)[0]]
     runs, rows_int8, k8 = json.loads(out.stdout.strip().splitlines()[-1])
-    assert k8 == [rows_int8] * 5  # with AVX-512 VNNI, the K-quants' rows are kquants_vnni's
+    assert k8 == [rows_int8] * 6  # with AVX-512 VNNI, the K-quants' and IQ4_XS's rows are kquants_vnni's
     for i, (acts, toks) in enumerate(runs):
         assert acts == "int8"
         got = np.load(d / f"logits{i}.npy")  # [G, V] at positions 127 .. 129
