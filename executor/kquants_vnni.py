@@ -1,18 +1,23 @@
-"""Q4_K and Q6_K rows on int8 activations with AVX-512 VNNI (`vpdpbusd`): an int8 build's (`execute --gemm-int8`,
-llama.cpp's precision) rows for the matrices of llama.cpp's Q4_K_M files, as vnni.py's are for Q4_0 and IQ4_NL.
+"""The K-quants' rows (Q2_K .. Q6_K) and IQ4_XS's on int8 activations with AVX-512 VNNI (`vpdpbusd`): an int8
+build's (`execute --gemm-int8`, llama.cpp's precision) rows for the matrices of llama.cpp's K-quant and IQ4_XS files,
+as vnni.py's are for Q4_0 and IQ4_NL.
 
-A Q4_K super-block (144 bytes: fp16 d and dmin, twelve bytes of 6-bit scales and mins, 128 of nibbles) holds eight
-32-value sub-blocks, each one 32-block of x: byte l of chunk j (32 bytes) has value l of sub-block 2j in its low nibble
-and of 2j + 1 in its high one. One 64-byte load takes chunks j, j + 1; its low nibbles (a mask) are sub-blocks 2j
-and 2j + 2, its high ones (a shift and a mask) 2j + 1 and 2j + 3, in order, as unsigned bytes. lanes8 writes each
-token's x8 in order with blocks 4i and 4i + 2 in one 64-byte slot, 4i + 1 and 4i + 3 in the next (vnni.L8_KQ), so each
-is one `vpdpbusd` against one load: four a row and super-block, where kquants.py's int16 rows take sixteen
-`vpmaddwd` and their shifts. The four results' eight lanes a sub-block are summed across lanes (three levels of
-two-register shuffles and adds: exact), then one convert and one fma with d sc dx8 a super-block, each lane its
-sub-block's, and the mins' term, dmin m times sums8 (dx8 x the block's sum of x8, lanes8's), into a second
-accumulator. A row is sum_c dx8_c (d sc_c sum q x8 - dmin m_c sum x8): llama.cpp's Q4_K x Q8_K product with a scale
-a 32-block (Q8_0's) instead of one a super-block. Q6_K's rows (_rows_k_vnni's q6) are the same loop over its 6-bit
-values, four lanes a 16-value run.
+A super-block of 256 values is eight 32-blocks of x. Each type's weights (_weights) become four 64-byte vectors of
+unsigned bytes, each two whole blocks in order, met by one 64-byte slot of lanes8's x8 (vnni.L8_KQ: blocks 4i and
+4i + 2 side by side, or 4i and 4i + 1), so a row and super-block is four `vpdpbusd` where kquants.py's int16 rows
+take sixteen `vpmaddwd` and their shifts:
+- Q4_K (144 bytes: fp16 d and dmin, twelve bytes of 6-bit scales and mins, 128 of nibbles): byte l of chunk j (32
+  bytes) has value l of sub-block 2j in its low nibble and of 2j + 1 in its high one, so one 64-byte load's low
+  nibbles (a mask) are sub-blocks 2j and 2j + 2, its high ones (a shift and a mask) 2j + 1 and 2j + 3. Q5_K: the same
+  with each sub-block's fifth bit from qh.
+- Q6_K, Q3_K, Q2_K, IQ4_XS: blocks 2i and 2i + 1 (ql's nibbles with qh's bit pairs; bit pairs of a half of qs, Q3_K's
+  with hmask's bits; IQ4_XS's codebook lookups, each block's halves side by side).
+The lanes are summed per sub-block (eight lanes; Q6_K, Q3_K, Q2_K: per 16-value run, four) by two-register shuffles
+and adds (exact), then one convert and one fma with d sc dx8 a super-block, each lane its sub-block's (run's), and
+one fma of the offsets into a second accumulator: the mins (dmin m) or the bias (Q6_K's 32, Q3_K's 4, IQ4_XS's
+codebook + 128, times d sc) times lanes8's sums8 (dx8 x a block's sum of x8) or runs8 (a run's). A Q4_K row is sum_c
+dx8_c (d sc_c sum q x8 - dmin m_c sum x8): llama.cpp's Q4_K x Q8_K product with a scale a 32-block (Q8_0's) instead
+of one a super-block.
 """
 from __future__ import annotations
 
