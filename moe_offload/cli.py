@@ -435,9 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hw", help="a profile of this machine: each tier's roof beside what it achieved, and "
                    "the simulator's prediction of the run")
     p.add_argument("--gemm-int8", action="store_true",
-                   help="prefill's integer GEMM, and the Q4_0 / IQ4_NL / K-quant decode rows, on int8 activations, "
+                   help="prefill's integer GEMM, and the Q4_0 / IQ4 / K-quant decode rows, on int8 activations, "
                    "llama.cpp's precision (~0.5%% of a product; the default int16 keeps the logits within 1e-3 of an "
-                   "fp32 reference): with AVX-512 VNNI about 1.5x the GEMM's rate and 1.17-1.33x those rows', no "
+                   "fp32 reference): with AVX-512 VNNI about 1.5x the GEMM's rate and 1.15-1.41x those rows', no "
                    "change without")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_execute)
