@@ -6,10 +6,11 @@ import gguf
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
-from numba import njit
 
 from executor import vnni
 from executor.kquants_vnni import k_vnni_kernel
+
+from .test_vnni import _kernel_loop
 
 QT = gguf.GGMLQuantizationType
 needs_vnni = pytest.mark.skipif(not vnni.HAVE_VNNI512, reason="no AVX-512 VNNI on this CPU")
@@ -41,18 +42,6 @@ def test_lanes8_writes_each_blocks_x8_at_its_k_quant_places_and_its_sums(qk, nb,
 
 _KERNELS = {(qt, NR, MT): k_vnni_kernel(NR, MT, qt.name.lower()) for qt in (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q3_K, QT.Q2_K, QT.IQ4_XS)
             for NR, MT in ((2, 1), (1, 1), (4, 2), (2, 4))} if vnni.HAVE_VNNI512 else {}
-
-
-def _kernel_loop(kernel, NR):
-    @njit
-    def run(w, rows, x16, dx, k0, out):
-        rb = np.int64(w.shape[0] // rows)
-        nb = np.int64(x16.shape[1] // 32)
-        r = 0
-        while r + NR <= rows:
-            kernel(w, np.int64(r * rb), rb, x16, dx, k0, nb, out, np.int64(r))
-            r += NR
-    return run
 
 
 _LOOPS = {shape: _kernel_loop(k, shape[1]) for shape, k in _KERNELS.items()}
