@@ -55,17 +55,17 @@ if HAVE_VNNI512:
     _IQ4NL_PAIR, _IQ4NL_QUAD = vnni_kernel(4, 2, KVALUES, ROWS_INT8), (8, vnni_kernel(8, 4, KVALUES, ROWS_INT8))
 else:
     _IQ4NL_TOKEN, _IQ4NL_PAIR, _IQ4NL_QUAD = ((2, rows2_iq4_nl), (1, rows1_iq4_nl)), rows4x2_iq4_nl, (2, rows2x4_iq4_nl)
-# The K-quants' and IQ4_XS's rows in an int8 build: kquants_vnni.py's, on int8 activations (lanes8's), one vpdpbusd a 64-byte load
-# of a row's values where kquants.py's int16 rows take four vpmaddwd. A `small` expert matrix, one core in L2, 1 / 2 / 4
-# tokens, int16 -> int8 (session 39, `python benchmarks/bench_int8_rows.py`, G token-weights/s): Q4_K 34.4 / 41.3 / 48.4
-# -> 43.0 / 46.8 / 43.4, Q6_K 25.7 / 37.5 / 45.4 -> 35.1 / 42.8 / 40.0, Q5_K 27.3 / 36.1 / 43.8 -> 33.3 / 40.3 / 38.1,
-# Q3_K 25.2 / 35.9 / 43.2 -> 29.1 / 28.0 / 34.4, Q2_K 29.8 / 42.8 / 45.2 -> 37.2 / 45.8 / 36.7 (four tokens slower: each
-# token's lane sums are its own), IQ4_XS 23.3 / 34.6 / 41.0 -> 32.9 / 37.2 / 43.2; from DRAM, one token on two threads
-# (`--dram`) Q4_K 23.5-26.7 -> 29.6-35.5 GB/s, Q6_K 21.0 -> 24.8, Q5_K 31.6 -> 34.9, Q3_K 20.4 -> 23.9, Q2_K 18.5 ->
-# 22.9, IQ4_XS 21.6 -> 25.5. Every kernel of a type in the build is int8, so
-# that a token gets the same bits in any token group. One token, rows a pass: Q6_K's and Q5_K's one (from DRAM Q6_K
-# 31.1-40.5 GB/s against 2 rows' 25.1-33.4 in three processes of a first loop, 24.8 against 24.0 in the bench; Q5_K 34.9
-# against 33.2; even in L2)
+# The K-quants' and IQ4_XS's rows in an int8 build: kquants_vnni.py's, on int8 activations (lanes8's), one vpdpbusd a
+# 64-byte load of a row's values where kquants.py's int16 rows take four vpmaddwd. A `small` expert matrix, one core in
+# L2, 1 / 2 / 4 tokens, int16 -> int8 (session 39, `python benchmarks/bench_int8_rows.py`, G token-weights/s): Q4_K 34.4
+# / 41.3 / 48.4 -> 43.0 / 46.8 / 43.4, Q6_K 25.7 / 37.5 / 45.4 -> 35.1 / 42.8 / 40.0, Q5_K 27.3 / 36.1 / 43.8 -> 33.3 /
+# 40.3 / 38.1, Q3_K 25.2 / 35.9 / 43.2 -> 29.1 / 28.0 / 34.4, Q2_K 29.8 / 42.8 / 45.2 -> 37.2 / 45.8 / 36.7, IQ4_XS 23.3
+# / 34.6 / 41.0 -> 32.9 / 37.2 / 43.2 (four tokens slower but IQ4_XS: each token's lane sums are its own); from DRAM,
+# one token on two threads (`--dram`), Q4_K 23.5-26.7 -> 29.6-35.5 GB/s, Q6_K 21.0 -> 24.8, Q5_K 31.6 -> 34.9, Q3_K
+# 20.4 -> 23.9, Q2_K 18.5 -> 22.9, IQ4_XS 21.6 -> 25.5. Every kernel of a type in the build is int8, so that a token
+# gets the same bits in any token group. One token, rows a pass: Q6_K's and Q5_K's one (from DRAM Q6_K 31.1-40.5 GB/s
+# against 2 rows' 25.1-33.4 in three processes of a first loop, 24.8 against 24.0 in the bench; Q5_K 34.9 against 33.2;
+# even in L2)
 if ROWS_INT8:
     def _k_rows(kind: str, one: int) -> tuple:
         """(one token's groups, two tokens' kernel, four tokens' group) of kind's int8 rows, `one` rows a pass."""
@@ -107,7 +107,7 @@ _FUSED_FLOAT = (0, 16, 16, 32, 12, 6, 6, 8, 4, 8, 4)
 # Q8_0 0.54 0.90 1.26, Q4_K 0.58 0.91 1.17, Q6_K 0.94 1.35 1.83, Q2_K 0.85 1.28 1.69, IQ4_XS 0.78 1.23 1.54; at 5, 6, 7
 # (a first version) Q4_0 0.60 0.67 1.08, Q5_K 1.03 0.78 1.08, Q3_K 0.87 1.01 1.27, IQ4_NL 0.98 1.22 1.49; at 16 tokens
 # 1.7-2.3. F16 keeps its 16.
-# An int8 build's GEMM (q_matmul8) and its Q4_0 / IQ4_NL / Q4_K / Q6_K rows run at other rates: the same bench run with
+# An int8 build's GEMM (q_matmul8) and its int8 rows run at other rates: the same bench run with
 # MOE_OFFLOAD_GEMM_INT8=1 (session 39, `--tokens 3 4 5 6 7 8 10 12 --rounds 15`), qgemm / fused at 4 5 6 7 8 tokens:
 # Q8_0 0.77 1.04 1.13 1.39 1.47, Q4_K 0.71 0.88-0.92 1.07-1.12 1.20-1.29 1.45, Q6_K 0.78 1.01-1.10 1.14-1.19 1.36-1.49
 # 1.59, Q5_K 0.78 1.09 1.28 1.53 1.53, Q3_K 0.80 1.13 1.24 1.56 1.56, Q2_K 0.68 0.93 1.15 1.28 1.30, IQ4_NL 0.56

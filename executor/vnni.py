@@ -23,13 +23,14 @@ An int8 build (`execute --gemm-int8`: llama.cpp's precision, as its prefill GEMM
 lanes8 writes each token's x8 (qgemm.qpack8_into's values) in the same places, with each lane's start (-8 or -128
 times its bytes' sum, so the offset comes off in the integers) and the blocks' dx8, and a block of a row pair is
 one vpdpbusd, not two, a shift and an add: one core in L2 1.27x, `small-q4` / `small-iq4nl` decode even with
-llama.cpp's repacked rows (README). lanes8 also writes whole blocks of x8 for the int8 build's Q4_K and Q6_K rows
+llama.cpp's repacked rows (README). lanes8 also writes whole blocks of x8 for the int8 build's K-quant and IQ4_XS rows
 (kquants_vnni.py) in the block's last 64 bytes, and the blocks' and 16-value runs' sums those rows' offsets take.
 """
 from __future__ import annotations
 
 import os
 
+import numpy as np
 from llvmlite import binding as llb
 from llvmlite import ir
 from numba import njit
@@ -118,10 +119,11 @@ def split8(typingctx, x16, dx, nb):
 # (kquants_vnni.py), each block's x8 in two of them (_kq_at_ir), so that one 64-byte load of a row's nibbles meets one
 # slot: in each four blocks 4i .. 4i + 3 the slots hold
 #     4i: x8(4i) x8(4i + 2)   4i + 1: x8(4i + 1) x8(4i + 3)   (Q4_K: a load's low nibbles, its high ones)
-#     4i + 2: x8(4i) x8(4i + 1)   4i + 3: x8(4i + 2) x8(4i + 3)   (Q6_K: a load of ql's)
+#     4i + 2: x8(4i) x8(4i + 1)   4i + 3: x8(4i + 2) x8(4i + 3)   (Q6_K, Q3_K, Q2_K, IQ4_XS)
 # The last two only where the four blocks are whole. The blocks' dx8 follow the run sums, contiguous (dx8_at), then
-# sums8 (dx8 x the sum of a block's x8: Q4_K's mins), then runs8 (the same for each 16-value run: Q6_K's - 32): a
-# scale read from each block's 256 bytes instead cost the Q4_0 rows ~10% from DRAM on two threads (session 38)
+# sums8 (dx8 x the sum of a block's x8: Q4_K's and Q5_K's mins, IQ4_XS's +128), then runs8 (the same for each
+# 16-value run: Q6_K's and Q3_K's offsets, Q2_K's mins): a scale read from each block's 256 bytes instead cost the
+# Q4_0 rows ~10% from DRAM on two threads (session 38)
 L8_Q4_STARTS, L8_IQ4_STARTS, L8_KQ = 1, 2, 3
 
 
@@ -185,6 +187,7 @@ def lanes8(typingctx, x, dx, nb):
             q, a = q8_block(builder, v)  # qgemm.qpack8_into's values
             runs = [builder.call(vsum, [_slice(builder, q, 16 * r, 16)]) for r in (0, 1)]
             q = builder.trunc(q, V(I8, 32))
+
             def kq(q6):
                 return builder.bitcast(builder.gep(base, [_kq_at_ir(builder, b, q6)]), V(I8, 32).as_pointer())
             builder.store(q, kq(False), align=1)
@@ -341,3 +344,15 @@ def vnni_kernel(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi
     def kernel(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
         return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows_vnni(NR, MT, tuple(book), int8, vbmi)
     return kernel
+
+
+@njit(fastmath=True, cache=True)  # fastmath as kernels.quant_row's: LLVM divides by 127 as a multiply there too
+def lanes8_rows(x):
+    """lanes8's int8 activations of the float tokens x [T, C] in a zeroed DX as wide as an int8 build's (its dx8,
+    sums8 and runs8 behind the run sums) -> DX [T, dx8_at(C / 32) + 4 C / 32]: the int8 rows' inputs in either build
+    (tests, benchmarks)."""
+    T, nb = x.shape[0], x.shape[1] // 32
+    dx = np.zeros((T, dx8_at(nb) + 4 * nb), np.float32)
+    for t in range(T):
+        lanes8(np.ascontiguousarray(x[t]), dx[t], np.int64(nb))
+    return dx

@@ -1,8 +1,6 @@
 """Executor fixtures: the `tiny` model built once per session, and an independent fp32 reference."""
 from __future__ import annotations
 
-from functools import lru_cache
-
 import gguf
 import numpy as np
 import pytest
@@ -100,19 +98,6 @@ def engram_of():
     return engram_path
 
 
-@lru_cache(maxsize=None)
-def _lanes8():
-    """vnni.lanes8 from Python, compiled once (fastmath, as kernels.quant_row: LLVM divides by 127 as a multiply,
-    qgemm.qpack8_into's too)."""
-    from numba import njit
-    from executor import vnni
-
-    @njit(fastmath=True)
-    def lanes8(x, dx, nb):
-        vnni.lanes8(x, dx, np.int64(nb))
-    return lanes8
-
-
 class QuantKit:
     """Random expert tensors in a GGUF type, their gguf dequantisation, and the kernels' tolerance check."""
 
@@ -136,12 +121,7 @@ class QuantKit:
         """vnni.lanes8's rows of the float tokens x [T, C] in a zeroed DX (an int8 build's _quant_rows writes them the
         same way behind quant16's scales) -> (x16 [T, C], unused by the int8 rows, DX)."""
         from executor import vnni
-        T, C = x.shape
-        nb = C // 32
-        dx = np.zeros((T, vnni.sums8_at(nb) + 3 * nb), np.float32)
-        for t in range(T):
-            _lanes8()(x[t], dx[t], nb)
-        return np.zeros((T, C), np.int16), dx
+        return np.zeros(x.shape, np.int16), vnni.lanes8_rows(x)
 
     @staticmethod
     def int8_values(x, dx8):
