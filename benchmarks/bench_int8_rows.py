@@ -5,7 +5,8 @@ side by side in one process, for the K-quants and IQ4_XS (kquants_vnni.py agains
     python benchmarks/bench_int8_rows.py --dram [--types Q4_K ...] [--rounds 15]                # two threads, DRAM
 
 In L2: a `small` expert matrix (768 x 2048), 1 / 2 / 4 tokens a pass (the token rows, the pairs' 4-row groups, the
-fours' 2-row groups), each kernel's median over `rounds` calls, in G token-weights/s. --dram: 192 Ki rows of 2048
+fours' 2-row groups), each kernel's median over five spells of rounds / 5 calls, the two kernels' spells alternating,
+in G token-weights/s. --dram: 192 Ki rows of 2048
 (158-300 MB: past the last-level cache), one token, split over two threads, each variant once a round in turn;
 medians of GB/s of rows read. Needs AVX-512 VNNI (the int8 rows' `vpdpbusd`). Synthetic rows: calibrate's.
 """
@@ -70,8 +71,11 @@ def bench_l2(types, rounds: int) -> None:
             (x16, dx), (a16, adx) = _quant_rows(x), int8_rows(x)
             f16 = _loop(_int16(name, k16.format(name.lower())), n16, MT)
             f8 = _loop(k_vnni_kernel(n8, MT, name.lower()), n8, MT)
-            t16 = median_s(lambda: f16(w, 0, rows, rb, x16, dx, out), rounds)
-            t8 = median_s(lambda: f8(w, 0, rows, rb, a16, adx, out), rounds)
+            t16s, t8s = [], []
+            for _ in range(5):  # alternating spells, so that the host's drift falls on both alike
+                t16s.append(median_s(lambda: f16(w, 0, rows, rb, x16, dx, out), max(1, rounds // 5)))
+                t8s.append(median_s(lambda: f8(w, 0, rows, rb, a16, adx, out), max(1, rounds // 5)))
+            t16, t8 = float(np.median(t16s)), float(np.median(t8s))
             g = rows * cols * MT / 1e9
             print(f"{name} {MT} token{'s' if MT > 1 else ' '}  int16 {g / t16:5.1f}  int8 {g / t8:5.1f} G token-weights/s"
                   f"  int8 / int16 {t16 / t8:4.2f}", flush=True)

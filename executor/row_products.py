@@ -57,15 +57,13 @@ else:
     _IQ4NL_TOKEN, _IQ4NL_PAIR, _IQ4NL_QUAD = ((2, rows2_iq4_nl), (1, rows1_iq4_nl)), rows4x2_iq4_nl, (2, rows2x4_iq4_nl)
 # The K-quants' and IQ4_XS's rows in an int8 build: kquants_vnni.py's, on int8 activations (lanes8's), one vpdpbusd a
 # 64-byte load of a row's values where kquants.py's int16 rows take four vpmaddwd. A `small` expert matrix, one core in
-# L2, 1 / 2 / 4 tokens, int16 -> int8 (session 39, `python benchmarks/bench_int8_rows.py`, G token-weights/s): Q4_K 34.4
-# / 41.3 / 48.4 -> 43.0 / 46.8 / 43.4, Q6_K 25.7 / 37.5 / 45.4 -> 35.1 / 42.8 / 40.0, Q5_K 27.3 / 36.1 / 43.8 -> 33.3 /
-# 40.3 / 38.1, Q3_K 25.2 / 35.9 / 43.2 -> 29.1 / 28.0 / 34.4, Q2_K 29.8 / 42.8 / 45.2 -> 37.2 / 45.8 / 36.7, IQ4_XS 23.3
-# / 34.6 / 41.0 -> 32.9 / 37.2 / 43.2 (four tokens slower but IQ4_XS: each token's lane sums are its own); from DRAM,
-# one token on two threads (`--dram`), Q4_K 23.5-26.7 -> 29.6-35.5 GB/s, Q6_K 21.0 -> 24.8, Q5_K 31.6 -> 34.9, Q3_K
-# 20.4 -> 23.9, Q2_K 18.5 -> 22.9, IQ4_XS 21.6 -> 25.5. Every kernel of a type in the build is int8, so that a token
-# gets the same bits in any token group. One token, rows a pass: Q6_K's and Q5_K's one (from DRAM Q6_K 31.1-40.5 GB/s
-# against 2 rows' 25.1-33.4 in three processes of a first loop, 24.8 against 24.0 in the bench; Q5_K 34.9 against 33.2;
-# even in L2)
+# L2, one token, int16 -> int8 (session 39, `python benchmarks/bench_int8_rows.py`, G weights/s): Q4_K 34.3 -> 43.1, Q6_K
+# 25.7 -> 35.1, Q5_K 27.7 -> 33.8, Q3_K 25.2 -> 29.1, Q2_K 29.5 -> 37.1, IQ4_XS 23.2 -> 33.4; two and four tokens
+# 1.01-1.53x, swinging from run to run; from DRAM, one token on two threads (`--dram`), Q4_K 23.5-26.7 -> 29.6-35.5
+# GB/s, Q6_K 21.0 -> 24.8, Q5_K 31.6 -> 34.9, Q3_K 20.4 -> 23.9, Q2_K 18.5 -> 22.9, IQ4_XS 21.6 -> 25.5. Every kernel of
+# a type in the build is int8, so that a token gets the same bits in any token group. One token, rows a pass: Q6_K's
+# and Q5_K's one (from DRAM Q6_K 31.1-40.5 GB/s against 2 rows' 25.1-33.4 in three processes of a first loop, 24.8
+# against 24.0 in the bench; Q5_K 34.9 against 33.2; even in L2)
 if ROWS_INT8:
     def _k_rows(kind: str, one: int) -> tuple:
         """(one token's groups, two tokens' kernel, four tokens' group) of kind's int8 rows, `one` rows a pass."""
