@@ -346,7 +346,9 @@ def vnni_kernel(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi
     return kernel
 
 
-@njit(fastmath=True, cache=True)  # fastmath as kernels.quant_row's: LLVM divides by 127 as a multiply there too
+# Not cached: vnni.py has no drop_stale_cache, so a change to simd.py would leave a cached copy stale. fastmath as
+# kernels.quant_row's (LLVM divides by 127 as a multiply there too)
+@njit(fastmath=True)
 def lanes8_rows(x):
     """lanes8's int8 activations of the float tokens x [T, C] in a zeroed DX as wide as an int8 build's (its dx8,
     sums8 and runs8 behind the run sums) -> DX [T, dx8_at(C / 32) + 4 C / 32]: the int8 rows' inputs in either build
