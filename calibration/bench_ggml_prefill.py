@@ -1,7 +1,7 @@
 """The CPU prefill rate of an engine built like llama.cpp's ggml: its MUL_MAT_ID on a batch of tokens, by the
 path ggml takes for the experts' weight layout (llama.cpp 0.3.36's vendored ggml-cpu):
 
-- `vecdot` (Q8_0, Q4_0 not repacked, ...): an expert's rows x its tokens in 16 x 16 blocks, one dot
+- `vecdot` (Q8_0, Q4_0 and IQ4_NL not repacked, ...): an expert's rows x its tokens in 16 x 16 blocks, one dot
   product per (row, token) pair, the chunks handed to the threads in turn (ggml-cpu.c
   `ggml_compute_forward_mul_mat_id_one_chunk`), each op's activations quantised to Q8_0 first.
 - `repacked` (the formats llama.cpp interleaves 8 rows at load: Q4_0 on AVX2): each thread takes the
@@ -31,7 +31,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from executor.gemm import Q4_0
+from executor.gemm import IQ4_NL, Q4_0
 from executor.nbcache import drop_stale_cache
 from executor.simd import HAVE_AVX2
 
@@ -44,14 +44,14 @@ drop_stale_cache(__file__)
 
 BLOCK = 16  # ggml's 16 x 16 (rows x tokens) blocks of dot products (blck_0, blck_1)
 PATHS = ("vecdot", "repacked")  # of specs.formats.llamacpp_prefill_path's, those timed here
-TIMED = (("Q8_0", "vecdot"), ("Q4_0", "vecdot"), ("Q4_0", "repacked"))  # AVX2 only (ggml_vec_dot)
+TIMED = (("Q8_0", "vecdot"), ("Q4_0", "vecdot"), ("IQ4_NL", "vecdot"), ("Q4_0", "repacked"))  # AVX2 only (ggml_vec_dot)
 
 if HAVE_AVX2:
-    from .ggml_vec_dot import gemv_q4_0x8, vec_dot_q4_0, vec_dot_q8_0
+    from .ggml_vec_dot import gemv_q4_0x8, vec_dot_iq4_nl, vec_dot_q4_0, vec_dot_q8_0
 
     @njit(parallel=True, nogil=True, fastmath=True, cache=True)
     def _vecdot_matrix(w, code, rows, X8, DX, out):
-        """out[e, t, r] = W_e[r] . X8[e, t] * DX[e, t] (w [E, bytes] Q8_0 / Q4_0, X8 int8 / DX [E, T, ...]) in
+        """out[e, t, r] = W_e[r] . X8[e, t] * DX[e, t] (w [E, bytes] Q8_0 / Q4_0 / IQ4_NL, X8 int8 / DX [E, T, ...]) in
         16 x 16 blocks, ggml's vec_dot a pair at a time; one parallel region over every expert's chunks."""
         E, T = X8.shape[0], X8.shape[1]
         rb = np.int64(w.shape[1] // rows)
@@ -64,6 +64,8 @@ if HAVE_AVX2:
                 for r in range(r0, min(rows, r0 + BLOCK)):
                     if code == Q4_0:
                         vec_dot_q4_0(w[e], np.int64(r * rb), rb, X8[e, t], DX[e, t], nb, out[e, t], np.int64(r))
+                    elif code == IQ4_NL:
+                        vec_dot_iq4_nl(w[e], np.int64(r * rb), rb, X8[e, t], DX[e, t], nb, out[e, t], np.int64(r))
                     else:
                         vec_dot_q8_0(w[e], np.int64(r * rb), rb, X8[e, t], DX[e, t], nb, out[e, t], np.int64(r))
 

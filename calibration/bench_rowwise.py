@@ -16,6 +16,15 @@ one token, gate and up, then down.
 `repacked_expert_job` is the same job in the layout llama.cpp copies Q4_0 into at load on AVX2 (8 rows
 interleaved block by block, computed 8 rows a pass; rows a multiple of 8, as llama.cpp requires to
 repack): the rates of llama.cpp plans that repack (`cpu.repacked_gbs`).
+
+Where ggml's own arithmetic is rebuilt (calibration.ggml_vec_dot, AVX2: Q8_0's, Q4_0's and IQ4_NL's int8 vec_dot,
+the q4_0 8x8 gemv), these jobs run it, on the token quantised to Q8_0 as ggml does, in ggml's MUL_MAT_ID structure: one
+parallel region a matrix for all k experts. The other formats keep the executor's int16 single-row arithmetic.
+On Zen 3 and Zen 4 the two read alike from DRAM; on a 2-core Emerald Rapids Xeon VM (2026-12-05) the int16 rows
+read Q8_0 from DRAM at 9.8-11.9 GB/s on two threads and the rebuilt vec_dot at 13.8-14.8 (Q4_0 7.9-8.9 and
+9.7-10.1; medians, a 1 GiB pool, a `/tmp` loop), where llama-bench's `small` implies ~13: on the int16 rows the
+simulator under-predicted llama.cpp's decode there by 17-28% on average (tests/calibration/test_xeon_llamacpp.py).
+In cache the rebuild runs ahead of ggml itself (one thread, Q8_0: 18-21 GB/s against test-backend-ops' 13.4).
 """
 from __future__ import annotations
 
@@ -23,14 +32,13 @@ from __future__ import annotations
 import numba
 import numpy as np
 from numba import njit, prange
-from numba.typed import List
 
 from executor.gemm import IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0
 from executor.iquants import row_iq4_nl_noprefetch, row_iq4_xs_noprefetch
 from executor.kernels import _quant_rows
 from executor.kquants import row_q2_k_noprefetch, row_q3_k_noprefetch, row_q4_k_noprefetch, row_q5_k_noprefetch, row_q6_k_noprefetch
 from executor.nbcache import drop_stale_cache
-from executor.simd import HAVE_AVX2, row_f16_noprefetch, row_q4_noprefetch, row_q8_noprefetch, rows8_q4_interleaved
+from executor.simd import HAVE_AVX2, row_f16_noprefetch, row_q4_noprefetch, row_q8_noprefetch
 
 from .bench_kernel import ExpertPool, expert_pool
 
@@ -44,6 +52,8 @@ FORMATS = ("Q8_0", "Q4_0", "F16", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_N
 # 8.2 against 12.7 GB/s on 2 threads, where llama.cpp's q4_K_8x8 is its fastest Q4_K path; Q4_K keeps rowwise)
 REPACKED_FORMATS = ("Q4_0",) if HAVE_AVX2 else ()
 REPACK_ROWS = 8  # rows interleaved (block_q4_0x8 on AVX2)
+# the formats whose ggml vec_dot is rebuilt: their rowwise job runs it (int8 activations), not the executor's rows
+GGML_INT8_FORMATS = ("Q8_0", "Q4_0", "IQ4_NL") if HAVE_AVX2 else ()
 
 
 @njit(nogil=True, fastmath=True, inline="always")
@@ -88,40 +98,77 @@ def _flat(p: ExpertPool) -> list:
     return [t.data.reshape(p.n, -1) for t in (p.gate, p.up, p.down)]
 
 
-@njit(parallel=True, nogil=True, fastmath=True, cache=True)
-def _repacked_matvec(ws, code, rows, x, out, nthr):
-    """out[j, r] = W_j[r] . x[0] for the experts' matrices ws[j] (flat bytes, `rows` rows, 8 rows' blocks
-    interleaved) in one parallel region, as ggml's repacked MUL_MAT_ID: each thread takes the same
-    contiguous eighth-aligned share of every expert's rows (repack.cpp forward_mul_mat_id) and runs it 8
-    rows a pass, no software prefetch (ggml_gemv_q4_0_8x8_q8_0). nthr: numba's thread count, passed in (read
-    inside, it would keep the function out of numba's on-disk cache: a dynamic global)."""
-    x16, dx = _quant_rows(x)
-    rb = np.int64(ws[0].shape[0] // rows)
-    nb = np.int64(x16.shape[1] // 32)
-    for t in prange(nthr):
-        r0 = (t * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS
-        r1 = min(rows, ((t + 1) * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS)
-        for j in range(len(ws)):
-            for r in range(r0, r1, REPACK_ROWS):
-                rows8_q4_interleaved(ws[j], np.int64(r * rb), rb, x16, dx, 0, nb, out[j:j + 1], np.int64(r))
+if HAVE_AVX2:
+    from .ggml_vec_dot import gemv_q4_0x8, quantize_row_q8_0, vec_dot_iq4_nl, vec_dot_q4_0, vec_dot_q8_0
+
+    @njit(parallel=True, nogil=True, fastmath=True, cache=True)
+    def _ggml_matvec(w, es, code, rows, x, out):
+        """out[j, r] = W_{es[j]}[r] . x[0] for one matrix of experts es (w [E, bytes] of the type `code`: Q8_0,
+        Q4_0 or IQ4_NL; `rows` rows), as ggml's MUL_MAT_ID runs one token: x quantised to Q8_0 once (ggml's
+        vec_dot type), then every expert's 64-row chunks handed to the threads in turn in one parallel region,
+        ggml's int8 vec_dot a row."""
+        n = x.shape[1]
+        x8, dx = np.empty(n, np.int8), np.empty(n // 32, np.float32)
+        quantize_row_q8_0(x[0], x8, dx)
+        rb, nb = np.int64(w.shape[1] // rows), np.int64(n // 32)
+        nc = (rows + CHUNK_ROWS - 1) // CHUNK_ROWS
+        for i in prange(es.shape[0] * nc):
+            j, c = i // nc, i % nc
+            for r in range(c * CHUNK_ROWS, min(rows, (c + 1) * CHUNK_ROWS)):
+                if code == Q4_0:
+                    vec_dot_q4_0(w[es[j]], np.int64(r * rb), rb, x8, dx, nb, out[j], np.int64(r))
+                elif code == IQ4_NL:
+                    vec_dot_iq4_nl(w[es[j]], np.int64(r * rb), rb, x8, dx, nb, out[j], np.int64(r))
+                else:
+                    vec_dot_q8_0(w[es[j]], np.int64(r * rb), rb, x8, dx, nb, out[j], np.int64(r))
+
+    @njit(parallel=True, nogil=True, fastmath=True, cache=True)
+    def _repacked_matvec(w, es, rows, x, out, nthr):
+        """out[j, r] = W_{es[j]}[r] . x[0] for one matrix of experts es (w [E, bytes] Q4_0 in llama.cpp's repacked
+        layout, block_q4_0x8, `rows` rows) in one parallel region, as ggml's repacked MUL_MAT_ID: x quantised to Q8_0,
+        then each thread the same contiguous eighth-aligned share of every expert's rows (repack.cpp
+        forward_mul_mat_id), 8 rows a pass by ggml's q4_0 8x8 gemv, no software prefetch. nthr: numba's thread
+        count, passed in (read inside, it would keep the function out of numba's on-disk cache: a dynamic global)."""
+        n = x.shape[1]
+        x8, dx = np.empty(n, np.int8), np.empty(n // 32, np.float32)
+        quantize_row_q8_0(x[0], x8, dx)
+        rb, nb = np.int64(w.shape[1] // rows), np.int64(n // 32)
+        for t in prange(nthr):
+            r0 = (t * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS
+            r1 = min(rows, ((t + 1) * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS)
+            for j in range(es.shape[0]):
+                for r in range(r0, r1, REPACK_ROWS):
+                    gemv_q4_0x8(w[es[j]], np.int64(r * rb), x8, dx, nb, out[j], np.int64(r))
+
+
+def _routes(n: int):
+    """routes(k, first): experts first .. first + k - 1 (mod n) as an int64 array, made once per (k, first)."""
+    made: dict[tuple[int, int], np.ndarray] = {}
+
+    def routes(k: int, first: int) -> np.ndarray:
+        key = (k, first % n)
+        if key not in made:
+            made[key] = (np.arange(k, dtype=np.int64) + first) % n
+        return made[key]
+    return routes
 
 
 def repacked_expert_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, pool_bytes: int = 256 << 20,
                         max_k: int = 8, seed: int = 0):
     """(run_job, expert_bytes): rowwise_expert_job's job in llama.cpp's repacked layout (`fmt` in
     REPACKED_FORMATS): three ops a token (gate, up, down of all k experts, one parallel region each, as
-    ggml's MUL_MAT_ID). The synthetic rows' blocks are read as if interleaved (the same blocks, permuted:
-    the values don't matter to the timing, and each 18 bytes is still a valid block)."""
+    ggml's MUL_MAT_ID). The synthetic rows' bytes are read as if repacked, each 8 rows' 144 bytes a block as
+    block_q4_0x8 (the same bytes and count: the values don't matter to the timing)."""
     if fmt not in REPACKED_FORMATS:
         raise ValueError(f"no repacked kernel for {fmt} (have {', '.join(REPACKED_FORMATS)})")
     p = expert_pool(fmt, hidden, ffn, pool_bytes, max_k, seed)  # shared with the other jobs on these experts
-    flat, code = _flat(p), p.gate.code
+    flat, routes = _flat(p), _routes(p.n)
     g, y = np.zeros((max_k, ffn), np.float32), np.zeros((max_k, hidden), np.float32)
 
     def run_job(k: int, first: int):
-        es = [(first + j) % p.n for j in range(k)]
+        es = routes(k, first)
         for m, rows, v, out in ((0, ffn, p.x, g), (1, ffn, p.x, g), (2, hidden, p.h, y)):
-            _repacked_matvec(List([flat[m][e] for e in es]), code, rows, v, out, numba.get_num_threads())
+            _repacked_matvec(flat[m], es, rows, v, out, numba.get_num_threads())
     return run_job, p.expert_bytes
 
 
@@ -135,6 +182,15 @@ def rowwise_expert_job(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, po
         raise ValueError(f"no single-row kernel for {fmt} (have {', '.join(FORMATS)})")
     p = expert_pool(fmt, hidden, ffn, pool_bytes, max_k, seed)  # shared with the other jobs on these experts
     flat, code = _flat(p), p.gate.code
+    if fmt in GGML_INT8_FORMATS:  # ggml's own arithmetic and MUL_MAT_ID structure: three ops a token
+        routes = _routes(p.n)
+        gk, yk = np.zeros((max_k, ffn), np.float32), np.zeros((max_k, hidden), np.float32)
+
+        def run_ggml(k: int, first: int):
+            es = routes(k, first)
+            for m, rows, v, out in ((0, ffn, p.x, gk), (1, ffn, p.x, gk), (2, hidden, p.h, yk)):
+                _ggml_matvec(flat[m], es, code, rows, v, out)
+        return run_ggml, p.expert_bytes
     g, u, y = np.zeros((1, ffn), np.float32), np.zeros((1, ffn), np.float32), np.zeros((1, hidden), np.float32)
 
     def run_job(k: int, first: int):
@@ -149,8 +205,9 @@ def rowwise_expert_job(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, po
 def label(fmt: str, hidden: int, ffn: int, repacked: bool = False) -> str:
     """The method line of a rowwise (or repacked) rate in a profile."""
     if repacked:
-        return (f"{REPACK_ROWS} interleaved rows a pass, each thread a contiguous share of every expert's rows, "
-                f"no software prefetch (ggml's repacked MUL_MAT_ID; calibration.bench_rowwise) {fmt} SwiGLU "
-                f"{hidden}x{ffn}, 1 token")
-    return (f"one row per dot product, {CHUNK_ROWS}-row chunks across threads, no software prefetch "
+        return (f"{REPACK_ROWS} interleaved rows a pass by ggml's q4_0 8x8 int8 gemv, each thread a contiguous share "
+                f"of every expert's rows, no software prefetch (ggml's repacked MUL_MAT_ID; calibration.bench_rowwise) "
+                f"{fmt} SwiGLU {hidden}x{ffn}, 1 token")
+    how = ("ggml's int8 vec_dot" if fmt in GGML_INT8_FORMATS else "the executor's int16 single-row arithmetic")
+    return (f"one row per dot product ({how}), {CHUNK_ROWS}-row chunks across threads, no software prefetch "
             f"(ggml's structure; calibration.bench_rowwise) {fmt} SwiGLU {hidden}x{ffn}, 1 token")

@@ -20,9 +20,10 @@ one, over what `detect_hardware` reads off this machine. Constants for the simul
     t_miss_ms       (CUDA) copy one expert from pinned RAM and compute it
 
 and, beside `cpu.expert_gbs` (the executor's kernel), `cpu.rowwise_gbs`: the same expert jobs one weight
-row per dot product without software prefetch, as llama.cpp's ggml runs them (bench_rowwise.py), the
-rates of the simulator's llama.cpp plans; and `cpu.repacked_gbs`: the formats llama.cpp repacks on this
-CPU (Q4_0 on AVX2) in its layout, 8 interleaved rows a pass, the rates of llama.cpp plans that repack;
+row per dot product without software prefetch, as llama.cpp's ggml runs them (bench_rowwise.py; ggml's own int8
+arithmetic where it is rebuilt: Q8_0, Q4_0, IQ4_NL), the rates of the simulator's llama.cpp plans; and `cpu.repacked_gbs`:
+the formats llama.cpp repacks on this CPU (Q4_0 on AVX2) in its layout, 8 rows a pass by ggml's q4_0 8x8 gemv, the
+rates of llama.cpp plans that repack;
 and `cpu.whole_gbs`: the executor's jobs of experts that split evenly over the threads, each expert start
 to end on one thread, as its decode runs a token's top-k (the rates of its own plans' such jobs).
 
@@ -41,7 +42,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -93,6 +94,8 @@ class Settings:
     kernel_hidden: int = 2048
     kernel_ffn: int = 768
     kernel_pool_bytes: int = 128 << 20
+    # a format's pool at least this many times the last-level cache, so the jobs read DRAM (kernel_pool_for); 0: as set
+    kernel_pool_llc_times: int = 2
     kernel_ks: tuple[int, ...] = (1, 2, 4, 6, 8)
     kernel_repeats: int = 15
     prefill_tokens: int = 64
@@ -135,7 +138,7 @@ TINY = Settings(label="tiny", mem_bytes=1 << 20, mem_repeats=2, hit_hidden=64, h
                 h2d_bytes=1 << 20, h2d_repeats=2, disk_bytes=1 << 20, disk_qd1_reads=20, disk_qd_reads=40,
                 disk_qd=4, disk_cached_reads=50, disk_seq_passes=1, disk_qd_passes=2, handover_iters=20,
                 kernel_formats=("Q4_0",),
-                kernel_hidden=64, kernel_ffn=32, kernel_pool_bytes=1 << 20, kernel_ks=(1, 2, 4),
+                kernel_hidden=64, kernel_ffn=32, kernel_pool_bytes=1 << 20, kernel_pool_llc_times=0, kernel_ks=(1, 2, 4),
                 kernel_repeats=3, prefill_tokens=8, prefill_experts=4, prefill_top_k=2, prefill_repeats=2,
                 prefill_long_tokens=32, dense_prefill_tokens=16,
                 ggml_prefill_tokens=8, ggml_prefill_experts=2, ggml_prefill_repeats=1,
@@ -259,6 +262,20 @@ def _ggml_prefill(s: Settings, r: Results, formats, maxt: int, pg, bud: _Budget)
     r.wall_s["ggml prefill"] = time.perf_counter() - t0
 
 
+def kernel_pool_for(s: Settings, llc: int | None, avail: int | None) -> Settings:
+    """`s` with each format's pool of synthetic experts at least kernel_pool_llc_times x the last-level cache `llc`
+    (bytes), so that its jobs read DRAM, as a model's experts do: a 2-core Xeon VM (2026-12-05) reports a 300 MiB
+    L3 and read a 128 MiB array at 43 GB/s, 192 MiB and more at 23-25, where the quick profile's 128 MiB pools put
+    ggml's rebuilt Q8_0 rows at 16.5 GB/s against 13.8-14.8 from a 1 GiB pool. Every format's pool stays alive
+    through the run, so together they stay within a third of `avail` (bytes of available memory)."""
+    if not s.kernel_pool_llc_times or not llc:
+        return s
+    want = s.kernel_pool_llc_times * llc
+    if avail:
+        want = min(want, avail // (3 * max(1, len(s.kernel_formats))))
+    return replace(s, kernel_pool_bytes=max(s.kernel_pool_bytes, int(want)))
+
+
 def _kernel_job(s: Settings, fmt: str, use_exec: bool, whole: bool = False):
     """(run_job, expert bytes, label) of the CPU expert kernel benchmark for `fmt` (whole: whole experts per
     thread, the executor's decode structure)."""
@@ -281,8 +298,10 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
     """Run every benchmark once (numba kernels before torch: torch's OpenMP threads spin after
     each op and would steal the cores the numba kernels measure)."""
     import torch
-    from .detect import llc_bytes
-    r = Results(settings=s, llc_bytes=llc_bytes())
+    from .detect import llc_bytes, mem_info
+    llc = llc_bytes()
+    s = kernel_pool_for(s, llc, mem_info().get("MemAvailable"))
+    r = Results(settings=s, llc_bytes=llc)
     l0 = _loadavg()
     threads = list(s.threads or default_thread_counts())
     maxt = max(threads)

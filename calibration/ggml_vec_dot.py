@@ -1,4 +1,4 @@
-"""ggml's AVX2 products of Q8_0 / Q4_0 rows with int8-quantised activations (its vec_dot, and its repacked Q4_0
+"""ggml's AVX2 products of Q8_0 / Q4_0 / IQ4_NL rows with int8-quantised activations (its vec_dot, and its repacked Q4_0
 8x8 gemv), rebuilt as numba intrinsics.
 
 llama.cpp quantises each op's activations to Q8_0 (ggml's `quantize_row_q8_0`: int8 and one float scale per
@@ -8,9 +8,12 @@ int32 by a `vpmaddwd` with ones (`mul_sum_i8_pairs_float`; with AVX-512 VNNI and
 ggml compiles it natively on such a CPU), converted and fused-multiplied
 with the two blocks' scales into one 8-lane accumulator, summed across lanes at the end. The codegen here
 is that loop for `nr` rows against one token (nr = 1 is ggml's vec_dot; benchmarks/bench_int8_kernel.py
-times nr = 4 against the executor's int16 kernel). The executor keeps int16 activations (executor/simd.py):
-int8's 1e-2 relative error fails its logits bar, so this kernel only times ggml's prefill structures
-(calibration.bench_ggml_prefill). AVX2 only: HAVE_AVX2 says whether the intrinsics exist.
+times nr = 4 against the executor's int16 kernel). IQ4_NL's `vec_dot_iq4_nl_q8_0` is the same loop with each
+nibble looked up in the codebook (`vpshufb`), its products by `vpmaddubsw` and `vpmaddwd` whatever the CPU, and even
+and odd blocks in two accumulators. The executor keeps int16 activations by default (executor/simd.py): int8's
+1e-2 relative error fails its logits bar, so these kernels only time ggml's structures for the simulator's llama.cpp
+plans (calibration.bench_rowwise for a token, bench_ggml_prefill for a batch). AVX2 only: HAVE_AVX2 says whether
+the intrinsics exist.
 
 Weights llama.cpp repacks at load (Q4_0 on AVX2: block_q4_0x8, 8 rows' blocks side by side) go through its
 `gemv_q4_b32_8x8_q8_0_lut_avx` instead (arch/x86/repack.cpp), rebuilt as `gemv_q4_0x8`: per block the 8 rows'
@@ -28,6 +31,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from executor.nbcache import drop_stale_cache
+from executor.iquants import KVALUES
 from executor.qgemm import HAVE_VNNI256 as CPU_VNNI256
 from executor.simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fn, _splat, h16x8, hsum8
 
@@ -39,14 +43,15 @@ HAVE_VNNI256 = HAVE_AVX2 and CPU_VNNI256 and os.environ.get("MOE_OFFLOAD_NO_VNNI
 Q4_0X8_BYTES = 8 * 18  # block_q4_0x8: 8 fp16 scales, then 8 x 16 bytes of nibbles interleaved 8 bytes a row
 
 
-def mul_sum_i8(builder, w, x, acc=None):
+def mul_sum_i8(builder, w, x, acc=None, vnni: bool = True):
     """Codegen: ggml's mul_sum_i8_pairs: <32 x i8> w, x -> <8 x i32> (plus `acc`), each lane the sum of four w * x,
     |w| times sign(w) x. With AVX-512 VNNI and VL one 256-bit `vpdpbusd` (ggml's mul_sum_us8_pairs_float /
-    _acc_int32x8 under __AVX512VNNI__ && __AVX512VL__, as a native build on such a CPU compiles them); else
-    `vpmaddubsw`, the pair sums widened by a `vpmaddwd` with ones."""
+    _acc_int32x8 under __AVX512VNNI__ && __AVX512VL__, as a native build on such a CPU compiles them); else, or
+    vnni=False (ggml's mul_add_epi8, which IQ4_NL's vec_dot takes on every AVX2 CPU), `vpmaddubsw`, the pair sums
+    widened by a `vpmaddwd` with ones."""
     psign = _fn(builder, "llvm.x86.avx2.psign.b", V(I8, 32), [V(I8, 32)] * 2)
     aw, sx = builder.call(psign, [w, w]), builder.call(psign, [x, w])
-    if HAVE_VNNI256:
+    if HAVE_VNNI256 and vnni:
         dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.256", V(I32, 8), [V(I32, 8)] * 3)
         zero = ir.Constant(V(I32, 8), [0] * 8)
         return builder.call(dp, [acc if acc is not None else zero, builder.bitcast(aw, V(I32, 8)),
@@ -57,17 +62,22 @@ def mul_sum_i8(builder, w, x, acc=None):
     return builder.add(acc, sums) if acc is not None else sums
 
 
-def rows_i8_codegen(q4: bool, nr: int, prefetch: bool):
+def rows_i8_codegen(q4: bool, nr: int, prefetch: bool, book: tuple = ()):
     """Codegen: res[ro + k] = row_k . (x8 * dx), k < nr, for Q8_0 / Q4_0 rows at byte woff + k * rb of w
-    (nb 32-blocks each); with `prefetch` the next nr-row group is prefetched a block ahead."""
+    (nb 32-blocks each); with `prefetch` the next nr-row group is prefetched a block ahead. book (16 int8 values,
+    with q4): IQ4_NL's rows, as ggml_vec_dot_iq4_nl_q8_0: each nibble looked up in the codebook (`vpshufb`), the
+    products by vpmaddubsw and vpmaddwd (no VNNI there), even and odd blocks in two accumulators."""
     bs = 18 if q4 else 34
+    nacc = 2 if book else 1
 
     def gen(context, builder, sig, args):
         wa, woff, rb, xa, da, nb, ra, roff = args
         data = lambda i, v: cgutils.create_struct_proxy(sig.args[i])(context, builder, value=v).data  # noqa: E731
         wd, xd, dd, rd = data(0, wa), data(3, xa), data(4, da), data(6, ra)
-        accs = [cgutils.alloca_once_value(builder, ir.Constant(V(F32, 8), [0.0] * 8)) for _ in range(nr)]
+        accs = [[cgutils.alloca_once_value(builder, ir.Constant(V(F32, 8), [0.0] * 8)) for _ in range(nacc)]
+                for _ in range(nr)]
         fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
+        pshufb = _fn(builder, "llvm.x86.avx2.pshuf.b", V(I8, 32), [V(I8, 32)] * 2)
         pref = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
         i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
         pfo = builder.add(woff, builder.mul(rb, i64(nr)))  # the next row group
@@ -84,22 +94,31 @@ def rows_i8_codegen(q4: bool, nr: int, prefetch: bool):
             for k in range(nr):
                 p = builder.gep(wd, [builder.add(builder.add(woff, builder.mul(rb, i64(k))), builder.mul(b, i64(bs)))])
                 pq = builder.gep(p, [i64(2)])
-                if q4:  # bytes_from_nibbles_32, minus 8
+                if q4:  # bytes_from_nibbles_32, minus 8 (IQ4_NL: the codebook's values)
                     qv = builder.load(builder.bitcast(pq, V(I8, 16).as_pointer()), align=1)
                     lo = builder.and_(qv, ir.Constant(V(I8, 16), [0x0F] * 16))
                     hi = builder.lshr(qv, ir.Constant(V(I8, 16), [4] * 16))
                     w = builder.shuffle_vector(lo, hi, ir.Constant(V(I32, 32), list(range(32))))
-                    w = builder.sub(w, ir.Constant(V(I8, 32), [8] * 32))
+                    if book:
+                        w = builder.call(pshufb, [ir.Constant(V(I8, 32), [int(v) for v in book] * 2), w])
+                    else:
+                        w = builder.sub(w, ir.Constant(V(I8, 32), [8] * 32))
                 else:
                     w = builder.load(builder.bitcast(pq, V(I8, 32).as_pointer()), align=1)
-                m = mul_sum_i8(builder, w, xv)  # [8] int32
+                m = mul_sum_i8(builder, w, xv, vnni=not book)  # [8] int32
                 # the two scales' product on every lane; ggml reads the fp16 through a table (no F16C there), a
                 # load with no input but its address, and h16x8 keeps that: a lone lane's insert joined the
                 # accumulator's chain (4-15 cycles a block) where LLVM inserted into the accumulator's register
                 d = builder.fmul(h16x8(builder, p), _splat(builder, dxb, 8))
-                builder.store(builder.call(fma, [builder.sitofp(m, V(F32, 8)), d, builder.load(accs[k])]), accs[k])
+                acc = accs[k][0]
+                if nacc == 2:  # the block's parity picks its accumulator
+                    acc = builder.select(builder.trunc(b, ir.IntType(1)), accs[k][1], accs[k][0])
+                builder.store(builder.call(fma, [builder.sitofp(m, V(F32, 8)), d, builder.load(acc)]), acc)
         for k in range(nr):
-            builder.store(hsum8(builder, builder.load(accs[k])), builder.gep(rd, [builder.add(roff, ir.Constant(I64, k))]))
+            tot = builder.load(accs[k][0])
+            if nacc == 2:
+                tot = builder.fadd(tot, builder.load(accs[k][1]))
+            builder.store(hsum8(builder, tot), builder.gep(rd, [builder.add(roff, ir.Constant(I64, k))]))
         return context.get_dummy_value()
 
     return gen
@@ -181,6 +200,11 @@ if HAVE_AVX2:
     def vec_dot_q4_0(typingctx, w, wo, rb, x8, dx, nb, res, ro):
         """res[ro] = the Q4_0 row at byte wo of w . x8 * dx (ggml's ggml_vec_dot_q4_0_q8_0)."""
         return types.none(w, wo, rb, x8, dx, nb, res, ro), rows_i8_codegen(True, 1, False)
+
+    @intrinsic
+    def vec_dot_iq4_nl(typingctx, w, wo, rb, x8, dx, nb, res, ro):
+        """res[ro] = the IQ4_NL row at byte wo of w . x8 * dx (ggml's ggml_vec_dot_iq4_nl_q8_0)."""
+        return types.none(w, wo, rb, x8, dx, nb, res, ro), rows_i8_codegen(True, 1, False, tuple(KVALUES))
 
     @intrinsic
     def gemv_q4_0x8(typingctx, w, wo, x8, dx, nb, res, ro):

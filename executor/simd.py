@@ -177,7 +177,7 @@ def token_rows(context, builder, sig, args, MT: int) -> tuple[list, list, list]:
     return rows_of(3, I16), rows_of(4, F32), rows_of(7, F32)
 
 
-def _rows(q4: bool, NR: int, MT: int = 1, prefetch: bool = True, interleaved: bool = False):
+def _rows(q4: bool, NR: int, MT: int = 1, prefetch: bool = True):
     """Codegen: res[k0 + t, ro + k] = row_k . x_t for NR rows at byte woff + k * rb (nb blocks each) and
     the MT tokens t of X16 / DX [m, ...] (rows of C arrays) from k0.
 
@@ -195,9 +195,7 @@ def _rows(q4: bool, NR: int, MT: int = 1, prefetch: bool = True, interleaved: bo
     each row broadcast-loads its own (vbroadcastss m32: a load, where a register broadcast costs a
     shuffle). With MT tokens a row's weights are decoded once for all of them; each token's products,
     scales and float adds are those of MT = 1, so the results are bitwise the same. prefetch=False: no
-    software prefetch (the same arithmetic, so the same bits). interleaved: the NR rows' blocks lie side
-    by side (row k's block b at woff + (b NR + k) bs, rb unused), as llama.cpp's CPU_REPACK stores Q4_0
-    (block_q4_0x8): one linear stream through the group, the same products.
+    software prefetch (the same arithmetic, so the same bits).
     """
     bs = 18 if q4 else 34
 
@@ -217,12 +215,11 @@ def _rows(q4: bool, NR: int, MT: int = 1, prefetch: bool = True, interleaved: bo
         sput = lambda b, t, v: builder.store(v, builder.bitcast(slot(b, t), V(F32, NR).as_pointer()), align=4)  # noqa: E731
         fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
         c16 = lambda v: ir.Constant(V(I16, 16), [v] * 16)  # noqa: E731
-        rbk = [i64(k * bs) if interleaved else builder.mul(rb, i64(k)) for k in range(NR)]
-        bstep = NR * bs if interleaved else bs  # bytes from a row's block to its next
+        rbk = [builder.mul(rb, i64(k)) for k in range(NR)]
         pfo = builder.add(woff, builder.mul(rb, i64(NR)))  # the next row group
 
         def rowptrs(b):
-            p0 = builder.gep(wd, [builder.add(woff, builder.mul(b, i64(bstep)))])
+            p0 = builder.gep(wd, [builder.add(woff, builder.mul(b, i64(bs)))])
             return [builder.gep(p0, [rbk[k]]) if k else p0 for k in range(NR)]
 
         def put_scales(b, src):
@@ -327,21 +324,20 @@ def _qsig(w, wo, rb, X16, DX, k0, nb, res, ro):
     return types.none(w, wo, rb, X16, DX, k0, nb, res, ro)
 
 
-def _qkernel(q4: bool, NR: int, MT: int = 1, prefetch: bool = True, interleaved: bool = False):
+def _qkernel(q4: bool, NR: int, MT: int = 1, prefetch: bool = True):
     """rows{NR}[x{MT}]_{q8|q4}(w, wo, rb, X16, DX, k0, nb, res, ro): res[k0:k0+MT, ro:ro+NR] = NR Q8_0 / Q4_0
-    rows (bytes at wo, stride rb, nb blocks; interleaved: block by block, rb unused) . tokens k0.. of
+    rows (bytes at wo, stride rb, nb blocks) . tokens k0.. of
     X16 * DX (2-D, a token a row)."""
     if HAVE_AVX2:
         @intrinsic
         def kernel(typingctx, w, wo, rb, X16, DX, k0, nb, res, ro):
-            return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(q4, NR, MT, prefetch, interleaved)
+            return _qsig(w, wo, rb, X16, DX, k0, nb, res, ro), _rows(q4, NR, MT, prefetch)
     else:  # a portable fallback with the same signature
         bs = 18 if q4 else 34
-        bstep = NR * bs if interleaved else bs  # a row's next block; interleaved rows are bs apart
 
         @njit
         def kernel(w, wo, rb, X16, DX, k0, nb, res, ro):
-            _slow(q4, NR, MT, w, wo, bs if interleaved else rb, bstep, X16, DX, k0, nb, res, ro)
+            _slow(q4, NR, MT, w, wo, rb, bs, X16, DX, k0, nb, res, ro)
     return kernel
 
 
@@ -421,9 +417,6 @@ rows8x4_q4 = _qkernel(True, 8, 4)
 # one row per call and no software prefetch: the structure of ggml's CPU dot products (llama.cpp), whose
 # rate calibrate measures for the simulator's llama.cpp plans (calibration.bench_rowwise)
 row_q8_noprefetch, row_q4_noprefetch = _qkernel(False, 1, 1, prefetch=False), _qkernel(True, 1, 1, prefetch=False)
-# eight interleaved rows a pass, no software prefetch: llama.cpp's CPU_REPACK layout of Q4_0 on AVX2 (block_q4_0x8,
-# ggml_gemv_q4_0_8x8_q8_0), whose rate calibrate measures for llama.cpp plans that repack (bench_rowwise)
-rows8_q4_interleaved = _qkernel(True, 8, 1, prefetch=False, interleaved=True)
 
 
 @intrinsic

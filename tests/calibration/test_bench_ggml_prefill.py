@@ -22,7 +22,7 @@ def _experts(fmt: str, n_exp: int, rows: int, cols: int, tokens: int):
 
 
 @avx2
-@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "IQ4_NL"])
 def test_vecdot_blocks_are_ggml_arithmetic_for_every_row_and_token(fmt):
     """2 experts, 40 rows x 20 tokens (neither a multiple of the 16 x 16 block) of `fmt`: each output is the
     dequantised row . the token quantised to Q8_0 (ggml's int8 activations), to float rounding."""
@@ -97,9 +97,10 @@ def test_structures_without_a_rebuild_are_refused():
 
 
 def test_calibrate_times_the_rebuilt_paths_llamacpp_takes_on_this_isa():
-    """AVX2: Q4_0 in place and repacked, Q8_0 in place; K-quants (tiled, repacked) and F16 are not rebuilt;
-    without AVX2 (an ARM CPU here) ggml's kernels are other code and nothing is timed."""
+    """AVX2: Q4_0 in place and repacked, Q8_0 and IQ4_NL in place; K-quants (tiled, repacked), IQ4_NL repacked and F16
+    are not rebuilt; without AVX2 (an ARM CPU here) ggml's kernels are other code and nothing is timed."""
     from calibration.bench_ggml_prefill import profile_jobs
-    fmts = ("Q4_0", "Q8_0", "F16", "Q4_K", "Q6_K")
-    assert profile_jobs(fmts, ["avx", "avx2"]) == [("Q4_0", "vecdot"), ("Q4_0", "repacked"), ("Q8_0", "vecdot")]
+    fmts = ("Q4_0", "Q8_0", "F16", "Q4_K", "Q6_K", "IQ4_NL")
+    assert profile_jobs(fmts, ["avx", "avx2"]) == [("Q4_0", "vecdot"), ("Q4_0", "repacked"), ("Q8_0", "vecdot"),
+                                                   ("IQ4_NL", "vecdot")]
     assert profile_jobs(("Q8_0", "Q4_K"), ["asimd"]) == []

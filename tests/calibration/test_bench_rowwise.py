@@ -1,20 +1,24 @@
 """llama.cpp's structure on this machine (calibration.bench_rowwise): one row per dot product in 64-row
-chunks, no software prefetch; and its repacked Q4_0, 8 interleaved rows a pass. It must compute what the executor's kernels compute (same arithmetic,
-only the access pattern differs), and its job must time like the executor's job does."""
+chunks, no software prefetch; and its repacked Q4_0, 8 interleaved rows a pass. Where ggml's arithmetic is rebuilt
+(Q8_0, Q4_0, IQ4_NL: int8 vec_dot, the q4_0 8x8 gemv) the jobs run it and must compute ggml's product (the weights . the
+token quantised to Q8_0); the other formats run the executor's rows (same arithmetic, only the access pattern
+differs) and must compute what they compute. Each job must time like the executor's job does."""
 import numpy as np
 import pytest
+from gguf import dequantize
 
 from calibration.bench_kernel import _synth_tensor, bench_expert_kernel
-from numba.typed import List
 
-from calibration.bench_rowwise import (FORMATS, REPACKED_FORMATS, _repacked_matvec, _rowwise_matvec,
-                                       repacked_expert_job, rowwise_expert_job)
+from calibration.bench_rowwise import (FORMATS, GGML_INT8_FORMATS, REPACKED_FORMATS, _rowwise_matvec,
+                                       label, repacked_expert_job, rowwise_expert_job)
 from executor import kernels as K
+
+from .test_bench_ggml_prefill import _q4_0x8_rows
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_rowwise_matvec_is_the_executors_product_bitwise(fmt):
-    """300 rows (not a multiple of the 64-row chunk) x 512 of real `fmt` blocks: the rowwise product equals
+    """The executor's single-row arithmetic, which the formats without a ggml rebuild run: 300 rows (not a multiple of the 64-row chunk) x 512 of real `fmt` blocks: the rowwise product equals
     kernels._matmul (8-row groups with prefetch) bit for bit."""
     rng = np.random.default_rng(3)
     w = _synth_tensor(fmt, 1, 300, 512, rng)
@@ -40,25 +44,56 @@ def test_a_format_without_a_single_row_kernel_is_refused():
         rowwise_expert_job("Q5_0")
 
 
-def _interleave(data: np.ndarray, rows: int, bs: int, nr: int = 8) -> np.ndarray:
-    """Row-major blocks [rows, nb, bs] -> llama.cpp's repacked order: each group of nr rows block by block."""
-    nb = data.size // rows // bs
-    return np.ascontiguousarray(data.reshape(rows // nr, nr, nb, bs).transpose(0, 2, 1, 3)).reshape(-1)
+def _q8_0_token(x: np.ndarray) -> np.ndarray:
+    """x [1, n] as ggml computes with it: quantised to Q8_0 (int8 and a scale a 32-block), back in float32."""
+    from calibration.bench_ggml_prefill import quantize_q8_0
+    x8, dx = quantize_q8_0(x[None])
+    return (x8.astype(np.float32) * np.repeat(dx, 32, axis=2))[0, 0]
+
+
+@pytest.mark.skipif(not GGML_INT8_FORMATS, reason="ggml's vec_dot is rebuilt for AVX2 only")
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "IQ4_NL"])
+def test_rowwise_matvec_of_a_rebuilt_format_is_ggml_arithmetic_for_every_expert(fmt):
+    """Experts 2, 0, 3 of four, 300 rows (not a multiple of the 64-row chunk) x 512 of real `fmt` blocks, in one
+    parallel region: output j is expert es[j]'s dequantised rows . the token quantised to Q8_0, to float rounding."""
+    from calibration.bench_rowwise import _ggml_matvec
+    rng = np.random.default_rng(3)
+    w = _synth_tensor(fmt, 4, 300, 512, rng)
+    x = rng.standard_normal((1, 512)).astype(np.float32)
+    es = np.array([2, 0, 3], np.int64)
+    out = np.full((3, 300), np.nan, np.float32)
+    _ggml_matvec(w.data.reshape(4, -1), es, w.code, 300, x, out)
+    ref = np.stack([dequantize(w.data[e], w.qtype).reshape(300, 512) @ _q8_0_token(x) for e in es])
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
 @pytest.mark.skipif(not REPACKED_FORMATS, reason="no AVX2: llama.cpp repacks nothing 8 rows at a time here")
-def test_repacked_matvec_is_the_executors_product_bitwise():
-    """Two experts of 96 rows x 512 Q4_0, their blocks interleaved 8 rows at a time as llama.cpp repacks them:
-    the repacked product (8 rows a pass, each thread a contiguous share) equals kernels._matmul on the
-    row-major original bit for bit (the same blocks and arithmetic, another order of reading)."""
+def test_repacked_matvec_is_ggml_gemv_arithmetic_for_every_expert():
+    """Experts 1 and 0 of two, 96 rows x 256 in llama.cpp's block_q4_0x8 layout, on 3 threads' eighth-aligned shares
+    (32, 32, 32 rows): output j is expert es[j]'s rows . the token quantised to Q8_0, to float rounding (ggml's q4_0
+    8x8 gemv)."""
+    from calibration.bench_rowwise import _repacked_matvec
     rng = np.random.default_rng(5)
-    w = _synth_tensor("Q4_0", 2, 96, 512, rng)
-    x = rng.standard_normal((1, 512)).astype(np.float32)
-    got, want = np.zeros((2, 96), np.float32), np.zeros((2, 96), np.float32)
-    _repacked_matvec(List([_interleave(w.data[e], 96, 18) for e in range(2)]), w.code, 96, x, got, 3)  # 3 shares of 32 rows
-    for e in range(2):
-        K._matmul(w.data[e].reshape(-1), w.code, 96, x, want[e:e + 1])
-    assert np.array_equal(got, want) and np.abs(want).max() > 0
+    blocks = rng.integers(0, 256, (2, 12 * 8, 144), dtype=np.uint8)  # [E, row groups x blocks, 144]: 256 columns
+    blocks[..., :16] = rng.uniform(0.5, 1.5, (2, 96, 8)).astype(np.float16).view(np.uint8)
+    flat = blocks.reshape(2, -1)
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    es = np.array([1, 0], np.int64)
+    out = np.full((2, 96), np.nan, np.float32)
+    _repacked_matvec(flat, es, 96, x, out, 3)
+    ref = np.stack([_q4_0x8_rows(flat[e], 96) @ _q8_0_token(x) for e in es])
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+@pytest.mark.skipif(not GGML_INT8_FORMATS, reason="ggml's vec_dot is rebuilt for AVX2 only")
+def test_a_rebuilt_formats_job_times_like_an_expert_job_and_says_its_arithmetic():
+    """Q8_0's rowwise job (ggml's vec_dot, three ops a token): bytes per expert as Q8_0's rows, a positive rate; its
+    label names ggml's int8 vec_dot, a K-quant's the executor's int16 rows."""
+    run, eb = rowwise_expert_job("Q8_0", hidden=256, ffn=256, pool_bytes=1 << 20, max_k=4)
+    assert eb == 3 * 256 * 8 * 34  # 256 rows of 8 blocks (34 bytes), three matrices
+    kf = bench_expert_kernel(run, [1, 2, 4], eb, repeats=3, threads=1, budget_s=1.0)
+    assert kf.expert_gbs > 0 and len(kf.t_ms) == 3
+    assert "ggml's int8 vec_dot" in label("Q8_0", 256, 256) and "int16" in label("Q4_K", 256, 256)
 
 
 @pytest.mark.skipif(not REPACKED_FORMATS, reason="no AVX2")
