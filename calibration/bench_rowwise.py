@@ -18,13 +18,14 @@ interleaved block by block, computed 8 rows a pass; rows a multiple of 8, as lla
 repack): the rates of llama.cpp plans that repack (`cpu.repacked_gbs`).
 
 Where ggml's own arithmetic is rebuilt (calibration.ggml_vec_dot, AVX2: Q8_0's, Q4_0's and IQ4_NL's int8 vec_dot,
-the q4_0 8x8 gemv), these jobs run it, on the token quantised to Q8_0 as ggml does, in ggml's MUL_MAT_ID structure: one
-parallel region a matrix for all k experts. The other formats keep the executor's int16 single-row arithmetic.
-On Zen 3 and Zen 4 the two read alike from DRAM; on a 2-core Emerald Rapids Xeon VM (2026-12-05) the int16 rows
-read Q8_0 from DRAM at 9.8-11.9 GB/s on two threads and the rebuilt vec_dot at 13.8-14.8 (Q4_0 7.9-8.9 and
-9.7-10.1; medians, a 1 GiB pool, a `/tmp` loop), where llama-bench's `small` implies ~13: on the int16 rows the
-simulator under-predicted llama.cpp's decode there by 17-28% on average (tests/calibration/test_xeon_llamacpp.py).
-In cache the rebuild runs ahead of ggml itself (one thread, Q8_0: 18-21 GB/s against test-backend-ops' 13.4).
+the q4_0 8x8 gemv), these jobs run it, on the token quantised to Q8_0 as ggml does, in ggml's MUL_MAT_ID structure:
+one parallel region a matrix for all k experts. The other formats keep the executor's int16 single-row arithmetic.
+On Zen 3 and Zen 4 the int16 rows predicted llama.cpp's decode closely (median |error| 2.8%, session 34). On a
+2-core Emerald Rapids Xeon VM (2026-12-05) they read Q8_0 from DRAM at 9.8-11.9 GB/s on two threads and the rebuilt
+vec_dot at 13.8-14.8 (Q4_0 7.9-8.9 and 9.7-10.1; medians, a 1 GiB pool, a `/tmp` loop), where llama-bench's `small`
+implies ~13, and on them the simulator under-predicted llama.cpp's decode by 18.7% on average over three sittings
+(tests/calibration/test_xeon_llamacpp.py). In cache the rebuild runs ahead of ggml itself (one thread, Q8_0: 18-21
+GB/s against test-backend-ops' 13.4).
 """
 from __future__ import annotations
 

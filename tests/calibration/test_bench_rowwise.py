@@ -18,8 +18,9 @@ from .test_bench_ggml_prefill import _q4_0x8_rows
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_rowwise_matvec_is_the_executors_product_bitwise(fmt):
-    """The executor's single-row arithmetic, which the formats without a ggml rebuild run: 300 rows (not a multiple of the 64-row chunk) x 512 of real `fmt` blocks: the rowwise product equals
-    kernels._matmul (8-row groups with prefetch) bit for bit."""
+    """The executor's single-row arithmetic, which the formats without a ggml rebuild run: 300 rows (not a multiple
+    of the 64-row chunk) x 512 of real `fmt` blocks, the rowwise product equal to kernels._matmul (8-row groups with
+    prefetch) bit for bit."""
     rng = np.random.default_rng(3)
     w = _synth_tensor(fmt, 1, 300, 512, rng)
     flat = w.data.reshape(1, -1)[0]
