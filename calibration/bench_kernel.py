@@ -226,9 +226,33 @@ def _synth_tensor(fmt: str, n: int, rows: int, cols: int, rng):
     return ExpertTensor(data=np.ascontiguousarray(data), qtype=qt, code=EXPERT_TYPES[qt], rows=rows, cols=cols)
 
 
+def _reordered_copies(t, n: int, rng):
+    """t (an ExpertTensor) grown to n experts: each further one a drawn expert's rows in another order, their blocks
+    too, so that no two 4 KiB pages of the pool hold the same bytes. The pool must be larger than the cache; its
+    values need not all be drawn (quantising them is most of its cost: 1.2-5.2 s a format for 600 MiB here)."""
+    from dataclasses import replace
+    from gguf import GGML_QUANT_SIZES
+    m, rows, rb = t.data.shape
+    if m >= n:
+        return t
+    bs = GGML_QUANT_SIZES[t.qtype][1]
+    if bs < 64 and (rb // bs) % (64 // bs) == 0:  # a float format's values moved 64 bytes at a time
+        bs *= 64 // bs
+    blocks = t.data.reshape(m, rows, rb // bs, bs)
+    data = np.empty((n, rows, rb), np.uint8)
+    data[:m] = t.data
+    for e in range(m, n):
+        data[e] = blocks[e % m][rng.permutation(rows)][:, rng.permutation(rb // bs)].reshape(rows, rb)
+    return replace(t, data=data)
+
+
+DRAWN_EXPERTS = 16  # experts a pool quantises from random weights; the rest are _reordered_copies of them
+
+
 class ExpertPool:
     """Synthetic `fmt` SwiGLU experts (gate / up [E, ffn, hidden], down [E, hidden, ffn]) filling `pool_bytes`,
-    at least `max_k` of them, and a token's inputs x [1, hidden], h [1, ffn], all drawn from `seed`."""
+    at least `max_k` of them, and a token's inputs x [1, hidden], h [1, ffn], all drawn from `seed`: the first
+    DRAWN_EXPERTS (at least max_k) quantised from random weights, the rest their blocks reordered."""
 
     def __init__(self, fmt: str, hidden: int, ffn: int, pool_bytes: int, max_k: int, seed: int):
         if fmt not in _ROW_BYTES:
@@ -236,7 +260,8 @@ class ExpertPool:
         rng = np.random.default_rng(seed)
         self.expert_bytes = 2 * ffn * _ROW_BYTES[fmt](hidden) + hidden * _ROW_BYTES[fmt](ffn)  # B
         self.n = max(max_k, int(pool_bytes // self.expert_bytes))
-        self.gate, self.up, self.down = (_synth_tensor(fmt, self.n, r, c, rng)
+        drawn = min(self.n, max(max_k, DRAWN_EXPERTS))
+        self.gate, self.up, self.down = (_reordered_copies(_synth_tensor(fmt, drawn, r, c, rng), self.n, rng)
                                          for r, c in ((ffn, hidden), (ffn, hidden), (hidden, ffn)))
         self.x = rng.standard_normal((1, hidden)).astype(np.float32)
         self.h = (rng.standard_normal((1, ffn)) * 0.1).astype(np.float32)

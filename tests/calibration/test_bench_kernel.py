@@ -157,3 +157,21 @@ def test_no_faster_at_the_larger_batch_gives_no_fixed_tokens():
     """A larger batch no faster (a loaded host, or a kernel with no per-expert cost): m0 = 0, one rate at every m."""
     assert prefill_fixed_tokens(16, 100.0, 128, 100.0) == 0.0
     assert prefill_fixed_tokens(16, 100.0, 128, 90.0) == 0.0
+
+
+def test_a_pool_beyond_its_drawn_experts_reorders_their_blocks_into_pages_of_its_own():
+    """A pool of more experts than DRAWN_EXPERTS quantises only those; each further expert holds a drawn one's
+    blocks (the same multiset: real blocks), its rows and blocks in another order, so that no two 4 KiB pages of
+    the pool are alike (a pool larger than the cache must read DRAM, even where a host merges equal pages)."""
+    import hashlib
+    from calibration.bench_kernel import DRAWN_EXPERTS, ExpertPool
+    p = ExpertPool("Q4_K", 512, 256, 8 << 20, 4, seed=1)  # 216 KiB an expert: 37 of them
+    assert p.n > 2 * DRAWN_EXPERTS
+    for t in (p.gate, p.down):
+        blocks = t.data.reshape(p.n, -1, 144)  # Q4_K super-blocks
+        for e in (DRAWN_EXPERTS, p.n - 1):
+            src = blocks[e % DRAWN_EXPERTS]
+            assert sorted(map(bytes, blocks[e])) == sorted(map(bytes, src))
+            assert not np.array_equal(blocks[e], src)
+        pages = t.data.reshape(-1)[: t.data.size // 4096 * 4096].reshape(-1, 4096)
+        assert len({hashlib.md5(pg.tobytes()).digest() for pg in pages}) == len(pages)
