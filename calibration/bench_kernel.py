@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -230,7 +230,6 @@ def _reordered_copies(t, n: int, rng):
     """t (an ExpertTensor) grown to n experts: each further one a drawn expert's rows in another order, their blocks
     too, so that no two 4 KiB pages of the pool hold the same bytes. The pool must be larger than the cache; its
     values need not all be drawn (quantising them is most of its cost: 1.2-5.2 s a format for 600 MiB here)."""
-    from dataclasses import replace
     from gguf import GGML_QUANT_SIZES
     m, rows, rb = t.data.shape
     if m >= n:
