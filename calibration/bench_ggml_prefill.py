@@ -31,7 +31,6 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from executor.gemm import IQ4_NL, Q4_0
 from executor.nbcache import drop_stale_cache
 from executor.simd import HAVE_AVX2
 
@@ -47,7 +46,7 @@ PATHS = ("vecdot", "repacked")  # of specs.formats.llamacpp_prefill_path's, thos
 TIMED = (("Q8_0", "vecdot"), ("Q4_0", "vecdot"), ("IQ4_NL", "vecdot"), ("Q4_0", "repacked"))  # AVX2 only (ggml_vec_dot)
 
 if HAVE_AVX2:
-    from .ggml_vec_dot import gemv_q4_0x8, vec_dot_iq4_nl, vec_dot_q4_0, vec_dot_q8_0
+    from .ggml_vec_dot import gemv_q4_0x8, vec_dot
 
     @njit(parallel=True, nogil=True, fastmath=True, cache=True)
     def _vecdot_matrix(w, code, rows, X8, DX, out):
@@ -62,12 +61,7 @@ if HAVE_AVX2:
             r0, t0 = (c % n0) * BLOCK, (c // n0) * BLOCK
             for t in range(t0, min(T, t0 + BLOCK)):
                 for r in range(r0, min(rows, r0 + BLOCK)):
-                    if code == Q4_0:
-                        vec_dot_q4_0(w[e], np.int64(r * rb), rb, X8[e, t], DX[e, t], nb, out[e, t], np.int64(r))
-                    elif code == IQ4_NL:
-                        vec_dot_iq4_nl(w[e], np.int64(r * rb), rb, X8[e, t], DX[e, t], nb, out[e, t], np.int64(r))
-                    else:
-                        vec_dot_q8_0(w[e], np.int64(r * rb), rb, X8[e, t], DX[e, t], nb, out[e, t], np.int64(r))
+                    vec_dot(code, w[e], np.int64(r * rb), rb, X8[e, t], DX[e, t], nb, out[e, t], np.int64(r))
 
     @njit(parallel=True, nogil=True, fastmath=True, cache=True)
     def _repacked_matrix(w, rows, X8, DX, out, nthr):

@@ -100,7 +100,7 @@ def _flat(p: ExpertPool) -> list:
 
 
 if HAVE_AVX2:
-    from .ggml_vec_dot import gemv_q4_0x8, quantize_row_q8_0, vec_dot_iq4_nl, vec_dot_q4_0, vec_dot_q8_0
+    from .ggml_vec_dot import gemv_q4_0x8, quantize_row_q8_0, vec_dot
 
     @njit(parallel=True, nogil=True, fastmath=True, cache=True)
     def _ggml_matvec(w, es, code, rows, x, out):
@@ -116,12 +116,7 @@ if HAVE_AVX2:
         for i in prange(es.shape[0] * nc):
             j, c = i // nc, i % nc
             for r in range(c * CHUNK_ROWS, min(rows, (c + 1) * CHUNK_ROWS)):
-                if code == Q4_0:
-                    vec_dot_q4_0(w[es[j]], np.int64(r * rb), rb, x8, dx, nb, out[j], np.int64(r))
-                elif code == IQ4_NL:
-                    vec_dot_iq4_nl(w[es[j]], np.int64(r * rb), rb, x8, dx, nb, out[j], np.int64(r))
-                else:
-                    vec_dot_q8_0(w[es[j]], np.int64(r * rb), rb, x8, dx, nb, out[j], np.int64(r))
+                vec_dot(code, w[es[j]], np.int64(r * rb), rb, x8, dx, nb, out[j], np.int64(r))
 
     @njit(parallel=True, nogil=True, fastmath=True, cache=True)
     def _repacked_matvec(w, es, rows, x, out, nthr):

@@ -30,6 +30,7 @@ from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from executor.gemm import IQ4_NL, Q4_0
 from executor.nbcache import drop_stale_cache
 from executor.iquants import KVALUES
 from executor.qgemm import HAVE_VNNI256 as CPU_VNNI256
@@ -205,6 +206,16 @@ if HAVE_AVX2:
     def vec_dot_iq4_nl(typingctx, w, wo, rb, x8, dx, nb, res, ro):
         """res[ro] = the IQ4_NL row at byte wo of w . x8 * dx (ggml's ggml_vec_dot_iq4_nl_q8_0)."""
         return types.none(w, wo, rb, x8, dx, nb, res, ro), rows_i8_codegen(True, 1, False, tuple(KVALUES))
+
+    @njit(inline="always")
+    def vec_dot(code, w, wo, rb, x8, dx, nb, res, ro):
+        """res[ro] = the row of type `code` (Q8_0, Q4_0 or IQ4_NL) at byte wo of w . x8 * dx: ggml's vec_dot for it."""
+        if code == Q4_0:
+            vec_dot_q4_0(w, wo, rb, x8, dx, nb, res, ro)
+        elif code == IQ4_NL:
+            vec_dot_iq4_nl(w, wo, rb, x8, dx, nb, res, ro)
+        else:
+            vec_dot_q8_0(w, wo, rb, x8, dx, nb, res, ro)
 
     @intrinsic
     def gemv_q4_0x8(typingctx, w, wo, x8, dx, nb, res, ro):
