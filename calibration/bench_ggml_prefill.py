@@ -7,8 +7,10 @@ path ggml takes for the experts' weight layout (llama.cpp 0.3.36's vendored ggml
 - `repacked` (the formats llama.cpp interleaves 8 rows at load: Q4_0 on AVX2): each thread takes the
   same eighth-aligned share of every expert's rows and runs it token by token, 8 rows a pass
   (repack.cpp `forward_mul_mat_id`, a gemv per token: no GEMM, each token re-reads the share from cache).
-- `tiled` (K-quants in place from 8 tokens an expert, tiled/tiled.cpp) and repacked Q4_K: not timed here.
-Which path a format takes is specs.formats.llamacpp_prefill_path.
+- `tiled` (K-quants and IQ4_XS in place from 8 tokens an expert): each thread its share of every expert's 64-row
+  groups, the weights unpacked to bytes a 256-wide slab at a time and multiplied with the tokens' Q8_K codes in
+  16 x 16 microtiles (tiled/tiled.cpp; rebuilt in calibration.ggml_tiled with its AVX-512 VNNI microtile).
+Which path a format takes is specs.formats.llamacpp_prefill_path; repacked Q4_K is not timed here.
 
 Only the structures whose rebuild here runs at ggml's own rate are timed (`TIMED`). The dot products are
 ggml's AVX2 vec_dot rebuilt (calibration.ggml_vec_dot: int8 activations, vpmaddubsw): at 32-128 tokens an
@@ -19,9 +21,10 @@ by side): 46-55 GFLOP/s on one Zen 3 core, where llama-bench's pp512 implies ~48
 int16 interleaved rows, which stood in for it before, 38-45). Repacked Q4_K (and IQ4_NL, MXFP4) runs the same
 repack.cpp structure with its own 8x8 gemv, which has no rebuild: it takes the Q4_0 gemv's rate
 (specs.formats.LLAMACPP_REPACKED_STAND_IN; on the Zen 4 VM, llama.cpp's repacked Q4_K pp64 predicted -16% / -10% at
-1 / 2 threads, against +30% / +43% at the executor's integer GEMM rate, session 32). The tiled GEMM has no rebuild
-(the executor's BLIS-style GEMM ran 0.73x of ggml's), so a llama.cpp plan prefills it at the executor's GEMM rate,
-as every other plan does. The simulator's llama.cpp plans take these rates for their CPU prefill
+1 / 2 threads, against +30% / +43% at the executor's integer GEMM rate, session 32). The tiled GEMM is timed where
+its VNNI microtile runs (ggml_tiled.HAVE_TILED); on an AVX2-only CPU (its maddubs microtile, not rebuilt) a llama.cpp
+plan prefills those types at the executor's GEMM rate (0.73x of ggml's tiled GEMM on Zen 4), as every other plan
+does. The simulator's llama.cpp plans take these rates for their CPU prefill
 (`cpu.ggml_prefill_gflops`; simulator.resources).
 """
 from __future__ import annotations
@@ -36,14 +39,20 @@ from executor.simd import HAVE_AVX2
 
 from .bench_kernel import _synth_tensor
 from .bench_rowwise import REPACK_ROWS
+from .ggml_tiled import HAVE_TILED, TILED_ISA, TILED_TYPES
 from .ggml_vec_dot import quantize_row_q8_0
 
 # kernels compiled in here come from ggml_vec_dot, bench_rowwise's constants and the executor's codegen helpers
 drop_stale_cache(__file__)
 
 BLOCK = 16  # ggml's 16 x 16 (rows x tokens) blocks of dot products (blck_0, blck_1)
-PATHS = ("vecdot", "repacked")  # of specs.formats.llamacpp_prefill_path's, those timed here
-TIMED = (("Q8_0", "vecdot"), ("Q4_0", "vecdot"), ("IQ4_NL", "vecdot"), ("Q4_0", "repacked"))  # AVX2 only (ggml_vec_dot)
+PATHS = ("vecdot", "repacked", "tiled")  # of specs.formats.llamacpp_prefill_path's, those timed here
+# AVX2 only (ggml_vec_dot); the tiled path where its VNNI microtile runs (ggml_tiled.HAVE_TILED)
+TIMED = ((("Q8_0", "vecdot"), ("Q4_0", "vecdot"), ("IQ4_NL", "vecdot"), ("Q4_0", "repacked"))
+         + tuple((t, "tiled") for t in TILED_TYPES))
+
+if HAVE_TILED:
+    from .ggml_tiled import CODES, quantize_q8_k, tiled_matrix
 
 if HAVE_AVX2:
     from .ggml_vec_dot import gemv_q4_0x8, vec_dot
@@ -100,8 +109,9 @@ def ggml_prefill_job(fmt: str = "Q8_0", path: str = "vecdot", hidden: int = 2048
     """(run, flops): one prefill batch of `tokens` tokens, top_k of n_experts synthetic `fmt` SwiGLU experts
     each (an even split: tokens * top_k / n_experts tokens an expert), gate, up and down as three ggml ops on
     `path`. SwiGLU's activation is not applied (values don't matter to the timing)."""
-    if (fmt, path) not in TIMED or not HAVE_AVX2:
-        raise ValueError(f"no rebuild of ggml's {path} path for {fmt} here (have {TIMED}, AVX2 only)")
+    if (fmt, path) not in TIMED or not HAVE_AVX2 or (path == "tiled" and not HAVE_TILED):
+        raise ValueError(f"no rebuild of ggml's {path} path for {fmt} here (have {TIMED}, AVX2 only; "
+                         "tiled with AVX-512 VNNI)")
     rng = np.random.default_rng(seed)
     per = max(1, tokens * top_k // n_experts)  # tokens an expert
     mats = [_synth_tensor(fmt, n_experts, r, c, rng) for r, c in ((ffn, hidden), (ffn, hidden), (hidden, ffn))]
@@ -117,6 +127,8 @@ def ggml_prefill_job(fmt: str = "Q8_0", path: str = "vecdot", hidden: int = 2048
             # ggml converts each op's activations to its dot type first (timed with the op)
             if path == "vecdot":
                 _vecdot_matrix(w, code, rows, *quantize_q8_0(a), out)
+            elif path == "tiled":
+                tiled_matrix(CODES[fmt], w, rows, *quantize_q8_k(a), out, numba.get_num_threads())
             else:
                 _repacked_matrix(w, rows, *quantize_q8_0(a), out, numba.get_num_threads())
     return run, 6.0 * hidden * ffn * per * n_experts
@@ -124,7 +136,8 @@ def ggml_prefill_job(fmt: str = "Q8_0", path: str = "vecdot", hidden: int = 2048
 
 def profile_jobs(formats, isa: list[str]) -> list[tuple[str, str]]:
     """(format, path) of every ggml prefill structure a llama.cpp plan of these expert formats takes on a CPU
-    with `isa` at a prefill batch (>= 8 tokens an expert), of those rebuilt here (`TIMED`, AVX2 only)."""
+    with `isa` at a prefill batch (>= 8 tokens an expert), of those rebuilt here (`TIMED`, AVX2 only; the tiled
+    path where ggml compiles its AVX-512 VNNI microtile and this CPU runs its rebuild)."""
     from specs.formats import llamacpp_prefill_path, llamacpp_repacks, parse_format
     if "avx2" not in isa:
         return []
@@ -132,12 +145,14 @@ def profile_jobs(formats, isa: list[str]) -> list[tuple[str, str]]:
     for fmt in formats:
         wf = parse_format(fmt)
         paths = {llamacpp_prefill_path(wf, False, 64, isa)} | ({"repacked"} if llamacpp_repacks(wf, isa) else set())
-        jobs += [(fmt, p) for p in PATHS if p in paths and (fmt, p) in TIMED]
+        jobs += [(fmt, p) for p in PATHS if p in paths and (fmt, p) in TIMED
+                 and (p != "tiled" or (HAVE_TILED and all(f in isa for f in TILED_ISA)))]
     return jobs
 
 
 def label(fmt: str, path: str, hidden: int, ffn: int) -> str:
     """The method line of a ggml prefill rate in a profile."""
     how = {"vecdot": "ggml's int8 vec_dot per (row, token) in 16 x 16 blocks",
-           "repacked": "each thread's share of rows token by token, ggml's q4_0 8x8 int8 gemv"}[path]
+           "repacked": "each thread's share of rows token by token, ggml's q4_0 8x8 int8 gemv",
+           "tiled": "64-row groups unpacked to bytes by 256-wide slabs, Q8_K tokens, 16 x 16 VNNI microtiles"}[path]
     return f"ggml's MUL_MAT_ID structure for {fmt} ({path}: {how}; calibration.bench_ggml_prefill) SwiGLU {hidden}x{ffn}"

@@ -6,6 +6,7 @@ import pytest
 from gguf import dequantize
 
 from calibration.bench_kernel import _synth_tensor
+from calibration.ggml_tiled import HAVE_TILED, TILED_ISA
 from executor.simd import HAVE_AVX2
 
 avx2 = pytest.mark.skipif(not HAVE_AVX2, reason="ggml's vec_dot is rebuilt for AVX2 only")
@@ -89,9 +90,9 @@ def test_a_job_counts_its_routed_flops():
 
 
 def test_structures_without_a_rebuild_are_refused():
-    """The tiled GEMM and repacked Q4_K are not rebuilt here (their stand-ins ran 0.73x and ~0.45x of ggml)."""
+    """Repacked Q4_K is not rebuilt here (its stand-in ran ~0.45x of ggml); ggml tiles no Q8_0."""
     from calibration.bench_ggml_prefill import ggml_prefill_job
-    for fmt, path in (("Q4_K", "tiled"), ("Q8_0", "repacked"), ("Q4_K", "repacked"), ("Q8_0", "gemm")):
+    for fmt, path in (("Q8_0", "tiled"), ("Q8_0", "repacked"), ("Q4_K", "repacked"), ("Q8_0", "gemm")):
         with pytest.raises(ValueError, match="no rebuild of ggml's"):
             ggml_prefill_job(fmt, path)
 
@@ -104,3 +105,22 @@ def test_calibrate_times_the_rebuilt_paths_llamacpp_takes_on_this_isa():
     assert profile_jobs(fmts, ["avx", "avx2"]) == [("Q4_0", "vecdot"), ("Q4_0", "repacked"), ("Q8_0", "vecdot"),
                                                    ("IQ4_NL", "vecdot")]
     assert profile_jobs(("Q8_0", "Q4_K"), ["asimd"]) == []
+
+
+def test_calibrate_times_the_tiled_gemm_where_ggml_compiles_its_vnni_microtile():
+    """AVX-512 with VNNI: the K-quants and IQ4_XS in place take ggml's tiled GEMM (calibration.ggml_tiled), timed
+    where this CPU runs the rebuild; Q6_K is never repacked, Q4_K also repacks (not rebuilt)."""
+    from calibration.bench_ggml_prefill import profile_jobs
+    jobs = profile_jobs(("Q8_0", "Q4_K", "Q6_K", "IQ4_XS"), ["avx", "avx2", *TILED_ISA])
+    tiled = [("Q4_K", "tiled"), ("Q6_K", "tiled"), ("IQ4_XS", "tiled")]
+    assert jobs == [("Q8_0", "vecdot")] + (tiled if HAVE_TILED else [])
+
+
+@pytest.mark.skipif(not HAVE_TILED, reason="ggml's VNNI microtile needs AVX-512 VNNI")
+def test_a_tiled_job_runs_ggmls_three_products():
+    """Q4_K SwiGLU experts, 16 tokens an expert: 6 h f FLOPs per expert-token, as the vec_dot job counts them."""
+    from calibration.bench_ggml_prefill import ggml_prefill_job, label
+    run, flops = ggml_prefill_job("Q4_K", "tiled", hidden=512, ffn=256, n_experts=4, top_k=2, tokens=32)
+    run()
+    assert flops == 6 * 512 * 256 * 16 * 4
+    assert "VNNI microtiles" in label("Q4_K", "tiled", 512, 256)
