@@ -9,7 +9,8 @@ path ggml takes for the experts' weight layout (llama.cpp 0.3.36's vendored ggml
   (repack.cpp `forward_mul_mat_id`, a gemv per token: no GEMM, each token re-reads the share from cache).
 - `tiled` (K-quants and IQ4_XS in place from 8 tokens an expert): each thread its share of every expert's 64-row
   groups, the weights unpacked to bytes a 256-wide slab at a time and multiplied with the tokens' Q8_K codes in
-  16 x 16 microtiles (tiled/tiled.cpp; rebuilt in calibration.ggml_tiled with its AVX-512 VNNI microtile).
+  16 x 16 microtiles (tiled/tiled.cpp; rebuilt in calibration.ggml_tiled with its AVX-512 VNNI microtile);
+  `tiled-narrow` with 16 tokens or fewer an expert: slabs long in K, 16 rows unpacked at a time, timed at 16.
 Which path a format takes is specs.formats.llamacpp_prefill_path; repacked Q4_K is not timed here.
 
 Only the structures whose rebuild here runs at ggml's own rate are timed (`TIMED`). The dot products are
@@ -46,10 +47,11 @@ from .ggml_vec_dot import quantize_row_q8_0
 drop_stale_cache(__file__)
 
 BLOCK = 16  # ggml's 16 x 16 (rows x tokens) blocks of dot products (blck_0, blck_1)
-PATHS = ("vecdot", "repacked", "tiled")  # of specs.formats.llamacpp_prefill_path's, those timed here
+PATHS = ("vecdot", "repacked", "tiled", "tiled-narrow")  # of specs.formats.llamacpp_prefill_path's, those timed here
+TILED_PATHS = ("tiled", "tiled-narrow")
 # AVX2 only (ggml_vec_dot); the tiled path where its VNNI microtile runs (ggml_tiled.HAVE_TILED)
 TIMED = ((("Q8_0", "vecdot"), ("Q4_0", "vecdot"), ("IQ4_NL", "vecdot"), ("Q4_0", "repacked"))
-         + tuple((t, "tiled") for t in TILED_TYPES))
+         + tuple((t, p) for t in TILED_TYPES for p in TILED_PATHS))
 
 if HAVE_TILED:
     from .ggml_tiled import CODES, quantize_q8_k, tiled_matrix
@@ -104,12 +106,19 @@ def _quantize_rows(a, x8, dx):
         quantize_row_q8_0(a[i], x8[i], dx[i])
 
 
+def job_tokens(path: str, tokens: int, n_experts: int, top_k: int) -> int:
+    """The batch a path is timed on: `tokens`, but for the tiled GEMM's narrow path at most as many as put 16 tokens
+    on an expert (its widest case, specs.formats.LLAMACPP_TILED_NARROW_MAX_TOKENS)."""
+    from specs.formats import LLAMACPP_TILED_NARROW_MAX_TOKENS
+    return min(tokens, LLAMACPP_TILED_NARROW_MAX_TOKENS * n_experts // top_k) if path == "tiled-narrow" else tokens
+
+
 def ggml_prefill_job(fmt: str = "Q8_0", path: str = "vecdot", hidden: int = 2048, ffn: int = 768,
                      n_experts: int = 32, top_k: int = 8, tokens: int = 64, seed: int = 0):
     """(run, flops): one prefill batch of `tokens` tokens, top_k of n_experts synthetic `fmt` SwiGLU experts
     each (an even split: tokens * top_k / n_experts tokens an expert), gate, up and down as three ggml ops on
     `path`. SwiGLU's activation is not applied (values don't matter to the timing)."""
-    if (fmt, path) not in TIMED or not HAVE_AVX2 or (path == "tiled" and not HAVE_TILED):
+    if (fmt, path) not in TIMED or not HAVE_AVX2 or (path in TILED_PATHS and not HAVE_TILED):
         raise ValueError(f"no rebuild of ggml's {path} path for {fmt} here (have {TIMED}, AVX2 only; "
                          "tiled with AVX-512 VNNI)")
     rng = np.random.default_rng(seed)
@@ -127,7 +136,7 @@ def ggml_prefill_job(fmt: str = "Q8_0", path: str = "vecdot", hidden: int = 2048
             # ggml converts each op's activations to its dot type first (timed with the op)
             if path == "vecdot":
                 _vecdot_matrix(w, code, rows, *quantize_q8_0(a), out)
-            elif path == "tiled":
+            elif path in TILED_PATHS:
                 tiled_matrix(CODES[fmt], w, rows, *quantize_q8_k(a), out, numba.get_num_threads())
             else:
                 _repacked_matrix(w, rows, *quantize_q8_0(a), out, numba.get_num_threads())
@@ -138,15 +147,16 @@ def profile_jobs(formats, isa: list[str]) -> list[tuple[str, str]]:
     """(format, path) of every ggml prefill structure a llama.cpp plan of these expert formats takes on a CPU
     with `isa` at a prefill batch (>= 8 tokens an expert), of those rebuilt here (`TIMED`, AVX2 only; the tiled
     path where ggml compiles its AVX-512 VNNI microtile and this CPU runs its rebuild)."""
-    from specs.formats import llamacpp_prefill_path, llamacpp_repacks, parse_format
+    from specs.formats import LLAMACPP_TILED_NARROW_MAX_TOKENS, llamacpp_prefill_path, llamacpp_repacks, parse_format
     if "avx2" not in isa:
         return []
     jobs = []
     for fmt in formats:
         wf = parse_format(fmt)
-        paths = {llamacpp_prefill_path(wf, False, 64, isa)} | ({"repacked"} if llamacpp_repacks(wf, isa) else set())
+        paths = ({llamacpp_prefill_path(wf, False, m, isa) for m in (LLAMACPP_TILED_NARROW_MAX_TOKENS, 64)}
+                 | ({"repacked"} if llamacpp_repacks(wf, isa) else set()))
         jobs += [(fmt, p) for p in PATHS if p in paths and (fmt, p) in TIMED
-                 and (p != "tiled" or (HAVE_TILED and all(f in isa for f in TILED_ISA)))]
+                 and (p not in TILED_PATHS or (HAVE_TILED and all(f in isa for f in TILED_ISA)))]
     return jobs
 
 
@@ -154,5 +164,6 @@ def label(fmt: str, path: str, hidden: int, ffn: int) -> str:
     """The method line of a ggml prefill rate in a profile."""
     how = {"vecdot": "ggml's int8 vec_dot per (row, token) in 16 x 16 blocks",
            "repacked": "each thread's share of rows token by token, ggml's q4_0 8x8 int8 gemv",
-           "tiled": "64-row groups unpacked to bytes by 256-wide slabs, Q8_K tokens, 16 x 16 VNNI microtiles"}[path]
+           "tiled": "64-row groups unpacked to bytes by 256-wide slabs, Q8_K tokens, 16 x 16 VNNI microtiles",
+           "tiled-narrow": "16 rows at a time unpacked by slabs long in K, Q8_K tokens, 16 x 16 VNNI microtiles"}[path]
     return f"ggml's MUL_MAT_ID structure for {fmt} ({path}: {how}; calibration.bench_ggml_prefill) SwiGLU {hidden}x{ffn}"

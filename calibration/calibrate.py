@@ -247,14 +247,15 @@ def _ggml_prefill(s: Settings, r: Results, formats, maxt: int, pg, bud: _Budget)
     t0 = time.perf_counter()
     jobs = BG.profile_jobs(formats, cpu_info()["isa"])
     for fmt, path in jobs:
+        tokens = BG.job_tokens(path, s.ggml_prefill_tokens, s.ggml_prefill_experts, s.ggml_prefill_experts)
         run, flops = BG.ggml_prefill_job(fmt, path, s.kernel_hidden, s.kernel_ffn, s.ggml_prefill_experts,
-                                         s.ggml_prefill_experts, s.ggml_prefill_tokens)
+                                         s.ggml_prefill_experts, tokens)
         for one in ((False, True) if maxt > 1 else (False,)):
             numba.set_num_threads(1 if one else min(maxt, numba.config.NUMBA_NUM_THREADS))
             key = llamacpp_prefill_key(fmt, path) + ("@1t" if one else "")
             tick = pg.stage(f"CPU prefill, ggml's {path} structure {fmt}" + (", 1 thread" if one else ""), s.ggml_prefill_repeats)
             r.ggml_prefill[key] = bench_prefill(run, flops, s.ggml_prefill_repeats, label=BG.label(fmt, path, s.kernel_hidden, s.kernel_ffn),
-                                                tokens=s.ggml_prefill_tokens, experts=s.ggml_prefill_experts,
+                                                tokens=tokens, experts=s.ggml_prefill_experts,
                                                 top_k=s.ggml_prefill_experts, threads=numba.get_num_threads(), tick=tick,
                                                 budget_s=bud.take(key, s.prefill_budget_s / len(jobs)))
         del run

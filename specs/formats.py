@@ -100,17 +100,21 @@ def llamacpp_repacks(fmt: WeightFormat, isa: list[str]) -> bool:
 LLAMACPP_TILED_TYPES = ("Q6_K", "Q5_K", "Q4_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S",
                         "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
 LLAMACPP_TILED_MIN_TOKENS = 8
+# up to 16 tokens an expert (TILED_MICRO) the tiled GEMM takes its narrow path: slabs as long in K as keep 16 rows
+# of codes in L1, the rows unpacked 16 at a time for at most 16 tokens (tiled.cpp tiled_mmid_gemm_window)
+LLAMACPP_TILED_NARROW_MAX_TOKENS = 16
 LLAMACPP_TILED_ISA = ("avx512_vnni", "avx2", "avx")
 
 
 def llamacpp_prefill_path(fmt: WeightFormat, repacked: bool, tokens_per_expert: float, isa: list[str]) -> str:
     """The path ggml's MUL_MAT_ID takes for CPU experts in `fmt` on a batch with that many tokens an expert:
-    'repacked' (weights repacked at load), 'tiled' (a K-quant's tiled GEMM) or 'vecdot' (a dot per pair)."""
+    'repacked' (weights repacked at load), 'tiled' / 'tiled-narrow' (a K-quant's tiled GEMM, over 16 tokens an
+    expert / 8 to 16) or 'vecdot' (a dot per pair)."""
     if repacked:
         return "repacked"
     if (fmt.name in LLAMACPP_TILED_TYPES and tokens_per_expert >= LLAMACPP_TILED_MIN_TOKENS
             and any(f in isa for f in LLAMACPP_TILED_ISA)):
-        return "tiled"
+        return "tiled-narrow" if tokens_per_expert <= LLAMACPP_TILED_NARROW_MAX_TOKENS else "tiled"
     return "vecdot"
 
 
@@ -127,8 +131,11 @@ LLAMACPP_REPACKED_STAND_IN = "Q4_0"
 
 def llamacpp_prefill_keys(fmt_name: str, path: str) -> tuple[str, ...]:
     """The profile keys that rate a format's prefill on a ggml path, best first: its own, then on the repacked path
-    the rebuilt format's (LLAMACPP_REPACKED_STAND_IN)."""
+    the rebuilt format's (LLAMACPP_REPACKED_STAND_IN), on the tiled GEMM's narrow path its standard one's (a profile
+    of before session 41 has only that)."""
     own = llamacpp_prefill_key(fmt_name, path)
     if path == "repacked" and fmt_name != LLAMACPP_REPACKED_STAND_IN:
         return own, llamacpp_prefill_key(LLAMACPP_REPACKED_STAND_IN, path)
+    if path == "tiled-narrow":
+        return own, llamacpp_prefill_key(fmt_name, "tiled")
     return (own,)

@@ -112,7 +112,7 @@ def test_calibrate_times_the_tiled_gemm_where_ggml_compiles_its_vnni_microtile()
     where this CPU runs the rebuild; Q6_K is never repacked, Q4_K also repacks (not rebuilt)."""
     from calibration.bench_ggml_prefill import profile_jobs
     jobs = profile_jobs(("Q8_0", "Q4_K", "Q6_K", "IQ4_XS"), ["avx", "avx2", *TILED_ISA])
-    tiled = [("Q4_K", "tiled"), ("Q6_K", "tiled"), ("IQ4_XS", "tiled")]
+    tiled = [(f, p) for f in ("Q4_K", "Q6_K", "IQ4_XS") for p in ("tiled", "tiled-narrow")]
     assert jobs == [("Q8_0", "vecdot")] + (tiled if HAVE_TILED else [])
 
 
@@ -124,3 +124,12 @@ def test_a_tiled_job_runs_ggmls_three_products():
     run()
     assert flops == 6 * 512 * 256 * 16 * 4
     assert "VNNI microtiles" in label("Q4_K", "tiled", 512, 256)
+
+
+def test_the_narrow_path_is_timed_at_sixteen_tokens_an_expert():
+    """calibrate's batch (64 tokens, each on all of 4 experts) shrinks to 16 tokens for the tiled GEMM's narrow path;
+    every other path keeps it."""
+    from calibration.bench_ggml_prefill import job_tokens
+    assert job_tokens("tiled-narrow", 64, 4, 4) == 16
+    assert job_tokens("tiled-narrow", 64, 32, 8) == 64
+    assert job_tokens("tiled", 64, 4, 4) == job_tokens("vecdot", 64, 4, 4) == 64

@@ -41,6 +41,16 @@ def test_llamacpp_prefill_reads_the_rate_of_the_path_ggml_takes():
     assert _ttft(*fast_tiled[:2], fast_tiled[3]) == pytest.approx(_ttft(*slow[:2], slow[3]), rel=1e-12)
 
 
+def test_sixteen_tokens_an_expert_or_fewer_read_the_tiled_gemms_narrow_rate():
+    """tiny's 256-token prompt puts 32 tokens on an expert (the standard tiled path), a 64-token one 8 or a few more
+    (the narrow path, ggml's slabs long in K): each reads its own rate; a profile without a narrow rate gives the
+    standard one."""
+    rates = {"Q4_K:tiled": 80.0, "Q4_K:tiled-narrow": 20.0}
+    both, wide = _cpu_only("Q4_K", rates, repack=False)[:3], _cpu_only("Q4_K", {"Q4_K:tiled": 80.0}, repack=False)[:3]
+    assert _ttft(*both, prompt=64) > 1.5 * _ttft(*wide, prompt=64)
+    assert _ttft(*both, prompt=256) == pytest.approx(_ttft(*wide, prompt=256), rel=1e-12)
+
+
 def test_repacked_q4_0_prefill_reads_the_repacked_rate_unless_no_repack():
     """Q4_0 on an AVX2 CPU is repacked at load (a gemv per token over 8 interleaved rows): its prefill runs at
     the repacked rate; with --no-repack, at the dot-product rate; the screen agrees with the events."""

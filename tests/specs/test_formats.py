@@ -15,6 +15,9 @@ def test_llamacpp_prefill_path_follows_ggml_mul_mat_id():
     from specs.formats import llamacpp_prefill_key, llamacpp_prefill_path, parse_format
     q4k, q8, q4 = parse_format("Q4_K"), parse_format("Q8_0"), parse_format("Q4_0")
     assert llamacpp_prefill_path(q4k, False, 128, ["avx2"]) == "tiled"
+    assert llamacpp_prefill_path(q4k, False, 17, ["avx2"]) == "tiled"
+    assert llamacpp_prefill_path(q4k, False, 16, ["avx2"]) == "tiled-narrow"
+    assert llamacpp_prefill_path(q4k, False, 8, ["avx2"]) == "tiled-narrow"
     assert llamacpp_prefill_path(q4k, False, 7, ["avx2"]) == "vecdot"
     assert llamacpp_prefill_path(q4k, False, 128, ["asimddp"]) == "vecdot"
     assert llamacpp_prefill_path(q4k, True, 128, ["avx2"]) == "repacked"
@@ -22,6 +25,13 @@ def test_llamacpp_prefill_path_follows_ggml_mul_mat_id():
     assert llamacpp_prefill_path(q4, True, 128, ["avx2"]) == "repacked"
     assert [llamacpp_prefill_key("Q4_K", p) for p in ("vecdot", "tiled", "repacked")] == \
         ["Q4_K", "Q4_K:tiled", "Q4_K:repacked"]
+
+
+def test_the_tiled_gemms_narrow_path_falls_back_to_its_standard_rate():
+    """A profile written before the narrow path was timed (session 41) rates it at the standard path's figure."""
+    from specs.formats import llamacpp_prefill_keys
+    assert llamacpp_prefill_keys("Q6_K", "tiled-narrow") == ("Q6_K:tiled-narrow", "Q6_K:tiled")
+    assert llamacpp_prefill_keys("Q6_K", "tiled") == ("Q6_K:tiled",)
 
 
 def test_iq4_types_decode_like_block_formats_and_lattice_iquants_like_codebooks():
