@@ -256,18 +256,23 @@ def quantize_row_q8_k(x, x8, dx, bsums):
     """x [n] -> x8 int8, dx [n/256] float32, bsums [n/16] int32 (ggml's quantize_row_q8_K_ref: the value of largest
     magnitude maps to -127, codes rounded and capped at 127, the sum of each 16 codes)."""
     for b in range(x.shape[0] // TILE_K):
-        amax, mx = np.float32(0.0), np.float32(0.0)
-        for j in range(TILE_K):
-            if abs(x[b * TILE_K + j]) > amax:
-                amax, mx = abs(x[b * TILE_K + j]), x[b * TILE_K + j]
+        xb = x[b * TILE_K:(b + 1) * TILE_K]
+        amax = np.float32(0.0)
+        for j in range(TILE_K):  # a max that vectorises; then the first value of that magnitude, as ggml's strict >
+            amax = max(amax, abs(xb[j]))
         if amax == 0:
             dx[b] = 0.0
             x8[b * TILE_K:(b + 1) * TILE_K] = 0
             bsums[b * 16:(b + 1) * 16] = 0
             continue
-        iscale = np.float32(-127.0) / mx
+        mx = amax
         for j in range(TILE_K):
-            x8[b * TILE_K + j] = np.int8(min(127, int(np.round(iscale * x[b * TILE_K + j]))))
+            if abs(xb[j]) == amax:
+                mx = xb[j]
+                break
+        iscale = np.float32(-127.0) / mx
+        for j in range(TILE_K):  # nearest_int: round half to even
+            x8[b * TILE_K + j] = np.int8(min(np.float32(127.0), np.rint(iscale * xb[j])))
         for s in range(16):
             t = np.int32(0)
             for j in range(16):
