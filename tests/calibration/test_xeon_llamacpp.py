@@ -101,10 +101,11 @@ def test_iq4_nl_prefill_in_place_on_ggml_vec_dot_rebuilt():
 
 
 def test_prefill_stays_under_predicted_where_ggml_has_no_rebuild():
-    """Not modelled yet, stated: pp512 in place of the K-quants and IQ4_XS runs ggml's tiled GEMM (AVX-512 VNNI),
-    which has no rebuild here and takes the executor's GEMM rate: llama.cpp measured 299-342 tok/s, predicted
-    189 (-37% to -45%, first sitting, profile of 22:20). test-backend-ops perf on one core put that GEMM at
-    161 GFLOP/s for Q4_K, 64 tokens an expert, against 42 for Q8_0's vec_dot path."""
+    """Session 40's profiles, written before ggml's tiled GEMM was rebuilt: pp512 in place of the K-quants and
+    IQ4_XS runs that GEMM (AVX-512 VNNI) and took the executor's GEMM rate: llama.cpp measured 299-342 tok/s,
+    predicted 189 (-37% to -45%, first sitting, profile of 22:20). test-backend-ops perf on one core put that GEMM
+    at 161 GFLOP/s for Q4_K, 64 tokens an expert, against 42 for Q8_0's vec_dot path. Session 41's profiles rate it
+    (calibration.ggml_tiled; test_xeon_tiled_prefill.py)."""
     rows = [r for r in _rows(STORES[0], AFTER[0]) if r["metric"] == "prefill_tok_s" and "--no-repack" in r["case"]
             and any(f" {t}:" in r["case"] for t in ("Q4_K", "Q2_K", "Q3_K", "IQ4_XS"))]
     assert len(rows) == 4
