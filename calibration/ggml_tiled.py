@@ -116,6 +116,7 @@ def _lut16(typingctx, src, so, dst, do, S, tab):
 
 
 def _bytesum_codegen(n: int):
+    """Codegen: the sum of n unsigned bytes of q from o, as int32."""
     def gen(context, builder, sig, args):
         q, o = args
         p = cgutils.create_struct_proxy(sig.args[0])(context, builder, value=q).data
@@ -413,11 +414,9 @@ def _band(sub: int, has_min: bool, bias: int):
 
 
 if HAVE_TILED:
-    _band_k4 = _band(32, True, 0)  # Q4_K, Q5_K
-    _band_q6 = _band(16, False, 32)
-    _band_q3 = _band(16, False, 4)
-    _band_q2 = _band(16, True, 0)
-    _band_iq4 = _band(32, False, 128)
+    # one band a set of (SUBBLK, HAS_MIN, BIAS); Q5_K's are Q4_K's
+    _band_k4, _band_q6, _band_q3, _band_q2, _band_iq4 = (_band(*TILED_TYPES[t][1:4])
+                                                         for t in ("Q4_K", "Q6_K", "Q3_K", "Q2_K", "IQ4_XS"))
 
     @njit(nogil=True, cache=True)
     def _microtile(code, q0, q1, sc, mn, bs, d0, dm0, d1, buf, i0, j0, num_k, slab, bo):
