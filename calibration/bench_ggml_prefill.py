@@ -11,7 +11,9 @@ path ggml takes for the experts' weight layout (llama.cpp 0.3.36's vendored ggml
   groups, the weights unpacked to bytes a 256-wide slab at a time and multiplied with the tokens' Q8_K codes in
   16 x 16 microtiles (tiled/tiled.cpp; rebuilt in calibration.ggml_tiled with its AVX-512 VNNI microtile);
   `tiled-narrow` with 16 tokens or fewer an expert: slabs long in K, 16 rows unpacked at a time, timed at 16.
-Which path a format takes is specs.formats.llamacpp_prefill_path; repacked Q4_K is not timed here.
+Which path a format takes is specs.formats.llamacpp_prefill_path; repacked Q4_K is not timed here. Beside the experts,
+- `sgemm` (F16 dense weights: an attention block's Q, K, V and output products): llamafile's tinyBLAS, the tokens
+  converted to F16 first (rebuilt in calibration.ggml_sgemm; specs.formats.llamacpp_dense_prefill_key).
 
 Only the structures whose rebuild here runs at ggml's own rate are timed (`TIMED`). The dot products are
 ggml's AVX2 vec_dot rebuilt (calibration.ggml_vec_dot: int8 activations, vpmaddubsw): at 32-128 tokens an
@@ -52,6 +54,7 @@ TILED_PATHS = ("tiled", "tiled-narrow")
 # AVX2 only (ggml_vec_dot); the tiled path where its VNNI microtile runs (ggml_tiled.HAVE_TILED)
 TIMED = ((("Q8_0", "vecdot"), ("Q4_0", "vecdot"), ("IQ4_NL", "vecdot"), ("Q4_0", "repacked"))
          + tuple((t, p) for t in TILED_TYPES for p in TILED_PATHS))
+DENSE = ("F16", "sgemm")  # llama.cpp's dense products on llamafile's tinyBLAS (ggml_dense_prefill_job)
 
 if HAVE_TILED:
     from .ggml_tiled import CODES, quantize_q8_k, tiled_matrix
@@ -143,6 +146,38 @@ def ggml_prefill_job(fmt: str = "Q8_0", path: str = "vecdot", hidden: int = 2048
     return run, 6.0 * hidden * ffn * per * n_experts
 
 
+def ggml_dense_prefill_job(hidden: int = 2048, head_dim: int = 64, tokens: int = 512, seed: int = 0):
+    """(run, flops): one prefill batch of `tokens` tokens through an F16 attention block's Q, K, V and output
+    products as llama.cpp's graph runs them, four MUL_MATs on llamafile's tinyBLAS (calibration.ggml_sgemm), each
+    converting its activations to F16 first. The heads as executor_dense_prefill_jobs': a quarter of the hidden
+    width in query heads, half that in K / V."""
+    from .ggml_sgemm import sgemm
+    rng = np.random.default_rng(seed)
+    rq = max(1, hidden // (4 * head_dim)) * head_dim
+    rk = max(head_dim, rq // 2)
+    shapes = ((rq, hidden), (rk, hidden), (rk, hidden), (hidden, rq))  # (rows, k): q, k, v, o
+    ws = [(rng.standard_normal(s, dtype=np.float32) * 0.02).astype(np.float16).view(np.uint16) for s in shapes]
+    x = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    o = rng.standard_normal((tokens, rq)).astype(np.float32)
+    outs = [np.empty((tokens, r), np.float32) for r, _ in shapes]
+    wdata = np.empty(tokens * max(hidden, rq), np.uint16)  # ggml's work buffer: each op's tokens as F16 rows
+
+    def run():
+        for w, a, out in zip(ws, (x, x, x, o), outs):
+            if not sgemm(w, a, out, numba.get_num_threads(), wdata[:a.size].reshape(a.shape)):
+                raise ValueError(f"llamafile declines {w.shape} x {a.shape}")
+    return run, 2.0 * tokens * sum(r * k for r, k in shapes)
+
+
+def dense_job(isa: list[str]) -> tuple[str, str] | None:
+    """(format, path) of llama.cpp's dense prefill products timed on a CPU with `isa` (DENSE), or None where
+    llamafile's tinyBLAS does not take F16 there or this CPU does not run its rebuild."""
+    from specs.formats import llamacpp_dense_prefill_key
+
+    from .ggml_sgemm import HAVE_F16C
+    return DENSE if HAVE_F16C and llamacpp_dense_prefill_key(DENSE[0], isa) else None
+
+
 def profile_jobs(formats, isa: list[str]) -> list[tuple[str, str]]:
     """(format, path) of every ggml prefill structure a llama.cpp plan of these expert formats takes on a CPU
     with `isa` at a prefill batch (>= 8 tokens an expert), of those rebuilt here (`TIMED`, AVX2 only; the tiled
@@ -165,5 +200,8 @@ def label(fmt: str, path: str, hidden: int, ffn: int) -> str:
     how = {"vecdot": "ggml's int8 vec_dot per (row, token) in 16 x 16 blocks",
            "repacked": "each thread's share of rows token by token, ggml's q4_0 8x8 int8 gemv",
            "tiled": "64-row groups unpacked to bytes by 256-wide slabs, Q8_K tokens, 16 x 16 VNNI microtiles",
-           "tiled-narrow": "16 rows at a time unpacked by slabs long in K, Q8_K tokens, 16 x 16 VNNI microtiles"}[path]
+           "tiled-narrow": "16 rows at a time unpacked by slabs long in K, Q8_K tokens, 16 x 16 VNNI microtiles"}.get(path)
+    if path == "sgemm":
+        return (f"llamafile's tinyBLAS for {fmt} dense weights (ggml MUL_MAT, tokens to F16, 4-row tiles; "
+                f"calibration.ggml_sgemm) Q/K/V/output of an attention block of {hidden}")
     return f"ggml's MUL_MAT_ID structure for {fmt} ({path}: {how}; calibration.bench_ggml_prefill) SwiGLU {hidden}x{ffn}"

@@ -245,18 +245,24 @@ def _ggml_prefill(s: Settings, r: Results, formats, maxt: int, pg, bud: _Budget)
     from . import bench_ggml_prefill as BG
     from .detect import cpu_info
     t0 = time.perf_counter()
-    jobs = BG.profile_jobs(formats, cpu_info()["isa"])
+    isa = cpu_info()["isa"]
+    dense = BG.dense_job(isa) if s.dense_prefill_tokens else None  # F16 on llamafile's tinyBLAS, at a prompt's batch
+    jobs = BG.profile_jobs(formats, isa) + ([dense] if dense else [])
     for fmt, path in jobs:
-        tokens = BG.job_tokens(path, s.ggml_prefill_tokens, s.ggml_prefill_experts, s.ggml_prefill_experts)
-        run, flops = BG.ggml_prefill_job(fmt, path, s.kernel_hidden, s.kernel_ffn, s.ggml_prefill_experts,
-                                         s.ggml_prefill_experts, tokens)
+        if (fmt, path) == dense:
+            tokens, experts = s.dense_prefill_tokens, 0
+            run, flops = BG.ggml_dense_prefill_job(s.kernel_hidden, tokens=tokens)
+        else:
+            tokens = BG.job_tokens(path, s.ggml_prefill_tokens, s.ggml_prefill_experts, s.ggml_prefill_experts)
+            experts = s.ggml_prefill_experts
+            run, flops = BG.ggml_prefill_job(fmt, path, s.kernel_hidden, s.kernel_ffn, experts, experts, tokens)
         for one in ((False, True) if maxt > 1 else (False,)):
             numba.set_num_threads(1 if one else min(maxt, numba.config.NUMBA_NUM_THREADS))
             key = llamacpp_prefill_key(fmt, path) + ("@1t" if one else "")
             tick = pg.stage(f"CPU prefill, ggml's {path} structure {fmt}" + (", 1 thread" if one else ""), s.ggml_prefill_repeats)
             r.ggml_prefill[key] = bench_prefill(run, flops, s.ggml_prefill_repeats, label=BG.label(fmt, path, s.kernel_hidden, s.kernel_ffn),
-                                                tokens=tokens, experts=s.ggml_prefill_experts,
-                                                top_k=s.ggml_prefill_experts, threads=numba.get_num_threads(), tick=tick,
+                                                tokens=tokens, experts=experts,
+                                                top_k=experts, threads=numba.get_num_threads(), tick=tick,
                                                 budget_s=bud.take(key, s.prefill_budget_s / len(jobs)))
         del run
     numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))

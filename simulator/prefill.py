@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .engram import gathers_inline, layer_gather_s
 from .policies import chunks, expected_touched, op_offload, ubatches
-from .resources import cpu_expert_prefill_gflops, host_dense_s
+from .resources import cpu_expert_prefill_gflops, host_dense_s, llamacpp_dense_prefill_gflops
 
 # Sparse attention: each query attends at most this many earlier tokens (DeepSeek V3.2+/V4 DSA
 # top-k). ModelSpec has no field for it yet (reported to the lead); keyed by architecture here.
@@ -49,6 +49,8 @@ class PrefillRun:
         self.elapsed_s = 0.0
         self.engram_layers = set(model.engram.layers) if gathers_inline(model, plan) else set()
         self.engram_cold = engram_cold  # fraction of the prompt's rows not in the page cache
+        self.llamacpp_dense_gflops = (llamacpp_dense_prefill_gflops(m.hw, model, m.threads, m.c)
+                                      if plan.engine == "llamacpp" else None)
 
     def start(self, done) -> None:
         """Prefill every stream's prompt (one after another), then done()."""
@@ -97,7 +99,8 @@ class PrefillRun:
         """Host-core seconds for one layer's dense path and attention of an n-token batch (no device)."""
         md, m = self.model, self.m
         return host_dense_s(md.prefill_dense_flops(n, self.outputs) / md.n_layers,
-                            attention_flops(md, pos, n) / md.n_layers, m.c, m.threads, self.plan.engine)
+                            attention_flops(md, pos, n) / md.n_layers, m.c, m.threads, self.plan.engine,
+                            self.llamacpp_dense_gflops)
 
     def _dense_flops(self, pos: int, n: int) -> float:
         """FLOPs of one layer's share of an n-token batch's dense path (the head for its outputs) and attention."""

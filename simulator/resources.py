@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from specs.formats import llamacpp_prefill_keys, llamacpp_prefill_path, llamacpp_repacks
+from specs.formats import llamacpp_dense_prefill_key, llamacpp_prefill_keys, llamacpp_prefill_path, llamacpp_repacks
 
 from .engine import FluidNet, Pool, Serial, Sim
 from .policies import whole_experts_per_thread
@@ -155,13 +155,27 @@ def executor_prefill_gflops(c: Constants, tokens_per_expert: float) -> float:
     return c.cpu_prefill_gflops_per_core * (m / (m + m0)) / (ref / (ref + m0))
 
 
-def host_dense_s(dense_flops: float, attention_flops: float, c: Constants, threads: int, engine: str) -> float:
+def llamacpp_dense_prefill_gflops(hw, model, threads: int, c: Constants) -> float:
+    """GFLOP/s per core of llama.cpp's dense products on a prefill batch, the head aside: each dense weight type's
+    multiply-adds at the rate of ggml's path for it where the profile has one (specs.formats.llamacpp_dense_prefill_key:
+    F16 on llamafile's tinyBLAS), else at the expert GEMM's (cpu_prefill_gflops_per_core)."""
+    def rate(fmt) -> float:
+        key = llamacpp_dense_prefill_key(fmt.name, hw.cpu.isa)
+        own = hw.cpu.ggml_prefill_gflops_for(key, threads) if key else None
+        return own or c.cpu_prefill_gflops_per_core
+    return model.prefill_dense_rate(rate)
+
+
+def host_dense_s(dense_flops: float, attention_flops: float, c: Constants, threads: int, engine: str,
+                 llamacpp_dense_gflops: float | None = None) -> float:
     """Seconds `threads` host cores take for a prefill batch's dense products and attention (FLOPs): for the
-    executor at its measured dense and attention rates where the profile has them; else, and for llama.cpp, at
-    the expert GEMM's rate (cpu_prefill_gflops_per_core)."""
+    executor at its measured dense and attention rates where the profile has them; for llama.cpp its dense products
+    at llamacpp_dense_gflops (per core) where given; else at the expert GEMM's rate (cpu_prefill_gflops_per_core)."""
     base = c.cpu_prefill_gflops_per_core
     own = engine != "llamacpp"
     dense = c.cpu_dense_gflops_per_core if own and c.cpu_dense_gflops_per_core > 0 else base
+    if not own and llamacpp_dense_gflops:
+        dense = llamacpp_dense_gflops
     attn = c.cpu_attention_gflops_per_core if own and c.cpu_attention_gflops_per_core > 0 else dense
     return (dense_flops / dense + attention_flops / attn) / (1e9 * threads)
 

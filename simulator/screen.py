@@ -18,7 +18,7 @@ from .engram import EngramText, gathers_inline, layer_gather_s, ram_room
 from .policies import auction_split, chunks, expected_touched, mtp_tokens, ubatches, whole_experts_per_thread
 from .prefill import TOUCH_LOCALITY, attention_flops
 from .resources import (GB, Constants, cpu_dense_gbs, cpu_expert_gbs, cpu_expert_prefill_gflops, cpu_pair_s, host_dense_s,
-                        whole_jobs)
+                        llamacpp_dense_prefill_gflops, whole_jobs)
 from .routing import distinct_per_layer, inclusion, make_routing
 
 
@@ -265,11 +265,12 @@ def _prefill_compute_s(model, hw, plan, prompt_tokens: int, c: Constants) -> flo
         return n * k * model.expert_flops * layers / (gflops * 1e9 * threads)
     if hw.gpu is None:  # no device: dense path, attention and experts all on the host cores
         total, pos = 0.0, 0
+        dense_gflops = llamacpp_dense_prefill_gflops(hw, model, threads, c) if plan.engine == "llamacpp" else None
         for ch in chunks(prompt_tokens, plan.prefill.chunk_tokens):
             ubs = ubatches(ch, plan.prefill.ubatch_tokens)
             for i, n in enumerate(ubs):  # the head for the chunk's last token (prefill.py's `outputs`)
                 dense_s = host_dense_s(model.prefill_dense_flops(n, int(i == len(ubs) - 1)),
-                                       attention_flops(model, pos, n), c, threads, plan.engine)
+                                       attention_flops(model, pos, n), c, threads, plan.engine, dense_gflops)
                 total += dense_s + experts_s(n, model.n_moe_layers) + model.n_moe_layers * c.cpu_job_ms * 1e-3
                 pos += n
         return total

@@ -123,6 +123,20 @@ def llamacpp_prefill_key(fmt_name: str, path: str) -> str:
     return fmt_name if path == "vecdot" else f"{fmt_name}:{path}"
 
 
+# ggml's MUL_MAT of F16 weights on a batch hands the whole product to llamafile's tinyBLAS (ggml-cpu.c
+# ggml_compute_forward_mul_mat under GGML_USE_LLAMAFILE; llamafile/sgemm.cpp llamafile_sgemm): on x86 with AVX-512 F,
+# or AVX2 and F16C, the F32 activations converted to F16 first; the dense path of every make-model file
+LLAMACPP_SGEMM_ISA: dict[str, tuple[tuple[str, ...], ...]] = {"F16": (("avx512f",), ("avx2", "f16c"))}
+
+
+def llamacpp_dense_prefill_key(fmt_name: str, isa: list[str]) -> str | None:
+    """A profile's key for llama.cpp's prefill products of dense weights in `fmt_name` on a CPU with `isa`:
+    'F16:sgemm' where llamafile's tinyBLAS takes them, else None (the profile's one prefill rate)."""
+    if any(all(f in isa for f in need) for need in LLAMACPP_SGEMM_ISA.get(fmt_name, ())):
+        return f"{fmt_name}:sgemm"
+    return None
+
+
 # repack.cpp's MUL_MAT_ID runs every format it repacks the same way, a gemv per token over 8 interleaved rows of
 # int8-activation products (q4_0_8x8, q4_K_8x8, iq4_nl_8x8: one template, tensor_traits::forward_mul_mat_id); the
 # profile times the one rebuilt (Q4_0's, calibration.bench_ggml_prefill), which stands in for the others' path

@@ -308,6 +308,18 @@ class ModelSpec(_Strict):
         """expert_rate for the dense path: each of dense_types at rate(format)."""
         return _mixed_rate(self.dense_types(), rate, per)
 
+    def prefill_dense_rate(self, rate: Callable[[WeightFormat], float]) -> float:
+        """GFLOP/s of a prefill batch's dense products, the head aside (it runs for the outputs only:
+        prefill_dense_flops), when each dense weight type runs at rate(format): dense_types less the head's weights."""
+        types = dict(self.dense_types())
+        head = [t for t in self.tensors or () if t.name == "output.weight"]
+        for t in head:  # a tied head is the embedding table, whose one row a token is all dense_types holds
+            b, w = types[t.type]
+            types[t.type] = (max(0.0, b - t.bytes), max(0.0, w - math.prod(t.shape)))
+        if not any(w for _, w in types.values()):  # nothing but the head: its own type's rate
+            return rate(parse_format(self.dense_format))
+        return _mixed_rate(types, rate, "weights")
+
     @property
     def dense_params_per_token(self) -> float:
         """Dense weights multiplied per token: each tensor's shape for a GGUF header; else from the config (from

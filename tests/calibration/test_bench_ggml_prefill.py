@@ -133,3 +133,23 @@ def test_the_narrow_path_is_timed_at_sixteen_tokens_an_expert():
     assert job_tokens("tiled-narrow", 64, 4, 4) == 16
     assert job_tokens("tiled-narrow", 64, 32, 8) == 64
     assert job_tokens("tiled", 64, 4, 4) == job_tokens("vecdot", 64, 4, 4) == 64
+
+
+def test_calibrate_times_llamas_f16_dense_products_where_llamafile_takes_them():
+    """llamafile's tinyBLAS takes F16 weights with AVX-512 F, or AVX2 and F16C (calibration.ggml_sgemm): calibrate
+    times that dense job there (where this CPU runs the rebuild), nowhere else."""
+    from calibration.bench_ggml_prefill import dense_job
+    from calibration.ggml_sgemm import HAVE_F16C
+    assert dense_job(["avx", "avx2", "f16c"]) == (("F16", "sgemm") if HAVE_F16C else None)
+    assert dense_job(["avx", "avx2"]) is None and dense_job(["asimd"]) is None
+
+
+@pytest.mark.skipif(not HAVE_AVX2, reason="tinyBLAS's F16 path is rebuilt for x86")
+def test_the_dense_job_runs_an_attention_blocks_four_products():
+    """hidden 256, head_dim 64: one query head (64 rows), one K and one V head, the output projection back to
+    256; 2 FLOPs a weight and token, as the simulator counts the dense path."""
+    from calibration.bench_ggml_prefill import ggml_dense_prefill_job, label
+    run, flops = ggml_dense_prefill_job(hidden=256, head_dim=64, tokens=24)
+    run()
+    assert flops == 2 * 24 * (64 * 256 + 64 * 256 + 64 * 256 + 256 * 64)
+    assert "tinyBLAS" in label("F16", "sgemm", 256, 0)

@@ -116,6 +116,20 @@ def test_ggml_prefill_structures_timed_for_llamacpp_plans(run):
     assert len(rows) == len(g)
 
 
+def test_llamas_f16_dense_products_timed_where_llamafile_takes_them(run):
+    """Beside the experts, calibrate times llama.cpp's F16 dense products of a prompt's batch on llamafile's tinyBLAS
+    (calibration.ggml_sgemm) where this CPU runs it: 'F16:sgemm' (and on one thread), a store row each."""
+    hw, _, st, _ = run
+    from calibration.bench_ggml_prefill import dense_job
+    g = hw.cpu.ggml_prefill_gflops
+    if dense_job(hw.cpu.isa) is None:
+        assert "F16:sgemm" not in g
+        return
+    assert g["F16:sgemm"].source == "measured" and "tinyBLAS" in g["F16:sgemm"].ref and g["F16:sgemm"] > 0
+    assert ("F16:sgemm@1t" in g) == (hw.cpu.threads_used > 1)
+    assert any(r["case"] == "calibrate:cpu_ggml_prefill_F16_sgemm" for r in store.read_rows(st))
+
+
 def test_prefill_timed_at_two_batch_sizes_gives_the_fixed_tokens(run):
     """calibrate times the executor's prefill batch at prefill_tokens and prefill_long_tokens (TINY: 8 and 32 tokens,
     top-2 of 4 experts: 4 and 16 tokens an expert) and writes the first's rate, its tokens an expert and m0 from the

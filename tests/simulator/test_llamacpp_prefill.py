@@ -152,3 +152,35 @@ def test_a_faster_host_dense_rate_never_lengthens_ttft(gflops, factor, name):
     model, hw, _, ex = _cpu_only("Q8_0", {})
     a, b = _with_constants(hw, **{name: gflops}), _with_constants(hw, **{name: gflops * factor})
     assert _ttft(model, b, ex, prompt=512) <= _ttft(model, a, ex, prompt=512) * (1 + 1e-9)
+
+
+def _dense_s(model, hw, plan, prompt: int = 256) -> float:
+    """Seconds of the prompt's dense products and attention on the plan's host cores (simulator.resources)."""
+    from simulator.prefill import attention_flops
+    from simulator.resources import Constants, host_dense_s, llamacpp_dense_prefill_gflops
+    c = Constants.from_hw(hw, plan.engine)
+    threads = plan.cpu_threads or hw.cpu.threads_used
+    rate = llamacpp_dense_prefill_gflops(hw, model, threads, c) if plan.engine == "llamacpp" else None
+    return host_dense_s(model.prefill_dense_flops(prompt, 1), attention_flops(model, 0, prompt), c, threads,
+                        plan.engine, rate)
+
+
+def test_llamacpp_dense_prefill_reads_llamafiles_f16_rate():
+    """llama.cpp's F16 dense products on a batch run on llamafile's tinyBLAS (specs.formats.llamacpp_dense_prefill_key):
+    a profile's 'F16:sgemm' rate 4x the expert GEMM's shortens the llama.cpp plan's TTFT by exactly the dense
+    products' seconds saved, on the events and the screen alike; the executor's plan keeps its own dense rate."""
+    slow = _cpu_only("Q8_0", {"Q8_0": 10.0}, isa=("avx2", "f16c"))
+    fast = _cpu_only("Q8_0", {"Q8_0": 10.0, "F16:sgemm": 40.0}, isa=("avx2", "f16c"))
+    saved = _dense_s(*slow[:3]) - _dense_s(*fast[:3])
+    assert saved > 0
+    assert _ttft(*slow[:3]) - _ttft(*fast[:3]) == pytest.approx(saved, rel=1e-6)
+    assert screen(*fast[:3], prompt_tokens=256).ttft_s == pytest.approx(_ttft(*fast[:3]), rel=0.05)
+    assert _ttft(*fast[:2], fast[3]) == pytest.approx(_ttft(*slow[:2], slow[3]), rel=1e-12)
+
+
+def test_without_f16c_llamafile_does_not_take_f16_and_the_rate_is_not_read():
+    """tinyBLAS's F16 path needs AVX-512 F, or AVX2 and F16C: on a CPU with AVX2 alone the 'F16:sgemm' rate is not
+    llama.cpp's path there and the dense products keep the expert GEMM's rate."""
+    no_f16c = _cpu_only("Q8_0", {"Q8_0": 10.0, "F16:sgemm": 40.0}, isa=("avx2",))
+    none = _cpu_only("Q8_0", {"Q8_0": 10.0}, isa=("avx2",))
+    assert _ttft(*no_f16c[:3]) == pytest.approx(_ttft(*none[:3]), rel=1e-12)

@@ -41,3 +41,13 @@ def test_iq4_types_decode_like_block_formats_and_lattice_iquants_like_codebooks(
     assert not parse_format("IQ4_XS").codebook and not parse_format("IQ4_NL").codebook
     assert all(parse_format(f).codebook for f in ("IQ3_S", "IQ3_XXS", "IQ2_XXS", "IQ1_M"))
     assert parse_format("IQ4_XS").bits == 4.25 and parse_format("IQ4_NL").bits == 4.5
+
+
+def test_llamas_f16_dense_products_take_llamafiles_tinyblas_with_avx512f_or_avx2_and_f16c():
+    """ggml's MUL_MAT of F16 weights goes to llamafile_sgemm on x86 with AVX-512 F (tinyBLAS<16, __m512>) or AVX2
+    and F16C (<8, __m256>); other types, and a CPU with neither, keep the profile's one prefill rate."""
+    from specs.formats import llamacpp_dense_prefill_key
+    assert llamacpp_dense_prefill_key("F16", ["avx2", "f16c", "avx512f"]) == "F16:sgemm"
+    assert llamacpp_dense_prefill_key("F16", ["avx2", "f16c"]) == "F16:sgemm"
+    assert llamacpp_dense_prefill_key("F16", ["avx2"]) is None
+    assert llamacpp_dense_prefill_key("Q8_0", ["avx2", "f16c", "avx512f"]) is None

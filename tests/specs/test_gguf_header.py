@@ -121,6 +121,16 @@ def test_dense_types_are_what_a_token_reads_on_the_dense_path(gguf_file):
     assert m.prefill_dense_flops(10, 1) == 2 * (m.dense_params_per_token - V * H) * 10 + 2 * V * H
 
 
+def test_a_prefill_batchs_dense_rate_leaves_the_head_out(gguf_file):
+    """The head runs for a batch's outputs only (prefill_dense_flops): the dense products' rate weighs the F16
+    attention, the F32 routers and the embedding row by their weights, without the Q8_0 head's."""
+    m = load_model(str(gguf_file[0]))
+    rates = {"F16": 40.0, "F32": 10.0, "Q8_0": 1.0}
+    w16, w32, w8 = L * 64 * H + H, L * E * H, 0  # the one embedding row is F16 here
+    want = (w16 + w32 + w8) / (w16 / 40.0 + w32 / 10.0)
+    assert m.prefill_dense_rate(lambda f: rates[f.name]) == pytest.approx(want, rel=1e-12)
+
+
 def test_a_tied_head_reads_the_whole_embedding_table_in_its_type(gguf_file):
     """Without output.weight the head is token_embd (F16 here): every row of it a token, plus the input row."""
     m = load_model(str(gguf_file[0]))
