@@ -15,7 +15,6 @@ import re
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numba
@@ -25,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from calibration import ggml_sgemm as GS  # noqa: E402
 from calibration.bench_ggml_prefill import ggml_dense_prefill_job  # noqa: E402
+from bench_ggml_tiled import rebuild_gflops as gflops  # noqa: E402  (this folder: the same timing loop)
 
 M, N, K = 4096, 512, 14336  # test-backend-ops make_test_cases_perf: test_mul_mat(F16, F32, 4096, bs 512, 14336)
 
@@ -48,16 +48,6 @@ def rebuild_case():
     def run():
         GS.sgemm(w, x, out, numba.get_num_threads(), x16)
     return run, 2.0 * M * N * K
-
-
-def gflops(run, flops: float, reps: int = 5) -> float:
-    run()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        run()
-        ts.append(time.perf_counter() - t0)
-    return flops / statistics.median(ts) / 1e9
 
 
 def main(argv=None) -> int:

@@ -55,15 +55,16 @@ def tile_plan(m: int, n: int, k: int, nth: int, registers: int = REGISTERS, kn: 
 
 # ---- gemm_bloc<RM, RN>: one tile, all of k -------------------------------------------------------------------------
 
-def _bloc_codegen(rn: int, half: bool):
+def _bloc_codegen(rn: int):
     """Codegen of gemm_bloc<4, rn>: C[(jj + j) * ldc + ii + i] = sum_l A[ii + i, l] * B[jj + j, l], i < 4, j < rn,
-    A's rows at lda, B's at ldb (elements; F16 bits as uint16 where `half`, else float32), k a multiple of KN."""
+    A's rows at lda, B's at ldb (elements; F16 bits where A is uint16, else float32), k a multiple of KN."""
     vt = V(F32, KN)
 
     def gen(context, builder, sig, args):
         A, ao, lda, B, bo, ldb, k, C, co, ldc = args
         data = lambda i, v: cgutils.create_struct_proxy(sig.args[i])(context, builder, value=v).data  # noqa: E731
         ad, bd, cd = data(0, A), data(3, B), data(7, C)
+        half = sig.args[0].dtype == types.uint16
         fma = _fn(builder, f"llvm.fma.v{KN}f32", vt, [vt] * 3)
         accs = [[cgutils.alloca_once_value(builder, ir.Constant(vt, [0.0] * KN)) for _ in range(RM)]
                 for _ in range(rn)]
@@ -107,46 +108,31 @@ def _bloc_codegen(rn: int, half: bool):
     return gen
 
 
-def _bloc(rn: int, half: bool):
+def _bloc(rn: int):
     @intrinsic
     def bloc(typingctx, A, ao, lda, B, bo, ldb, k, C, co, ldc):
-        return types.none(A, ao, lda, B, bo, ldb, k, C, co, ldc), _bloc_codegen(rn, half)
+        return types.none(A, ao, lda, B, bo, ldb, k, C, co, ldc), _bloc_codegen(rn)
     return bloc
 
 
-_H1, _H2, _H3, _H4, _H5, _H6 = (_bloc(r, True) for r in range(1, 7))
-_F1, _F2, _F3, _F4, _F5, _F6 = (_bloc(r, False) for r in range(1, 7))
+_B1, _B2, _B3, _B4, _B5, _B6 = (_bloc(r) for r in range(1, 7))
 
 
 @njit(inline="always")
-def _run_bloc(half, rn, A, ao, lda, B, bo, ldb, k, C, co, ldc):
+def _run_bloc(rn, A, ao, lda, B, bo, ldb, k, C, co, ldc):
     """gemm_bloc<4, rn> on one tile (rn <= 6)."""
-    if half:
-        if rn == 6:
-            _H6(A, ao, lda, B, bo, ldb, k, C, co, ldc)
-        elif rn == 5:
-            _H5(A, ao, lda, B, bo, ldb, k, C, co, ldc)
-        elif rn == 4:
-            _H4(A, ao, lda, B, bo, ldb, k, C, co, ldc)
-        elif rn == 3:
-            _H3(A, ao, lda, B, bo, ldb, k, C, co, ldc)
-        elif rn == 2:
-            _H2(A, ao, lda, B, bo, ldb, k, C, co, ldc)
-        else:
-            _H1(A, ao, lda, B, bo, ldb, k, C, co, ldc)
+    if rn == 6:
+        _B6(A, ao, lda, B, bo, ldb, k, C, co, ldc)
+    elif rn == 5:
+        _B5(A, ao, lda, B, bo, ldb, k, C, co, ldc)
+    elif rn == 4:
+        _B4(A, ao, lda, B, bo, ldb, k, C, co, ldc)
+    elif rn == 3:
+        _B3(A, ao, lda, B, bo, ldb, k, C, co, ldc)
+    elif rn == 2:
+        _B2(A, ao, lda, B, bo, ldb, k, C, co, ldc)
     else:
-        if rn == 6:
-            _F6(A, ao, lda, B, bo, ldb, k, C, co, ldc)
-        elif rn == 5:
-            _F5(A, ao, lda, B, bo, ldb, k, C, co, ldc)
-        elif rn == 4:
-            _F4(A, ao, lda, B, bo, ldb, k, C, co, ldc)
-        elif rn == 3:
-            _F3(A, ao, lda, B, bo, ldb, k, C, co, ldc)
-        elif rn == 2:
-            _F2(A, ao, lda, B, bo, ldb, k, C, co, ldc)
-        else:
-            _F1(A, ao, lda, B, bo, ldb, k, C, co, ldc)
+        _B1(A, ao, lda, B, bo, ldb, k, C, co, ldc)
 
 
 @njit(inline="always")
@@ -158,10 +144,10 @@ def _bloc_pos(ib, ibn, size):
 # ---- gemm<RM, RN, BM>: the jobs ------------------------------------------------------------------------------------
 
 @njit(parallel=True, nogil=True, cache=True)
-def _gemm(half, A, B, C, m, n, k, rn, bm, bn, nthr):
+def _gemm(A, B, C, m, n, k, rn, bm, bn, nthr):
     """C [n, m] = B [n, k] . A [m, k]^T by tinyBLAS::gemm<4, rn, bm>, BN = bn: the jobs of bm row tiles x a block
     of about bn token tiles in turn, thread th from job th on (ggml's atomic chunk counter; nthr: numba's threads,
-    passed in); half: A and B F16 bits (uint16), else float32."""
+    passed in); A and B F16 bits (uint16), or float32."""
     ytiles = m // (RM * bm)
     xtiles = (n + rn - 1) // rn
     jj_rn = xtiles - (xtiles * rn - n)  # tiles rn wide; the rest rn - 1
@@ -179,11 +165,11 @@ def _gemm(half, A, B, C, m, n, k, rn, bm, bn, nthr):
             for bi in range(0, bm * RM, RM):
                 jj = jj0
                 while jj < jj1:
-                    _run_bloc(half, rn, A, np.int64((ii + bi) * k), np.int64(k), B, np.int64(jj * k), np.int64(k),
+                    _run_bloc(rn, A, np.int64((ii + bi) * k), np.int64(k), B, np.int64(jj * k), np.int64(k),
                               k, C, np.int64(jj * m + ii + bi), np.int64(m))
                     jj += rn
                 while jj < jj2:
-                    _run_bloc(half, rn - 1, A, np.int64((ii + bi) * k), np.int64(k), B, np.int64(jj * k),
+                    _run_bloc(rn - 1, A, np.int64((ii + bi) * k), np.int64(k), B, np.int64(jj * k),
                               np.int64(k), k, C, np.int64(jj * m + ii + bi), np.int64(m))
                     jj += rn - 1
 
@@ -231,6 +217,6 @@ def sgemm(w, x, out, nthr: int, x16=None) -> bool:
         to_f16(x, b, nthr)
     else:
         b = x
-    _gemm(w.dtype == np.uint16, w, b, out, np.int64(m), np.int64(n), np.int64(k), np.int64(rn), np.int64(bm),
+    _gemm(w, b, out, np.int64(m), np.int64(n), np.int64(k), np.int64(rn), np.int64(bm),
           np.int64(bn), nthr)
     return True

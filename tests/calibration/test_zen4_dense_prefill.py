@@ -2,9 +2,9 @@
 L3), with llamafile's tinyBLAS F16 GEMM rebuilt (calibration.ggml_sgemm) for llama.cpp's dense prefill products,
 without llama.cpp here: llama-bench pp512 (-r 2, 2 threads, with its load-time repacking and with `--repack 0`) of
 make-model's seven `small` files in six sittings of 2026-12-06 (03:22-03:37; three with tg64, -r 3, too;
-results-llamacpp-HHMM.csv; the models' headers are session 40's, in ../xeon-2026-12-05), predicted on five
-`calibrate --quick` profiles written between them (03:20-03:40, host-calibrated-HHMM.yaml; those from 03:32 on rate
-'F16:sgemm'). No constant is fitted on llama.cpp.
+results-llamacpp-HHMM.csv; the models' headers are session 40's, in ../xeon-2026-12-05), predicted on the three
+`calibrate --quick` profiles written between them that rate 'F16:sgemm' (03:32-03:40, host-calibrated-HHMM.yaml;
+two earlier ones, 03:20 and 03:24, are stored beside them). No constant is fitted on llama.cpp.
 
 perf of llama-bench's `small-q4k` pp512 in place here: the tiled K-quant GEMM ~65% of the samples, tinyBLAS's
 F16 gemm_bloc<4, 6> 12%, the elementwise multiply of the expert outputs by their weights 8.3%, flash attention 2.7%."""
@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = Path("tests/calibration/data/zen4-2026-12-06")  # the stores' model paths are relative to the repo root
 SITTINGS = ("0322", "0325", "0328", "0330", "0334", "0337")
 DECODE_SITTINGS = ("0322", "0334", "0337")
-PROFILES = ("0320", "0324", "0332", "0337", "0340")
-SGEMM_PROFILES = ("0332", "0337", "0340")
+PROFILES = ("0332", "0337", "0340")  # those that rate 'F16:sgemm'
+SGEMM_PROFILES = PROFILES
 TILED = (" Q4_K:", " Q2_K:", " Q3_K:", " IQ4_XS:")  # the files whose experts take the tiled GEMM in place
 
 
@@ -99,8 +99,8 @@ def test_the_f16_rate_moves_each_prefill_by_its_dense_share_only(sitting):
 
 
 def test_the_in_place_k_quants_sit_under_the_other_prefills():
-    """What is left, stated: on each (sitting, profile) the four in-place K-quant runs' mean error sits -24 to +2.5
-    points from the other ten's (-10.9 on average), when recorded. Here the tiled GEMM's rebuild runs at ggml's own
+    """What is left, stated: on each (sitting, profile) the four in-place K-quant runs' mean error sits 5 to 24
+    points under the other ten's (12.7 on average), when recorded. Here the tiled GEMM's rebuild runs at ggml's own
     rate in test-backend-ops' cases (0.93-1.21x at 768 x 2048 and 32 tokens an expert; 0.90-1.25x at 1792 x 2048,
     16 and 64), but ggml's rate rises with the tokens an expert (120 -> 151 -> 195 GFLOP/s for Q4_K at 16, 32, 64)
     where the rebuild's stays near 150 from 64 up, and llama-bench's 128 tokens an expert imply ~220 from perf's
@@ -111,22 +111,22 @@ def test_the_in_place_k_quants_sit_under_the_other_prefills():
             pp = _prefill(_rows(s, p))
             gaps.append(statistics.mean(r["error"] for r in pp if _in_place_tiled(r))
                         - statistics.mean(r["error"] for r in pp if not _in_place_tiled(r)))
-    assert all(-0.30 < g < 0.05 for g in gaps)
-    assert -0.16 < statistics.mean(gaps) < -0.06
+    assert all(-0.30 < g < 0.0 for g in gaps)
+    assert -0.18 < statistics.mean(gaps) < -0.08
 
 
 def test_prefill_over_every_sitting_and_profile():
-    """The 420 pp512 predictions: mean error -10.1%, median |error| 11.2%, when recorded."""
+    """The 252 pp512 predictions: mean error -9.6%, median |error| 10.5%, when recorded."""
     errs = [r["error"] for s in SITTINGS for p in PROFILES for r in _prefill(_rows(s, p))]
-    assert len(errs) == 420
+    assert len(errs) == 252
     assert -0.16 < statistics.mean(errs) < -0.04
     assert statistics.median(abs(e) for e in errs) < 0.16
 
 
 def test_the_vms_spells_set_the_decode_level():
-    """tg64 (42 runs a profile): mean error +16.9%, -1.3%, +30.4%, +17.4%, -2.5% on the five profiles in turn, when
-    recorded; profiles minutes apart differ by ~30 points over the same runs, so the profile's spell, not the
-    mechanism, sets the level here."""
+    """tg64 (42 runs a profile): mean error +30.4%, +17.4%, -2.5% on the three profiles in turn (the two earlier ones
+    +16.9%, -1.3%), when recorded; profiles minutes apart differ by ~30 points over the same runs, so the profile's
+    spell, not the mechanism, sets the level here."""
     means = [statistics.mean(r["error"] for s in DECODE_SITTINGS for r in _rows(s, p) if r["metric"] != "prefill_tok_s")
              for p in PROFILES]
     assert max(means) - min(means) > 0.2
