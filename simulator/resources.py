@@ -170,13 +170,14 @@ def host_dense_s(dense_flops: float, attention_flops: float, c: Constants, threa
                  llamacpp_dense_gflops: float | None = None) -> float:
     """Seconds `threads` host cores take for a prefill batch's dense products and attention (FLOPs): for the
     executor at its measured dense and attention rates where the profile has them; for llama.cpp its dense products
-    at llamacpp_dense_gflops (per core) where given; else at the expert GEMM's rate (cpu_prefill_gflops_per_core)."""
+    at llamacpp_dense_gflops (per core) where given; else, and its attention, at the expert GEMM's rate
+    (cpu_prefill_gflops_per_core)."""
     base = c.cpu_prefill_gflops_per_core
     own = engine != "llamacpp"
     dense = c.cpu_dense_gflops_per_core if own and c.cpu_dense_gflops_per_core > 0 else base
-    if not own and llamacpp_dense_gflops:
-        dense = llamacpp_dense_gflops
     attn = c.cpu_attention_gflops_per_core if own and c.cpu_attention_gflops_per_core > 0 else dense
+    if not own and llamacpp_dense_gflops:  # its products only: attention (flash attention on the CPU) is not tinyBLAS
+        dense = llamacpp_dense_gflops
     return (dense_flops / dense + attention_flops / attn) / (1e9 * threads)
 
 

@@ -83,11 +83,10 @@ def test_the_profiles_rate_llamas_f16_dense_products_at_the_fma_roof():
         assert 85 < sgemm < 0.95 * base
 
 
-@pytest.mark.parametrize("sitting", DECODE_SITTINGS)
-def test_the_f16_rate_moves_each_prefill_by_its_dense_share_only(sitting):
-    """Rated at tinyBLAS's 92 rather than the integer GEMM's ~103, each pp512 prediction falls by 0.4% to 1.7% (the
-    dense products are ~8.5% of a `small` token's multiply-adds, the head aside); the decode predictions do not
-    move."""
+def test_the_f16_rate_moves_each_prefill_by_its_dense_share_only(sitting: str = "0337"):
+    """Rated at tinyBLAS's 92 rather than the integer GEMM's ~103, each pp512 prediction falls by 0.35% to 1.6% (the
+    dense products are ~8.5% of a `small` token's multiply-adds, the head aside; the last sitting with decode runs);
+    the decode predictions do not move."""
     for p in SGEMM_PROFILES:
         before = {r["case"]: r for r in _rows(sitting, p, sgemm=False)}
         for r in _rows(sitting, p):
@@ -116,7 +115,7 @@ def test_the_in_place_k_quants_sit_under_the_other_prefills():
 
 
 def test_prefill_over_every_sitting_and_profile():
-    """The 252 pp512 predictions: mean error -9.6%, median |error| 10.5%, when recorded."""
+    """The 252 pp512 predictions: mean error -9.5%, median |error| 10.5%, when recorded."""
     errs = [r["error"] for s in SITTINGS for p in PROFILES for r in _prefill(_rows(s, p))]
     assert len(errs) == 252
     assert -0.16 < statistics.mean(errs) < -0.04

@@ -154,25 +154,16 @@ def test_a_faster_host_dense_rate_never_lengthens_ttft(gflops, factor, name):
     assert _ttft(model, b, ex, prompt=512) <= _ttft(model, a, ex, prompt=512) * (1 + 1e-9)
 
 
-def _dense_s(model, hw, plan, prompt: int = 256) -> float:
-    """Seconds of the prompt's dense products and attention on the plan's host cores (simulator.resources)."""
-    from simulator.prefill import attention_flops
-    from simulator.resources import Constants, host_dense_s, llamacpp_dense_prefill_gflops
-    c = Constants.from_hw(hw, plan.engine)
-    threads = plan.cpu_threads or hw.cpu.threads_used
-    rate = llamacpp_dense_prefill_gflops(hw, model, threads, c) if plan.engine == "llamacpp" else None
-    return host_dense_s(model.prefill_dense_flops(prompt, 1), attention_flops(model, 0, prompt), c, threads,
-                        plan.engine, rate)
-
-
 def test_llamacpp_dense_prefill_reads_llamafiles_f16_rate():
     """llama.cpp's F16 dense products on a batch run on llamafile's tinyBLAS (specs.formats.llamacpp_dense_prefill_key):
-    a profile's 'F16:sgemm' rate 4x the expert GEMM's shortens the llama.cpp plan's TTFT by exactly the dense
-    products' seconds saved, on the events and the screen alike; the executor's plan keeps its own dense rate."""
+    a profile's 'F16:sgemm' rate of 40 GFLOP/s a core, 4x the expert GEMM's 10, shortens the llama.cpp plan's TTFT by
+    exactly its dense products' FLOPs x (1/10 - 1/40) ns over the threads (tiny's dense path is all F16; attention,
+    flash attention on the CPU, keeps its rate), on the events and the screen alike; the executor's plan keeps its
+    own dense rate."""
     slow = _cpu_only("Q8_0", {"Q8_0": 10.0}, isa=("avx2", "f16c"))
     fast = _cpu_only("Q8_0", {"Q8_0": 10.0, "F16:sgemm": 40.0}, isa=("avx2", "f16c"))
-    saved = _dense_s(*slow[:3]) - _dense_s(*fast[:3])
-    assert saved > 0
+    model, hw, plan = fast[:3]
+    saved = model.prefill_dense_flops(256, 1) * (1 / 10.0 - 1 / 40.0) / (1e9 * (plan.cpu_threads or hw.cpu.threads_used))
     assert _ttft(*slow[:3]) - _ttft(*fast[:3]) == pytest.approx(saved, rel=1e-6)
     assert screen(*fast[:3], prompt_tokens=256).ttft_s == pytest.approx(_ttft(*fast[:3]), rel=0.05)
     assert _ttft(*fast[:2], fast[3]) == pytest.approx(_ttft(*slow[:2], slow[3]), rel=1e-12)
