@@ -41,13 +41,16 @@ def local_rows(store: str | Path, hw_path: str, latest_only: bool = True) -> lis
     runs = [r for r in read_rows(store) if r.get("plan") and r.get("model")]
     if latest_only:  # the newest measurement of each case
         runs = list({(r["case"], r["metric"]): r for r in runs}.values())
-    rows = []
+    rows, models = [], {}  # (model path, reads Engram): ModelSpec, each header read once
     for r in runs:
         plan = Plan.model_validate_json(r["plan"])
+        key = (r["model"], plan.placement.engram != "none")
         try:
-            model = run_model(r["model"], plan)
+            if key not in models:
+                models[key] = run_model(r["model"], plan)
         except SpecError:
             continue  # the model file of an old run is gone
+        model = models[key]
         n_prompt, n_gen = int(float(r.get("n_prompt") or 0)), int(float(r.get("n_gen") or 0) or 64)
         routing = r.get("routing") or None
         if routing and not Path(routing).exists():

@@ -1,7 +1,8 @@
 """Routing models: which experts each token picks in each MoE layer.
 
 `sample(n_tokens, rng)` returns int32 [n_tokens, n_layers, k]: k distinct experts per token and
-layer. Popularity-weighted picks without replacement follow Plackett-Luce (sequential draws).
+layer. Popularity-weighted picks without replacement follow Plackett-Luce (sequential draws, drawn as an
+exponential race).
 """
 from __future__ import annotations
 
@@ -55,48 +56,29 @@ def fit_exponent(n_experts: int, k: int, frac_experts: float = 0.046, frac_reads
 
 
 def _pl_sample(pop: np.ndarray, n_tokens: int, k: int, rng, rows: np.ndarray | None = None) -> np.ndarray:
-    """[n_tokens, L, k] picks without replacement, proportional to pop (Plackett-Luce: pick j is
-    drawn from the popularity row and redrawn while it repeats an earlier pick). `pop` is [L, E], or
-    [R, E] with `rows` [n_tokens, L] naming the popularity row each token and layer draws from."""
+    """[n_tokens, L, k] picks without replacement, proportional to pop (Plackett-Luce), in pick order. `pop` is
+    [L, E], or [R, E] with `rows` [n_tokens, L] naming the popularity row each token and layer draws from.
+    Drawn as an exponential race: each expert's clock rings after Exp(1) / p_e, and the first k to ring are the
+    picks in order, the law of drawing one at a time and renormalising over the rest (the Gumbel-top-k trick in its
+    exponential form: Vieira 2014; Kool et al., ICML 2019). Experts of zero popularity never ring before the others."""
     R, E = pop.shape
     if rows is None:
         rows = np.broadcast_to(np.arange(R)[None, :], (n_tokens, R))
-    cdf = np.cumsum(pop / pop.sum(axis=1, keepdims=True), axis=1)
-    cdf[:, -1] = 1.0
-    flat = (cdf + np.arange(R)[:, None]).ravel()
-    row_of = np.broadcast_to(rows[..., None], rows.shape + (k,)).astype(float)
-
-    def draw(row_float):
-        u = rng.random(row_float.shape) + row_float
-        return np.minimum(np.searchsorted(flat, u, side="right"), R * E - 1) - row_float.astype(np.int64) * E
-
-    out = draw(row_of)
-    for j in range(1, k):
-        dup = (out[:, :, j:j + 1] == out[:, :, :j]).any(axis=2)
-        tries = 0
-        while dup.any():
-            t_idx, l_idx = np.nonzero(dup)
-            if tries == _REDRAWS:  # a heavy head keeps colliding: draw the rest from what is left
-                out[t_idx, l_idx, j] = _draw_left(pop, rows[t_idx, l_idx], out[t_idx, l_idx, :j], rng)
-                break
-            out[t_idx, l_idx, j] = draw(rows[t_idx, l_idx].astype(float))
-            dup = np.zeros_like(dup)
-            dup[t_idx, l_idx] = (out[t_idx, l_idx, j][:, None] == out[t_idx, l_idx, :j]).any(axis=1)
-            tries += 1
-    return out.astype(np.int32)
+    with np.errstate(divide="ignore"):
+        inv = 1.0 / (pop / pop.sum(axis=1, keepdims=True))  # [R, E]
+    L = rows.shape[1]
+    out = np.empty((n_tokens, L, k), dtype=np.int32)
+    block = max(1, _RACE_BLOCK // max(L * E, 1))  # tokens a block: its clocks stay under ~32 MB
+    for t0 in range(0, n_tokens, block):
+        r = rows[t0:t0 + block]  # [b, L]
+        ring = rng.standard_exponential(r.shape + (E,)) * inv[r]  # [b, L, E]
+        first = np.argpartition(ring, k - 1, axis=2)[..., :k] if k < E else np.broadcast_to(np.arange(E), ring.shape)
+        order = np.argsort(np.take_along_axis(ring, first, axis=2), axis=2, kind="stable")
+        out[t0:t0 + block] = np.take_along_axis(first, order, axis=2)
+    return out
 
 
-_REDRAWS = 16  # redraw rounds before the exact conditional draw (same law; rarely reached but for heavy skew)
-
-
-def _draw_left(pop: np.ndarray, rows: np.ndarray, picked: np.ndarray, rng) -> np.ndarray:
-    """One pick per row from popularity row `rows` [m] with the experts already `picked` [m, j]
-    removed: the law a redraw-until-new converges to, in one draw."""
-    w = pop[rows].astype(float)  # [m, E]
-    np.put_along_axis(w, picked.astype(np.int64), 0.0, axis=1)
-    cdf = np.cumsum(w, axis=1)
-    u = rng.random(len(rows)) * cdf[:, -1]
-    return np.minimum((cdf <= u[:, None]).sum(axis=1), pop.shape[1] - 1)
+_RACE_BLOCK = 1 << 22  # clocks drawn at once
 
 
 class Routing:

@@ -335,8 +335,8 @@ class ModelSpec(_Strict):
         """Weights of the output head: `output.weight`'s (or the tied table's) shape for a GGUF header; else its
         share of the dense bytes, of dense_params_per_token."""
         if self.tensors is not None:
-            head = [t for t in self.tensors if t.name == "output.weight"
-                    or (self.head_is_embedding and t.group == "embedding")]
+            tied = self.head_is_embedding  # once: it scans the tensors itself
+            head = [t for t in self.tensors if t.name == "output.weight" or (tied and t.group == "embedding")]
             return float(sum(math.prod(t.shape) for t in head))
         if self.dense_bytes_per_token <= 0:
             return 0.0

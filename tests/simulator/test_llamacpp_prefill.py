@@ -4,7 +4,6 @@ profile's one prefill rate."""
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from simulator.prefill import PrefillRun  # noqa: F401  (the event path the tests below run through simulate)
 from simulator.run import simulate
 from simulator.screen import screen
 from specs.figure import Figure

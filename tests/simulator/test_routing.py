@@ -116,10 +116,9 @@ def test_replay_keeps_the_recorded_prompt_apart(tmp_path):
     assert rp.sample(1, None).tolist() == [[[7, 0], [7, 1], [7, 2]]]
 
 
-def test_heavy_head_sampling_stays_plackett_luce_and_fast():
-    """With one expert taking 97% of the mass, redraw-until-new would loop for long: past
-    _REDRAWS rounds the rest is drawn from the experts left, the same law. Given the head first,
-    the second pick is uniform over the three others; no token repeats an expert."""
+def test_heavy_head_sampling_stays_plackett_luce():
+    """With one expert taking 97% of the mass (where drawing until a new one would loop for long), no token repeats an
+    expert, and given the head first the second pick is uniform over the three others."""
     from simulator.routing import _pl_sample
     pop = np.array([[0.97, 0.01, 0.01, 0.01]])
     out = _pl_sample(pop, 30000, 2, np.random.default_rng(0))  # [T, 1, 2]
@@ -127,3 +126,18 @@ def test_heavy_head_sampling_stays_plackett_luce_and_fast():
     second = out[out[:, 0, 0] == 0][:, 0, 1]
     share = np.bincount(second, minlength=4)[1:] / len(second)
     assert np.allclose(share, 1 / 3, atol=0.02)
+
+
+def test_ordered_picks_follow_plackett_luce():
+    """P(first i, then j) = p_i p_j / (1 - p_i), sequential draws' law, for every ordered pair (the race is that law:
+    Kool et al. 2019); an expert of zero popularity is never picked."""
+    from simulator.routing import _pl_sample
+    p = np.array([0.5, 0.3, 0.15, 0.05, 0.0])
+    out = _pl_sample(p[None, :], 200000, 2, np.random.default_rng(1))[:, 0]  # [T, 2]
+    seen = np.zeros((5, 5))
+    np.add.at(seen, (out[:, 0], out[:, 1]), 1)
+    seen /= len(out)
+    law = p[:, None] * p[None, :] / (1 - p[:, None])
+    np.fill_diagonal(law, 0.0)
+    assert np.abs(seen - law).max() < 0.004
+    assert seen[4].sum() == 0 and seen[:, 4].sum() == 0
