@@ -55,6 +55,9 @@ TILED_PATHS = ("tiled", "tiled-narrow")
 TIMED = ((("Q8_0", "vecdot"), ("Q4_0", "vecdot"), ("IQ4_NL", "vecdot"), ("Q4_0", "repacked"))
          + tuple((t, p) for t in TILED_TYPES for p in TILED_PATHS))
 DENSE = ("F16", "sgemm")  # llama.cpp's dense products on llamafile's tinyBLAS (ggml_dense_prefill_job)
+# its multiply of the expert outputs by their router weights (calibration.ggml_binary): a multiply a value, so its
+# "GFLOP/s" are giga-values a second
+WEIGHTING = ("F32", "weighting")
 
 if HAVE_TILED:
     from .ggml_tiled import CODES, quantize_q8_k, tiled_matrix
@@ -169,6 +172,13 @@ def ggml_dense_prefill_job(hidden: int = 2048, head_dim: int = 64, tokens: int =
     return run, 2.0 * tokens * sum(r * k for r, k in shapes)
 
 
+def ggml_weighting_job(hidden: int = 2048, top_k: int = 8, tokens: int = 512):
+    """(run, flops): a prefill batch's weighting of its `tokens` x `top_k` expert outputs of `hidden` (ggml's MUL in
+    build_moe_ffn, calibration.ggml_binary); one multiply a value."""
+    from .ggml_binary import weighting_job
+    return weighting_job(hidden, top_k, tokens)
+
+
 def dense_job(isa: list[str]) -> tuple[str, str] | None:
     """(format, path) of llama.cpp's dense prefill products timed on a CPU with `isa` (DENSE), or None where
     llamafile's tinyBLAS does not take F16 there or this CPU does not run its rebuild."""
@@ -201,6 +211,9 @@ def label(fmt: str, path: str, hidden: int, ffn: int) -> str:
            "repacked": "each thread's share of rows token by token, ggml's q4_0 8x8 int8 gemv",
            "tiled": "64-row groups unpacked to bytes by 256-wide slabs, Q8_K tokens, 16 x 16 VNNI microtiles",
            "tiled-narrow": "16 rows at a time unpacked by slabs long in K, Q8_K tokens, 16 x 16 VNNI microtiles"}.get(path)
+    if path == "weighting":
+        return (f"ggml's MUL of build_moe_ffn, expert outputs x router weights broadcast over rows of {hidden} "
+                f"(a scalar multiply a value; calibration.ggml_binary), GFLOP/s = giga-values a second")
     if path == "sgemm":
         return (f"llamafile's tinyBLAS for {fmt} dense weights (ggml MUL_MAT, tokens to F16, 4-row tiles; "
                 f"calibration.ggml_sgemm) Q/K/V/output of an attention block of {hidden}")

@@ -247,11 +247,15 @@ def _ggml_prefill(s: Settings, r: Results, formats, maxt: int, pg, bud: _Budget)
     t0 = time.perf_counter()
     isa = cpu_info()["isa"]
     dense = BG.dense_job(isa) if s.dense_prefill_tokens else None  # F16 on llamafile's tinyBLAS, at a prompt's batch
-    jobs = BG.profile_jobs(formats, isa) + ([dense] if dense else [])
+    weighting = BG.WEIGHTING if s.dense_prefill_tokens else None  # the expert outputs times their weights, any CPU
+    jobs = BG.profile_jobs(formats, isa) + ([dense] if dense else []) + ([weighting] if weighting else [])
     for fmt, path in jobs:
         if (fmt, path) == dense:
             tokens, experts = s.dense_prefill_tokens, 0
             run, flops = BG.ggml_dense_prefill_job(s.kernel_hidden, tokens=tokens)
+        elif (fmt, path) == weighting:
+            tokens, experts = s.dense_prefill_tokens, s.prefill_top_k
+            run, flops = BG.ggml_weighting_job(s.kernel_hidden, s.prefill_top_k, tokens)
         else:
             tokens = BG.job_tokens(path, s.ggml_prefill_tokens, s.ggml_prefill_experts, s.ggml_prefill_experts)
             experts = s.ggml_prefill_experts

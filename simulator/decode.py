@@ -9,6 +9,7 @@ import numpy as np
 
 from .engram import layer_gather_s, pages_per_row
 from .policies import auction_split
+from .resources import llamacpp_weighting_s
 
 _CRIT = ("gpu", "pcie_h2d", "cpu", "nvme", "handover", "expert_device")
 
@@ -47,6 +48,10 @@ class DecodeRun:
         self.engram_inline = plan.placement.engram_gather == "inline"
         self.engram_cold = engram_cold  # fraction of this request's rows not in the page cache
         self.handover_s = m.c.handover_ms * 1e-3
+        # llama.cpp's multiply of a layer's expert outputs by their weights, on the host cores beside the CPU's
+        # products where there is no device (with one, the layer's outputs meet on its side)
+        self.weigh_s = (llamacpp_weighting_s(m.hw, model, self.route_tok, plan.experts_per_token or model.top_k,
+                                             m.threads) if plan.engine == "llamacpp" and not m.has_gpu else 0.0)
         self.step_s: list[float] = []
         self.crit = dict.fromkeys(_CRIT, 0.0)
         self.hits = self.reads = 0
@@ -275,6 +280,7 @@ class DecodeRun:
             extra_s = m.cpu_pairs_s(int(mcnt[:k_cpu].sum()) - k_cpu) if mcnt is not None else 0.0
             if not self.dense_on_gpu:  # experts read between attention blocks on the same cores
                 extra_s += m.c.cpu_layer_ms_per_mb * k_cpu * eb / 1e9
+            extra_s += self.weigh_s
             # whole experts per thread or rows split, as the engine runs this job (resources.Machine.cpu_job_rate)
             rate = m.cpu_job_rate(mcnt[:k_cpu] if mcnt is not None else (1,) * k_cpu)
             if n_ssd_cpu:  # pages stream in while the CPU computes; one expert's work trails

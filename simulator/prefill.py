@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .engram import gathers_inline, layer_gather_s
 from .policies import chunks, expected_touched, op_offload, ubatches
-from .resources import cpu_expert_prefill_gflops, host_dense_s, llamacpp_dense_prefill_gflops
+from .resources import cpu_expert_prefill_gflops, host_dense_s, llamacpp_dense_prefill_gflops, llamacpp_weighting_s
 
 # Sparse attention: each query attends at most this many earlier tokens (DeepSeek V3.2+/V4 DSA
 # top-k). ModelSpec has no field for it yet (reported to the lead); keyed by architecture here.
@@ -213,6 +213,8 @@ class PrefillRun:
         gflops = cpu_expert_prefill_gflops(m.hw, self.plan, md, n * self.k / max(touched, 1e-9), m.threads, m.c)
         cpu_s = n * self.k * md.expert_flops / (gflops * 1e9 * m.threads)
         rate = min(m.cpu_expert_rate, nbytes / cpu_s) if cpu_s > 0 else m.cpu_expert_rate
+        if self.plan.engine == "llamacpp":  # then its multiply of the expert outputs by their weights, on the same cores
+            host_s += llamacpp_weighting_s(m.hw, md, n, self.k, m.threads)
         after_dense = lambda: m.cpu_read(nbytes, nxt, rate=rate, extra_s=host_s)
         if m.has_gpu:
             m.gpu.submit(dense_s, after_dense)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from specs.formats import llamacpp_dense_prefill_key, llamacpp_prefill_keys, llamacpp_prefill_path, llamacpp_repacks
+from specs.formats import (LLAMACPP_WEIGHTING_KEY, llamacpp_dense_prefill_key, llamacpp_prefill_keys, llamacpp_prefill_path,
+                          llamacpp_repacks)
 
 from .engine import FluidNet, Pool, Serial, Sim
 from .policies import whole_experts_per_thread
@@ -164,6 +165,17 @@ def llamacpp_dense_prefill_gflops(hw, model, threads: int, c: Constants) -> floa
         own = hw.cpu.ggml_prefill_gflops_for(key, threads) if key else None
         return own or c.cpu_prefill_gflops_per_core
     return model.prefill_dense_rate(rate)
+
+
+def llamacpp_weighting_s(hw, model, tokens: int, k: int, threads: int) -> float:
+    """Seconds llama.cpp's weighting of one MoE layer's expert outputs takes on `threads` host cores for `tokens`
+    tokens (ggml's MUL of build_moe_ffn: the tokens x k rows of `hidden` values split evenly over the threads, the
+    busiest thread's rows at the profile's 'F32:weighting' rate); 0 where the profile has no such rate."""
+    rate = hw.cpu.ggml_prefill_gflops_for(LLAMACPP_WEIGHTING_KEY, threads)
+    if not rate or tokens <= 0:
+        return 0.0
+    rows = tokens * k
+    return -(-rows // threads) * model.hidden / (rate * 1e9)
 
 
 def host_dense_s(dense_flops: float, attention_flops: float, c: Constants, threads: int, engine: str,

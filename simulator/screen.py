@@ -18,7 +18,7 @@ from .engram import EngramText, gathers_inline, layer_gather_s, ram_room
 from .policies import auction_split, chunks, expected_touched, mtp_tokens, ubatches, whole_experts_per_thread
 from .prefill import TOUCH_LOCALITY, attention_flops
 from .resources import (GB, Constants, cpu_dense_gbs, cpu_expert_gbs, cpu_expert_prefill_gflops, cpu_pair_s, host_dense_s,
-                        llamacpp_dense_prefill_gflops, whole_jobs)
+                        llamacpp_dense_prefill_gflops, llamacpp_weighting_s, whole_jobs)
 from .routing import distinct_per_layer, inclusion, make_routing
 
 
@@ -193,6 +193,9 @@ def screen(model, hw, plan, prompt_tokens: int = 0, streams: int | None = None,
     memo: dict = {}
     m = _tokens_per_expert(rtok, k, n)
     lay, parts = _layer_ms(n, h, t, plan, has_gpu, has_gpu and not hw.gpu.shares_host, c, memo, m)
+    if plan.engine == "llamacpp" and not has_gpu:  # its multiply of the outputs by their weights (decode.py's weigh_s)
+        weigh_ms = llamacpp_weighting_s(hw, model, rtok, k, threads) * 1e3
+        lay, parts = lay + weigh_ms, parts + np.array([0.0, weigh_ms, 0.0])
     gpu_layers = set(plan.placement.gpu_expert_layers)
     n_static = sum(1 for x in model.layers_moe if x in gpu_layers)
     n_dyn = model.n_moe_layers - n_static
@@ -262,7 +265,8 @@ def _prefill_compute_s(model, hw, plan, prompt_tokens: int, c: Constants) -> flo
     def experts_s(n: int, layers: int) -> float:  # an n-token batch's expert products on the host cores
         touched = expected_touched(n, model.n_experts, k, TOUCH_LOCALITY)
         gflops = cpu_expert_prefill_gflops(hw, plan, model, n * k / max(touched, 1e-9), threads, c)
-        return n * k * model.expert_flops * layers / (gflops * 1e9 * threads)
+        weigh = llamacpp_weighting_s(hw, model, n, k, threads) if plan.engine == "llamacpp" else 0.0  # prefill.py's
+        return layers * (n * k * model.expert_flops / (gflops * 1e9 * threads) + weigh)
     if hw.gpu is None:  # no device: dense path, attention and experts all on the host cores
         total, pos = 0.0, 0
         dense_gflops = llamacpp_dense_prefill_gflops(hw, model, threads, c) if plan.engine == "llamacpp" else None

@@ -137,6 +137,11 @@ def llamacpp_dense_prefill_key(fmt_name: str, isa: list[str]) -> str | None:
     return None
 
 
+# build_moe_ffn's multiply of the expert outputs by their router weights (ggml_mul, [n_embd, k, n] x [1, k, n]) on the
+# CPU, a scalar multiply a value (calibration.ggml_binary): its rate, giga-values a second a core, under this key
+LLAMACPP_WEIGHTING_KEY = "F32:weighting"
+
+
 # repack.cpp's MUL_MAT_ID runs every format it repacks the same way, a gemv per token over 8 interleaved rows of
 # int8-activation products (q4_0_8x8, q4_K_8x8, iq4_nl_8x8: one template, tensor_traits::forward_mul_mat_id); the
 # profile times the one rebuilt (Q4_0's, calibration.bench_ggml_prefill), which stands in for the others' path

@@ -130,6 +130,17 @@ def test_llamas_f16_dense_products_timed_where_llamafile_takes_them(run):
     assert any(r["case"] == "calibrate:cpu_ggml_prefill_F16_sgemm" for r in store.read_rows(st))
 
 
+def test_llamas_weighting_of_the_expert_outputs_timed(run):
+    """calibrate times llama.cpp's multiply of the expert outputs by their router weights (calibration.ggml_binary)
+    on any CPU: 'F32:weighting' in giga-values a second a core (and on one thread), a store row each."""
+    hw, _, st, _ = run
+    g = hw.cpu.ggml_prefill_gflops
+    assert g["F32:weighting"].source == "measured" and "build_moe_ffn" in g["F32:weighting"].ref
+    assert g["F32:weighting"] > 0
+    assert ("F32:weighting@1t" in g) == (hw.cpu.threads_used > 1)
+    assert any(r["case"] == "calibrate:cpu_ggml_prefill_F32_weighting" for r in store.read_rows(st))
+
+
 def test_prefill_timed_at_two_batch_sizes_gives_the_fixed_tokens(run):
     """calibrate times the executor's prefill batch at prefill_tokens and prefill_long_tokens (TINY: 8 and 32 tokens,
     top-2 of 4 experts: 4 and 16 tokens an expert) and writes the first's rate, its tokens an expert and m0 from the

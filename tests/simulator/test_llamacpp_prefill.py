@@ -174,3 +174,46 @@ def test_without_f16c_llamafile_does_not_take_f16_and_the_rate_is_not_read():
     no_f16c = _cpu_only("Q8_0", {"Q8_0": 10.0, "F16:sgemm": 40.0}, isa=("avx2",))
     none = _cpu_only("Q8_0", {"Q8_0": 10.0}, isa=("avx2",))
     assert _ttft(*no_f16c[:3]) == pytest.approx(_ttft(*none[:3]), rel=1e-12)
+
+
+def _tok_s(model, hw, plan) -> float:
+    return simulate(model, hw, plan, prompt_tokens=1, gen_tokens=16, routing="uniform", warm_steps=0).decode_tok_s
+
+
+def test_llamacpp_weighting_of_the_expert_outputs_lengthens_prefill_by_its_values():
+    """llama.cpp multiplies each MoE layer's expert outputs by their router weights on the CPU (ggml's MUL of
+    build_moe_ffn, calibration.ggml_binary): a profile's 'F32:weighting' rate of 0.5 giga-values a second a core
+    lengthens the llama.cpp plan's 256-token TTFT by exactly n_moe_layers x (ceil(256 x k / threads) + ceil(k /
+    threads)) rows x hidden values / 0.5e9 (ggml splits the rows evenly over the threads; the TTFT holds the first
+    token's decode step too), on the events and the screen alike; the executor's plan, which weights inside its own
+    products, does not move."""
+    without = _cpu_only("Q8_0", {"Q8_0": 10.0})
+    model, hw, plan, ex = _cpu_only("Q8_0", {"Q8_0": 10.0, "F32:weighting": 0.5})
+    threads = plan.cpu_threads or hw.cpu.threads_used
+    rows = -(-256 * model.top_k // threads) + -(-model.top_k // threads)
+    added = model.n_moe_layers * rows * model.hidden / 0.5e9
+    assert _ttft(model, hw, plan) - _ttft(*without[:3]) == pytest.approx(added, rel=1e-6)
+    assert screen(model, hw, plan, prompt_tokens=256).ttft_s - screen(*without[:3], prompt_tokens=256).ttft_s \
+        == pytest.approx(added, rel=1e-6)
+    assert _ttft(model, hw, ex) == pytest.approx(_ttft(*without[:2], without[3]), rel=1e-12)
+
+
+def test_llamacpp_weighting_slows_all_cpu_decode_by_one_tokens_rows():
+    """In decode the same multiply covers one token's k rows a layer: a token takes n_moe_layers x ceil(k / threads)
+    x hidden / rate longer on an all-CPU llama.cpp plan, on the events and the screen alike."""
+    without = _cpu_only("Q8_0", {"Q8_0": 10.0})
+    model, hw, plan, _ = _cpu_only("Q8_0", {"Q8_0": 10.0, "F32:weighting": 0.5})
+    threads = plan.cpu_threads or hw.cpu.threads_used
+    added = model.n_moe_layers * -(-model.top_k // threads) * model.hidden / 0.5e9
+    assert 1 / _tok_s(model, hw, plan) - 1 / _tok_s(*without[:3]) == pytest.approx(added, rel=1e-3)
+    assert 1 / screen(model, hw, plan).decode_tok_s - 1 / screen(*without[:3]).decode_tok_s \
+        == pytest.approx(added, rel=1e-6)
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.floats(0.05, 5.0), st.floats(1.0, 4.0))
+def test_a_faster_weighting_rate_never_lengthens_ttft(rate, factor):
+    """More giga-values a second for llama.cpp's weighting never lengthens its plan's TTFT."""
+    a = _cpu_only("Q8_0", {"Q8_0": 10.0, "F32:weighting": rate})
+    b = _cpu_only("Q8_0", {"Q8_0": 10.0, "F32:weighting": rate * factor})
+    assert _ttft(*b[:3]) <= _ttft(*a[:3]) * (1 + 1e-9)
