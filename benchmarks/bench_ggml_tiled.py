@@ -3,10 +3,18 @@ MUL_MAT_ID case: 4 of 32 experts of 1792 x 2048, n = 128 tokens (16 an expert: t
 expert: 256-wide slabs). test-backend-ops runs its CPU backend on half the hardware threads; the rebuild runs on as
 many. Rounds alternate the two; medians of GFLOP/s and their ratio. `--case qwen3` takes its qwen3-30b-a3b case
 instead: 8 of 128 experts of 768 x 2048 (a `small` model's gate / up), n = 512 tokens, 32 an expert, every expert
-routed to, as ggml's random routing does there.
+routed to, as ggml's random routing does there. `--case small-gate` / `small-down`: make-model's `small` at pp512, 8 of
+32 experts of 768 x 2048 (gate / up) and of 2048 x 768 (down), 128 tokens an expert; test-backend-ops has no such
+case: add, in make_test_cases_perf,
+
+    for (ggml_type type_a : {GGML_TYPE_Q4_K, GGML_TYPE_IQ4_XS, GGML_TYPE_Q6_K}) {
+        test_cases.emplace_back(new test_mul_mat_id(type_a, GGML_TYPE_F32, 32, 8, false, 768, 512, 2048));
+        test_cases.emplace_back(new test_mul_mat_id(type_a, GGML_TYPE_F32, 32, 8, false, 2048, 512, 768));
+    }
 
     python benchmarks/bench_ggml_tiled.py --test-backend-ops PATH/test-backend-ops [--types q4_K q6_K iq4_xs] [--rounds 3]
     python benchmarks/bench_ggml_tiled.py --test-backend-ops PATH/test-backend-ops --case qwen3 --tokens 512
+    python benchmarks/bench_ggml_tiled.py --test-backend-ops PATH/test-backend-ops --case small-down --tokens 512
 
 Without --test-backend-ops only the rebuild runs. Needs AVX-512 VNNI (ggml_tiled.HAVE_TILED)."""
 from __future__ import annotations
@@ -28,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from calibration import ggml_tiled as GT  # noqa: E402
 from calibration.bench_kernel import _synth_tensor  # noqa: E402
 
-CASES = {"4x32": (32, 4, 1792, 2048), "qwen3": (128, 8, 768, 2048)}  # (experts, used, rows, k)
+CASES = {"4x32": (32, 4, 1792, 2048), "qwen3": (128, 8, 768, 2048),  # (experts, used, rows, k)
+         "small-gate": (32, 8, 768, 2048), "small-down": (32, 8, 2048, 768)}
 GGML_NAMES = {"Q2_K": "q2_K", "Q3_K": "q3_K", "Q4_K": "q4_K", "Q5_K": "q5_K", "Q6_K": "q6_K", "IQ4_XS": "iq4_xs"}
 
 
@@ -44,10 +53,10 @@ def ggml_gflops(tbo: str, name: str, n: int, case: str = "4x32") -> float | None
 
 def rebuild_job(fmt: str, n: int, rng, case: str = "4x32"):
     """(run, flops): the rebuild on the same case, n x used (token, expert) pairs spread evenly: over the `used`
-    experts (4x32), or over all of them (qwen3)."""
+    experts (4x32), or over all of them (the others)."""
     experts, used, rows, k = CASES[case]
     per = n * used // experts
-    active = experts if case == "qwen3" else used
+    active = used if case == "4x32" else experts
     w = _synth_tensor(fmt, active, rows, k, rng).data.reshape(active, -1)
     a = rng.standard_normal((active, per, k)).astype(np.float32)
     out = np.zeros((active, per, rows), np.float32)

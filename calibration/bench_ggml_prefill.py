@@ -123,7 +123,9 @@ def ggml_prefill_job(fmt: str = "Q8_0", path: str = "vecdot", hidden: int = 2048
                      n_experts: int = 32, top_k: int = 8, tokens: int = 64, seed: int = 0):
     """(run, flops): one prefill batch of `tokens` tokens, top_k of n_experts synthetic `fmt` SwiGLU experts
     each (an even split: tokens * top_k / n_experts tokens an expert), gate, up and down as three ggml ops on
-    `path`. SwiGLU's activation is not applied (values don't matter to the timing)."""
+    `path`. SwiGLU's activation is not applied (values don't matter to the timing). Each op first converts its
+    activations to its dot type as ggml's MUL_MAT_ID does, once a row of its src1: gate and up each the batch's
+    `tokens` rows (its experts then read them by pointer), down each (token, expert) pair's own row."""
     if (fmt, path) not in TIMED or not HAVE_AVX2 or (path in TILED_PATHS and not HAVE_TILED):
         raise ValueError(f"no rebuild of ggml's {path} path for {fmt} here (have {TIMED}, AVX2 only; "
                          "tiled with AVX-512 VNNI)")
@@ -132,20 +134,28 @@ def ggml_prefill_job(fmt: str = "Q8_0", path: str = "vecdot", hidden: int = 2048
     mats = [_synth_tensor(fmt, n_experts, r, c, rng) for r, c in ((ffn, hidden), (ffn, hidden), (hidden, ffn))]
     ws = [m.data.reshape(n_experts, -1) for m in mats]
     code = mats[0].code
-    x = rng.standard_normal((n_experts, per, hidden)).astype(np.float32)
+    x = rng.standard_normal((n_experts, per, hidden)).astype(np.float32)  # the rows each expert reads
+    batch = x.reshape(-1, hidden)[:tokens][None]  # the batch's own rows, [1, tokens, hidden]
     h = (rng.standard_normal((n_experts, per, ffn)) * 0.1).astype(np.float32)
+    tiled = path in TILED_PATHS
+    quantize = quantize_q8_k if tiled else quantize_q8_0
+    qx = quantize(x)  # the gathered rows gate and up read (ggml: pointers into its converted batch)
 
     g, y = np.zeros((n_experts, per, ffn), np.float32), np.zeros((n_experts, per, hidden), np.float32)
 
+    def product(w, rows, q, out):
+        if path == "vecdot":
+            _vecdot_matrix(w, code, rows, *q, out)
+        elif tiled:
+            tiled_matrix(CODES[fmt], w, rows, *q, out, numba.get_num_threads())
+        else:
+            _repacked_matrix(w, rows, *q, out, numba.get_num_threads())
+
     def run():
-        for w, rows, a, out in ((ws[0], ffn, x, g), (ws[1], ffn, x, g), (ws[2], hidden, h, y)):
-            # ggml converts each op's activations to its dot type first (timed with the op)
-            if path == "vecdot":
-                _vecdot_matrix(w, code, rows, *quantize_q8_0(a), out)
-            elif path in TILED_PATHS:
-                tiled_matrix(CODES[fmt], w, rows, *quantize_q8_k(a), out, numba.get_num_threads())
-            else:
-                _repacked_matrix(w, rows, *quantize_q8_0(a), out, numba.get_num_threads())
+        for w in ws[:2]:  # gate, up: the batch converted, then the experts' products
+            quantize(batch)
+            product(w, ffn, qx, g)
+        product(ws[2], hidden, quantize(h), y)  # down: every pair's row converted
     return run, 6.0 * hidden * ffn * per * n_experts
 
 

@@ -14,7 +14,10 @@ expert's tokens, each group (tiled_mmid_gemm_window):
   and one 512-bit vpdpbusd against 16 tokens' four codes; per sub-block the sums minus BIAS times the tokens' code
   sums, times the row's scale (vpmulld), into an int32 accumulator; the mins' term from the code sums after; one
   convert and the float scales at the end, added into a float window of 64 rows x 256 tokens;
-- scatters the window to the tokens' output rows.
+- scatters the window to the tokens' output rows, 16 rows x 8 tokens at a time, each token's 16 rows one run
+  (tiled_store_window_scatter). Row by row, as the rebuild first wrote it, each write lands a token's output row
+  apart (8 KiB for a down product's 2048 rows: one L1 set): the down products ran at 112 GFLOP/s a core against
+  ggml's 196 (Q4_K, `small` at pp512), and calibrate's rates levelled near 150 (2026-12-06).
 With 16 tokens or fewer an expert (the narrow path) a slab spans as much K as keeps 16 rows of codes in 31 KiB of
 L1 (ggml_tiled_narrow_k_extent), each group's rows unpacked 16 at a time.
 
@@ -433,6 +436,22 @@ if HAVE_TILED:
             else:
                 _band_iq4(q0, q1, sc, mn, bs, d0, dm0, d1, buf, i0 + h, j0, num_k, slab, bo)
 
+    @njit(inline="always")
+    def _store_window(acc, nr0, n, out, t0, r):
+        """out[t0 + j, r + i] = acc[i * WINDOW + j] as tiled_store_window_scatter writes it: blocks of 16 rows x 8
+        tokens, each token's 16 rows a contiguous run (token by token over rows i, each write would land a token's
+        row stride apart: 8 KiB at 2048 rows, one L1 set, so every write missed and the down products ran at ~0.55x
+        of ggml's, 2026-12-06)."""
+        ri = 0
+        while ri + MICRO <= nr0:
+            for j in range(n):
+                for t in range(MICRO):
+                    out[t0 + j, r + ri + t] = acc[(ri + t) * WINDOW + j]
+            ri += MICRO
+        for i in range(ri, nr0):
+            for j in range(n):
+                out[t0 + j, r + i] = acc[i * WINDOW + j]
+
     @njit(nogil=True, fastmath=True, cache=True)
     def _window(code, w, rb, r, nr0, X8w, BS, DX, t0, n, K, out, ws0, q1w, bs, d1, acc):
         """One (64-row group, token window) of an expert: rows r..r + nr0 of w (rb bytes a row) by tokens t0..t0 + n
@@ -459,9 +478,7 @@ if HAVE_TILED:
                     for i0 in range(0, nr0, MICRO):
                         _microtile(code, q0, q1, sc, mn, bs, d0, dm0, d1, acc, np.int64(i0), np.int64(j0), np.int64(1),
                                    np.int64(0), np.int64(0))
-        for i in range(nr0):
-            for j in range(n):
-                out[t0 + j, r + i] = acc[i * WINDOW + j]
+        _store_window(acc, nr0, n, out, t0, r)
 
     @njit(parallel=True, nogil=True, fastmath=True, cache=True)
     def tiled_matrix(code, w, rows, X8, DX, BS, out, nthr):

@@ -2,6 +2,7 @@
 loop's dependency chain through a vector register, and the job calibrate times."""
 import platform
 
+import numba
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -33,8 +34,10 @@ def test_the_loop_moves_its_offset_through_a_vector_register_twice_a_value():
     """GCC's ggml_compute_forward_mul (12.2, -O3 -march=native) spills the repeat loop's src1 pointer to xmm7 and moves
     it back and forth twice a value: four vmovq between the register files a value set its pace (~13 cycles, 3.6 ns a
     value on one Zen 4 core in test-backend-ops). The rebuild's compiled loop carries the same four moves."""
-    weight_expert_outputs(np.zeros((1, 1, 2), np.float32), np.zeros((1, 1), np.float32), np.zeros((1, 1, 2), np.float32), 1)
-    asm = next(iter(_apply_mul.inspect_asm().values()))
+    fresh = numba.njit(parallel=True, nogil=True)(_apply_mul.py_func)  # compiled here: a cached kernel has no asm
+    z = np.zeros((1, 2), np.float32)
+    fresh(z, np.zeros((1, 1), np.float32), z.copy(), np.int64(1), 1)
+    asm = next(iter(fresh.inspect_asm().values()))
     gpr_xmm = [ln for ln in asm.splitlines() if ln.strip().startswith("vmovq") and "%xmm" in ln and "%r" in ln]
     assert len(gpr_xmm) == 4
 

@@ -37,6 +37,16 @@ def test_tiled_products_are_the_dequantised_weights_times_the_q8_k_tokens(fmt, t
     assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
 
 
+@tiled
+@pytest.mark.parametrize("rows", [80, 72])
+def test_a_ragged_last_group_is_stored_whole(rows):
+    """A last 64-row group of 16 or 8 rows: the window's store (16-row runs a token, as tiled_store_window_scatter, then
+    the rows past the last whole 16) writes every product, standard path and two windows."""
+    for tokens in (40, 300):
+        out, ref = _products("Q4_K", tokens, rows=rows)
+        assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
 def test_q8_k_maps_the_largest_magnitude_to_minus_127():
     """ggml's quantize_row_q8_K_ref: iscale = -127 / (the value of largest |x|), codes capped at 127, d = 1 / iscale,
     bsums the sums of each 16 codes."""
