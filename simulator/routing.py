@@ -57,15 +57,28 @@ def fit_exponent(n_experts: int, k: int, frac_experts: float = 0.046, frac_reads
 
 def _pl_sample(pop: np.ndarray, n_tokens: int, k: int, rng, rows: np.ndarray | None = None) -> np.ndarray:
     """[n_tokens, L, k] picks without replacement, proportional to pop (Plackett-Luce), in pick order. `pop` is
-    [L, E], or [R, E] with `rows` [n_tokens, L] naming the popularity row each token and layer draws from.
-    Drawn as an exponential race: each expert's clock rings after Exp(1) / p_e, and the first k to ring are the
+    [L, E], or [R, E] with `rows` [n_tokens, L] naming the popularity row each token and layer draws from. Two exact
+    samplers of the one law, by cost: where k independent draws would often repeat an expert (C(k, 2) x sum p^2, the
+    expected repeated pairs, at least _RACE_COLLISIONS: `small`'s 8 of 32 uniform, 0.88; heavy heads), the
+    exponential race, O(E) a (token, layer); else sequential draws redrawn on a repeat, O(k log E) (8 of 256: 0.11)."""
+    p = pop / pop.sum(axis=1, keepdims=True)
+    if rows is None:
+        rows = np.broadcast_to(np.arange(p.shape[0])[None, :], (n_tokens, p.shape[0]))
+    if k * (k - 1) / 2 * float((p * p).sum(axis=1).max()) >= _RACE_COLLISIONS:
+        return _pl_race(p, n_tokens, k, rng, rows)
+    return _pl_redraw(p, n_tokens, k, rng, rows)
+
+
+_RACE_COLLISIONS = 0.5
+
+
+def _pl_race(p: np.ndarray, n_tokens: int, k: int, rng, rows: np.ndarray) -> np.ndarray:
+    """_pl_sample as an exponential race: each expert's clock rings after Exp(1) / p_e, and the first k to ring are the
     picks in order, the law of drawing one at a time and renormalising over the rest (the Gumbel-top-k trick in its
     exponential form: Vieira 2014; Kool et al., ICML 2019). Experts of zero popularity never ring before the others."""
-    R, E = pop.shape
-    if rows is None:
-        rows = np.broadcast_to(np.arange(R)[None, :], (n_tokens, R))
+    E = p.shape[1]
     with np.errstate(divide="ignore"):
-        inv = 1.0 / (pop / pop.sum(axis=1, keepdims=True))  # [R, E]
+        inv = 1.0 / p  # [R, E]
     L = rows.shape[1]
     out = np.empty((n_tokens, L, k), dtype=np.int32)
     block = max(1, _RACE_BLOCK // max(L * E, 1))  # tokens a block: its clocks stay under ~32 MB
@@ -79,6 +92,47 @@ def _pl_sample(pop: np.ndarray, n_tokens: int, k: int, rng, rows: np.ndarray | N
 
 
 _RACE_BLOCK = 1 << 22  # clocks drawn at once
+
+
+def _pl_redraw(p: np.ndarray, n_tokens: int, k: int, rng, rows: np.ndarray) -> np.ndarray:
+    """_pl_sample by sequential draws: pick j drawn from the popularity row and redrawn while it repeats an earlier
+    pick; past _REDRAWS rounds, from the experts left (the law redrawing converges to)."""
+    R, E = p.shape
+    cdf = np.cumsum(p, axis=1)
+    cdf[:, -1] = 1.0
+    flat = (cdf + np.arange(R)[:, None]).ravel()
+    row_of = np.broadcast_to(rows[..., None], rows.shape + (k,)).astype(float)
+
+    def draw(row_float):
+        u = rng.random(row_float.shape) + row_float
+        return np.minimum(np.searchsorted(flat, u, side="right"), R * E - 1) - row_float.astype(np.int64) * E
+
+    out = draw(row_of)
+    for j in range(1, k):
+        dup = (out[:, :, j:j + 1] == out[:, :, :j]).any(axis=2)
+        tries = 0
+        while dup.any():
+            t_idx, l_idx = np.nonzero(dup)
+            if tries == _REDRAWS:  # a heavy head keeps colliding: draw the rest from what is left
+                out[t_idx, l_idx, j] = _draw_left(p, rows[t_idx, l_idx], out[t_idx, l_idx, :j], rng)
+                break
+            out[t_idx, l_idx, j] = draw(rows[t_idx, l_idx].astype(float))
+            dup = np.zeros_like(dup)
+            dup[t_idx, l_idx] = (out[t_idx, l_idx, j][:, None] == out[t_idx, l_idx, :j]).any(axis=1)
+            tries += 1
+    return out.astype(np.int32)
+
+
+_REDRAWS = 16  # redraw rounds before the exact conditional draw
+
+
+def _draw_left(p: np.ndarray, rows: np.ndarray, picked: np.ndarray, rng) -> np.ndarray:
+    """One pick per row from popularity row `rows` [m] with the experts already `picked` [m, j] removed."""
+    w = p[rows].astype(float)  # [m, E]
+    np.put_along_axis(w, picked.astype(np.int64), 0.0, axis=1)
+    cdf = np.cumsum(w, axis=1)
+    u = rng.random(len(rows)) * cdf[:, -1]
+    return np.minimum((cdf <= u[:, None]).sum(axis=1), p.shape[1] - 1)
 
 
 class Routing:

@@ -128,12 +128,14 @@ def test_heavy_head_sampling_stays_plackett_luce():
     assert np.allclose(share, 1 / 3, atol=0.02)
 
 
-def test_ordered_picks_follow_plackett_luce():
-    """P(first i, then j) = p_i p_j / (1 - p_i), sequential draws' law, for every ordered pair (the race is that law:
-    Kool et al. 2019); an expert of zero popularity is never picked."""
-    from simulator.routing import _pl_sample
+@pytest.mark.parametrize("sampler", ["_pl_race", "_pl_redraw"])
+def test_ordered_picks_follow_plackett_luce(sampler):
+    """P(first i, then j) = p_i p_j / (1 - p_i), sequential draws' law, for every ordered pair, from either sampler
+    (the race is that law: Kool et al. 2019); an expert of zero popularity is never picked."""
+    from simulator import routing
     p = np.array([0.5, 0.3, 0.15, 0.05, 0.0])
-    out = _pl_sample(p[None, :], 200000, 2, np.random.default_rng(1))[:, 0]  # [T, 2]
+    n = 200000
+    out = getattr(routing, sampler)(p[None, :], n, 2, np.random.default_rng(1), np.zeros((n, 1), np.int64))[:, 0]
     seen = np.zeros((5, 5))
     np.add.at(seen, (out[:, 0], out[:, 1]), 1)
     seen /= len(out)
@@ -141,3 +143,13 @@ def test_ordered_picks_follow_plackett_luce():
     np.fill_diagonal(law, 0.0)
     assert np.abs(seen - law).max() < 0.004
     assert seen[4].sum() == 0 and seen[:, 4].sum() == 0
+
+
+def test_the_sampler_follows_the_expected_repeats():
+    """The race where k draws would repeat an expert often (8 of 32 uniform: C(8, 2) / 32 = 0.88 repeated pairs),
+    sequential draws where seldom (8 of 256: 0.11): the same seed draws what the chosen sampler draws."""
+    from simulator import routing
+    for E, sampler in ((32, routing._pl_race), (256, routing._pl_redraw)):
+        pop, rows = np.ones((3, E)), np.broadcast_to(np.arange(3)[None, :], (50, 3))
+        got = routing._pl_sample(pop, 50, 8, np.random.default_rng(5))
+        assert np.array_equal(got, sampler(pop / E, 50, 8, np.random.default_rng(5), rows))
