@@ -11,15 +11,11 @@ F16 gemm_bloc<4, 6> 12%, the elementwise multiply of the expert outputs by their
 from __future__ import annotations
 
 import statistics
-from functools import lru_cache
 from pathlib import Path
 
 import pytest
-import yaml
+from stored_runs import assert_every_run_predicted, prefill_rows, stored_profile, stored_rows
 
-from calibration import regress
-
-ROOT = Path(__file__).resolve().parents[2]
 DATA = Path("tests/calibration/data/zen4-2026-12-06")  # the stores' model paths are relative to the repo root
 SITTINGS = ("0322", "0325", "0328", "0330", "0334", "0337")
 DECODE_SITTINGS = ("0322", "0334", "0337")
@@ -28,48 +24,25 @@ SGEMM_PROFILES = PROFILES
 TILED = (" Q4_K:", " Q2_K:", " Q3_K:", " IQ4_XS:")  # the files whose experts take the tiled GEMM in place
 
 
-@lru_cache(maxsize=1)
-def _scratch() -> Path:
-    import tempfile
-    return Path(tempfile.mkdtemp(prefix="no-sgemm-"))
-
-
 def _profile(profile: str) -> dict:
-    return yaml.safe_load((ROOT / DATA / f"host-calibrated-{profile}.yaml").read_text())
+    return stored_profile(DATA, profile)
 
 
-@lru_cache(maxsize=None)
 def _rows(sitting: str, profile: str, sgemm: bool = True) -> tuple[dict, ...]:
     """regress's rows of a sitting on a profile; without sgemm, the profile's 'F16:sgemm' rates dropped."""
-    mp = pytest.MonkeyPatch()
-    mp.chdir(ROOT)
-    try:
-        path = DATA / f"host-calibrated-{profile}.yaml"
-        if not sgemm:
-            d = _profile(profile)
-            d["cpu"]["ggml_prefill_gflops"] = {k: v for k, v in d["cpu"]["ggml_prefill_gflops"].items()
-                                               if "sgemm" not in k}
-            path = _scratch() / f"{profile}-no-sgemm.yaml"
-            path.write_text(yaml.safe_dump(d))
-        return tuple(regress.local_rows(DATA / f"results-llamacpp-{sitting}.csv", str(path)))
-    finally:
-        mp.undo()
+    return stored_rows(DATA, sitting, profile, None if sgemm else "sgemm")
 
 
 def _in_place_tiled(r: dict) -> bool:
     return any(t in r["case"] for t in TILED) and "--no-repack" in r["case"]
 
 
-def _prefill(rows) -> list[dict]:
-    return [r for r in rows if r["metric"] == "prefill_tok_s"]
+_prefill = prefill_rows
 
 
 def test_every_stored_run_is_predicted():
     """14 pp512 runs a sitting (seven files, each repacked and in place), and 14 tg64 in three of them."""
-    for s in SITTINGS:
-        rows = _rows(s, PROFILES[0])
-        assert len(_prefill(rows)) == 14 and all(r["predicted"] > 0 for r in rows)
-        assert len(rows) == (28 if s in DECODE_SITTINGS else 14)
+    assert_every_run_predicted(DATA, SITTINGS, DECODE_SITTINGS, PROFILES[0])
 
 
 def test_the_profiles_rate_llamas_f16_dense_products_at_the_fma_roof():

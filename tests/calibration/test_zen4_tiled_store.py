@@ -13,15 +13,10 @@ llama.cpp."""
 from __future__ import annotations
 
 import statistics
-from functools import lru_cache
 from pathlib import Path
 
-import pytest
-import yaml
+from stored_runs import stored_profile, stored_rows
 
-from calibration import regress
-
-ROOT = Path(__file__).resolve().parents[2]
 DATA = Path("tests/calibration/data/zen4-2026-12-06b")
 SITTINGS = ("0701", "0704", "0706", "0723", "0726")
 BEFORE = ("0703", "0705", "0708")
@@ -29,15 +24,8 @@ AFTER = ("0722", "0725")
 TILED = (" Q4_K:", " Q2_K:", " Q3_K:", " IQ4_XS:")  # the files whose experts take the tiled GEMM in place
 
 
-@lru_cache(maxsize=None)
-def _prefill(sitting: str, profile: str) -> tuple[dict, ...]:
-    mp = pytest.MonkeyPatch()
-    mp.chdir(ROOT)
-    try:
-        rows = regress.local_rows(DATA / f"results-llamacpp-{sitting}.csv", str(DATA / f"host-calibrated-{profile}.yaml"))
-    finally:
-        mp.undo()
-    return tuple(r for r in rows if r["metric"] == "prefill_tok_s")
+def _prefill(sitting: str, profile: str) -> list[dict]:
+    return [r for r in stored_rows(DATA, sitting, profile) if r["metric"] == "prefill_tok_s"]
 
 
 def _errors(profiles, in_place_tiled: bool | None = None) -> list[float]:
@@ -50,8 +38,7 @@ def test_the_tiled_rates_rise_with_ggmls_store():
     """calibrate's tiled rates (2 threads, 64 tokens an expert), when recorded: Q4_K 150-154 GFLOP/s a core before,
     178-187 after; IQ4_XS 163-169 before, 194-202 after; Q6_K 122-129 before, 140-142 after."""
     def rate(p, key):
-        return float(yaml.safe_load((ROOT / DATA / f"host-calibrated-{p}.yaml").read_text())
-                     ["cpu"]["ggml_prefill_gflops"][key]["value"])
+        return float(stored_profile(DATA, p)["cpu"]["ggml_prefill_gflops"][key]["value"])
     for key, rise in (("Q4_K:tiled", 1.1), ("IQ4_XS:tiled", 1.1), ("Q6_K:tiled", 1.05)):
         assert min(rate(p, key) for p in AFTER) > rise * max(rate(p, key) for p in BEFORE), key
 

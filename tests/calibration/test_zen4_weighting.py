@@ -12,15 +12,10 @@ perf of llama-bench here (07:1x): ggml_compute_forward_mul is 3.6% of `small`'s 
 from __future__ import annotations
 
 import statistics
-from functools import lru_cache
 from pathlib import Path
 
-import pytest
-import yaml
+from stored_runs import assert_every_run_predicted, prefill_rows, stored_profile, stored_rows
 
-from calibration import regress
-
-ROOT = Path(__file__).resolve().parents[2]
 DATA = Path("tests/calibration/data/zen4-2026-12-06b")  # the stores' model paths are relative to the repo root
 SITTINGS = ("0701", "0704", "0706")
 DECODE_SITTINGS = ("0701", "0706")
@@ -28,44 +23,21 @@ PROFILES = ("0700", "0703", "0705", "0708")
 STEADY = PROFILES[1:]  # the three after the first one's slow spell
 
 
-@lru_cache(maxsize=1)
-def _scratch() -> Path:
-    import tempfile
-    return Path(tempfile.mkdtemp(prefix="no-weighting-"))
-
-
 def _profile(profile: str) -> dict:
-    return yaml.safe_load((ROOT / DATA / f"host-calibrated-{profile}.yaml").read_text())
+    return stored_profile(DATA, profile)
 
 
-@lru_cache(maxsize=None)
 def _rows(sitting: str, profile: str, weighting: bool = True) -> tuple[dict, ...]:
     """regress's rows of a sitting on a profile; without weighting, the profile's 'F32:weighting' rates dropped."""
-    mp = pytest.MonkeyPatch()
-    mp.chdir(ROOT)
-    try:
-        path = DATA / f"host-calibrated-{profile}.yaml"
-        if not weighting:
-            d = _profile(profile)
-            d["cpu"]["ggml_prefill_gflops"] = {k: v for k, v in d["cpu"]["ggml_prefill_gflops"].items()
-                                               if "weighting" not in k}
-            path = _scratch() / f"{profile}-no-weighting.yaml"
-            path.write_text(yaml.safe_dump(d))
-        return tuple(regress.local_rows(DATA / f"results-llamacpp-{sitting}.csv", str(path)))
-    finally:
-        mp.undo()
+    return stored_rows(DATA, sitting, profile, None if weighting else "weighting")
 
 
-def _prefill(rows) -> list[dict]:
-    return [r for r in rows if r["metric"] == "prefill_tok_s"]
+_prefill = prefill_rows
 
 
 def test_every_stored_run_is_predicted():
     """14 pp512 runs a sitting (seven files, each repacked and in place), and 14 tg64 in two of them."""
-    for s in SITTINGS:
-        rows = _rows(s, PROFILES[0])
-        assert len(_prefill(rows)) == 14 and all(r["predicted"] > 0 for r in rows)
-        assert len(rows) == (28 if s in DECODE_SITTINGS else 14)
+    assert_every_run_predicted(DATA, SITTINGS, DECODE_SITTINGS, PROFILES[0])
 
 
 def test_the_profiles_rate_the_weighting_near_ggmls_own():

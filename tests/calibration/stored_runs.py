@@ -1,0 +1,56 @@
+"""Stored llama-bench sittings predicted on stored `calibrate` profiles (regress's local rows), for the data tests."""
+from __future__ import annotations
+
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+import yaml
+
+from calibration import regress
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def stored_profile(data: Path, profile: str) -> dict:
+    """The profile host-calibrated-<profile>.yaml of the data folder `data` (relative to the repo root), parsed."""
+    return yaml.safe_load((ROOT / data / f"host-calibrated-{profile}.yaml").read_text())
+
+
+@lru_cache(maxsize=1)
+def _scratch() -> Path:
+    return Path(tempfile.mkdtemp(prefix="stored-runs-"))
+
+
+@lru_cache(maxsize=None)
+def stored_rows(data: Path, sitting: str, profile: str, drop: str | None = None) -> tuple[dict, ...]:
+    """regress's rows of data/results-llamacpp-<sitting>.csv on data/host-calibrated-<profile>.yaml, run from the
+    repo root (the stores' model paths are relative to it); with `drop`, the profile's ggml prefill rates whose keys
+    hold it removed first (a copy in a scratch folder)."""
+    mp = pytest.MonkeyPatch()
+    mp.chdir(ROOT)
+    try:
+        path = data / f"host-calibrated-{profile}.yaml"
+        if drop:
+            d = stored_profile(data, profile)
+            d["cpu"]["ggml_prefill_gflops"] = {k: v for k, v in d["cpu"]["ggml_prefill_gflops"].items() if drop not in k}
+            path = _scratch() / f"{data.name}-{profile}-no-{drop}.yaml"
+            path.write_text(yaml.safe_dump(d))
+        return tuple(regress.local_rows(data / f"results-llamacpp-{sitting}.csv", str(path)))
+    finally:
+        mp.undo()
+
+
+def prefill_rows(rows) -> list[dict]:
+    """The pp rows of regress's rows."""
+    return [r for r in rows if r["metric"] == "prefill_tok_s"]
+
+
+def assert_every_run_predicted(data: Path, sittings, decode_sittings, profile: str) -> None:
+    """14 pp512 runs a sitting (the seven `small` files, each repacked and in place), and 14 tg64 in decode_sittings,
+    each predicted above 0 on `profile`."""
+    for s in sittings:
+        rows = stored_rows(data, s, profile)
+        assert len(prefill_rows(rows)) == 14 and all(r["predicted"] > 0 for r in rows)
+        assert len(rows) == (28 if s in decode_sittings else 14)
