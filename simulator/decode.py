@@ -49,7 +49,7 @@ class DecodeRun:
         self.engram_cold = engram_cold  # fraction of this request's rows not in the page cache
         self.handover_s = m.c.handover_ms * 1e-3
         # llama.cpp's multiply of a layer's expert outputs by their weights, on the host cores beside the CPU's
-        # products where there is no device (with one, the layer's outputs meet on its side)
+        # products where there is no device (with one, ggml's scheduler puts it on the device: resources.py)
         self.weigh_s = (llamacpp_weighting_s(m.hw, model, self.route_tok, plan.experts_per_token or model.top_k,
                                              m.threads) if plan.engine == "llamacpp" and not m.has_gpu else 0.0)
         self.step_s: list[float] = []

@@ -213,8 +213,8 @@ class PrefillRun:
         gflops = cpu_expert_prefill_gflops(m.hw, self.plan, md, n * self.k / max(touched, 1e-9), m.threads, m.c)
         cpu_s = n * self.k * md.expert_flops / (gflops * 1e9 * m.threads)
         rate = min(m.cpu_expert_rate, nbytes / cpu_s) if cpu_s > 0 else m.cpu_expert_rate
-        if self.plan.engine == "llamacpp":  # then its multiply of the expert outputs by their weights, on the same cores
-            host_s += llamacpp_weighting_s(m.hw, md, n, self.k, m.threads)
+        if self.plan.engine == "llamacpp" and not m.has_gpu:  # its multiply of the outputs by their weights (with a
+            host_s += llamacpp_weighting_s(m.hw, md, n, self.k, m.threads)  # device, ggml's scheduler puts it there)
         after_dense = lambda: m.cpu_read(nbytes, nxt, rate=rate, extra_s=host_s)
         if m.has_gpu:
             m.gpu.submit(dense_s, after_dense)

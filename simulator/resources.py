@@ -170,7 +170,9 @@ def llamacpp_dense_prefill_gflops(hw, model, threads: int, c: Constants) -> floa
 def llamacpp_weighting_s(hw, model, tokens: int, k: int, threads: int) -> float:
     """Seconds llama.cpp's weighting of one MoE layer's expert outputs takes on `threads` host cores for `tokens`
     tokens (ggml's MUL of build_moe_ffn: the tokens x k rows of `hidden` values split evenly over the threads, the
-    busiest thread's rows at the profile's 'F32:weighting' rate); 0 where the profile has no such rate."""
+    busiest thread's rows at the profile's 'F32:weighting' rate); 0 where the profile has no such rate. Only an
+    all-CPU plan runs it on the host: with a device, ggml_backend_sched's "expand gpu up" pass gives the op, which holds
+    no weights, the device of the next layer's norm (ggml-backend.cpp), and the outputs are copied over."""
     rate = hw.cpu.ggml_prefill_gflops_for(LLAMACPP_WEIGHTING_KEY, threads)
     if not rate or tokens <= 0:
         return 0.0

@@ -1,8 +1,8 @@
 """Routing models: which experts each token picks in each MoE layer.
 
 `sample(n_tokens, rng)` returns int32 [n_tokens, n_layers, k]: k distinct experts per token and
-layer. Popularity-weighted picks without replacement follow Plackett-Luce (sequential draws, drawn as an
-exponential race).
+layer. Popularity-weighted picks without replacement follow Plackett-Luce (sequential draws; drawn as an
+exponential race where draws would often repeat an expert).
 """
 from __future__ import annotations
 

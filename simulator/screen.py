@@ -265,7 +265,8 @@ def _prefill_compute_s(model, hw, plan, prompt_tokens: int, c: Constants) -> flo
     def experts_s(n: int, layers: int) -> float:  # an n-token batch's expert products on the host cores
         touched = expected_touched(n, model.n_experts, k, TOUCH_LOCALITY)
         gflops = cpu_expert_prefill_gflops(hw, plan, model, n * k / max(touched, 1e-9), threads, c)
-        weigh = llamacpp_weighting_s(hw, model, n, k, threads) if plan.engine == "llamacpp" else 0.0  # prefill.py's
+        # llama.cpp's multiply of the outputs by their weights, all-CPU (prefill.py's)
+        weigh = llamacpp_weighting_s(hw, model, n, k, threads) if plan.engine == "llamacpp" and hw.gpu is None else 0.0
         return layers * (n * k * model.expert_flops / (gflops * 1e9 * threads) + weigh)
     if hw.gpu is None:  # no device: dense path, attention and experts all on the host cores
         total, pos = 0.0, 0

@@ -217,3 +217,19 @@ def test_a_faster_weighting_rate_never_lengthens_ttft(rate, factor):
     a = _cpu_only("Q8_0", {"Q8_0": 10.0, "F32:weighting": rate})
     b = _cpu_only("Q8_0", {"Q8_0": 10.0, "F32:weighting": rate * factor})
     assert _ttft(*b[:3]) <= _ttft(*a[:3]) * (1 + 1e-9)
+
+
+def test_with_a_device_the_weighting_is_not_the_hosts():
+    """With a GPU, ggml's scheduler runs the weighting (a MUL holding no weights) on the device (its "expand gpu up"
+    pass): a hybrid llama.cpp plan whose RAM experts prefill on the CPU (no op offload at 256 tokens) does not read the
+    host's 'F32:weighting' rate, in its TTFT or its decode."""
+    model = tiny_model().model_copy(update={"expert_format": "Q8_0"})
+    base = machine()
+    plan = tiered(slots=0, kind="cpu").model_copy(update={"engine": "llamacpp"})
+    plan = plan.model_copy(update={"prefill": plan.prefill.model_copy(update={"op_offload_min_batch": 4096})})  # CPU experts
+    rated = base.model_copy(update={"cpu": base.cpu.model_copy(update={
+        "ggml_prefill_gflops": {"F32:weighting": Figure(0.01, "measured", "test")}})})
+    for hw in (base, rated):
+        assert hw.gpu is not None
+    a, b = (simulate(model, h, plan, prompt_tokens=256, gen_tokens=8, routing="uniform", warm_steps=0) for h in (base, rated))
+    assert b.ttft_s == pytest.approx(a.ttft_s, rel=1e-12) and b.decode_tok_s == pytest.approx(a.decode_tok_s, rel=1e-12)
