@@ -55,8 +55,8 @@ TILED_PATHS = ("tiled", "tiled-narrow")
 TIMED = ((("Q8_0", "vecdot"), ("Q4_0", "vecdot"), ("IQ4_NL", "vecdot"), ("Q4_0", "repacked"))
          + tuple((t, p) for t in TILED_TYPES for p in TILED_PATHS))
 DENSE = ("F16", "sgemm")  # llama.cpp's dense products on llamafile's tinyBLAS (ggml_dense_prefill_job)
-# its multiply of the expert outputs by their router weights (calibration.ggml_binary): a multiply a value, so its
-# "GFLOP/s" are giga-values a second
+# its multiply of the expert outputs by their router weights (calibration.ggml_binary.weighting_job): a multiply a
+# value, so its "GFLOP/s" are giga-values a second
 WEIGHTING = ("F32", "weighting")
 
 if HAVE_TILED:
@@ -180,13 +180,6 @@ def ggml_dense_prefill_job(hidden: int = 2048, head_dim: int = 64, tokens: int =
             if not sgemm(w, a, out, numba.get_num_threads(), wdata[:a.size].reshape(a.shape)):
                 raise ValueError(f"llamafile declines {w.shape} x {a.shape}")
     return run, 2.0 * tokens * sum(r * k for r, k in shapes)
-
-
-def ggml_weighting_job(hidden: int = 2048, top_k: int = 8, tokens: int = 512):
-    """(run, flops): a prefill batch's weighting of its `tokens` x `top_k` expert outputs of `hidden` (ggml's MUL in
-    build_moe_ffn, calibration.ggml_binary); one multiply a value."""
-    from .ggml_binary import weighting_job
-    return weighting_job(hidden, top_k, tokens)
 
 
 def dense_job(isa: list[str]) -> tuple[str, str] | None:

@@ -244,6 +244,7 @@ def _ggml_prefill(s: Settings, r: Results, formats, maxt: int, pg, bud: _Budget)
     from specs.formats import llamacpp_prefill_key
     from . import bench_ggml_prefill as BG
     from .detect import cpu_info
+    from .ggml_binary import weighting_job
     t0 = time.perf_counter()
     isa = cpu_info()["isa"]
     dense = BG.dense_job(isa) if s.dense_prefill_tokens else None  # F16 on llamafile's tinyBLAS, at a prompt's batch
@@ -255,7 +256,7 @@ def _ggml_prefill(s: Settings, r: Results, formats, maxt: int, pg, bud: _Budget)
             run, flops = BG.ggml_dense_prefill_job(s.kernel_hidden, tokens=tokens)
         elif (fmt, path) == weighting:
             tokens, experts = s.dense_prefill_tokens, s.prefill_top_k
-            run, flops = BG.ggml_weighting_job(s.kernel_hidden, s.prefill_top_k, tokens)
+            run, flops = weighting_job(s.kernel_hidden, s.prefill_top_k, tokens)
         else:
             tokens = BG.job_tokens(path, s.ggml_prefill_tokens, s.ggml_prefill_experts, s.ggml_prefill_experts)
             experts = s.ggml_prefill_experts

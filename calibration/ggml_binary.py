@@ -15,6 +15,7 @@ Timed by calibrate into cpu.ggml_prefill_gflops['F32:weighting'] (giga-values a 
 benchmarks/bench_ggml_binary.py."""
 from __future__ import annotations
 
+import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -71,7 +72,6 @@ def weight_expert_outputs(experts: np.ndarray, weights: np.ndarray, out: np.ndar
 
 def weighting_job(hidden: int = 2048, top_k: int = 8, tokens: int = 512, seed: int = 0):
     """(run, values): one prefill batch's weighting of its expert outputs, `tokens` x `top_k` rows of `hidden`."""
-    import numba
     rng = np.random.default_rng(seed)
     experts = rng.standard_normal((tokens, top_k, hidden), dtype=np.float32)
     weights = rng.random((tokens, top_k), dtype=np.float32)

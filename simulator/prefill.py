@@ -213,8 +213,10 @@ class PrefillRun:
         gflops = cpu_expert_prefill_gflops(m.hw, self.plan, md, n * self.k / max(touched, 1e-9), m.threads, m.c)
         cpu_s = n * self.k * md.expert_flops / (gflops * 1e9 * m.threads)
         rate = min(m.cpu_expert_rate, nbytes / cpu_s) if cpu_s > 0 else m.cpu_expert_rate
-        if self.plan.engine == "llamacpp" and not m.has_gpu:  # its multiply of the outputs by their weights (with a
-            host_s += llamacpp_weighting_s(m.hw, md, n, self.k, m.threads)  # device, ggml's scheduler puts it there)
+        # llama.cpp then multiplies the outputs by their weights on these cores (with a device, ggml's scheduler runs
+        # that on the device)
+        if self.plan.engine == "llamacpp" and not m.has_gpu:
+            host_s += llamacpp_weighting_s(m.hw, md, n, self.k, m.threads)
         after_dense = lambda: m.cpu_read(nbytes, nxt, rate=rate, extra_s=host_s)
         if m.has_gpu:
             m.gpu.submit(dense_s, after_dense)
