@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from stored_runs import stored_profile, stored_rows
+from stored_runs import prefill_rows, stored_profile, stored_rows
 
 DATA = Path("tests/calibration/data/zen4-2026-12-06b")
 SITTINGS = ("0701", "0704", "0706", "0723", "0726")
@@ -24,12 +24,8 @@ AFTER = ("0722", "0725")
 TILED = (" Q4_K:", " Q2_K:", " Q3_K:", " IQ4_XS:")  # the files whose experts take the tiled GEMM in place
 
 
-def _prefill(sitting: str, profile: str) -> list[dict]:
-    return [r for r in stored_rows(DATA, sitting, profile) if r["metric"] == "prefill_tok_s"]
-
-
 def _errors(profiles, in_place_tiled: bool | None = None) -> list[float]:
-    return [r["error"] for s in SITTINGS for p in profiles for r in _prefill(s, p)
+    return [r["error"] for s in SITTINGS for p in profiles for r in prefill_rows(stored_rows(DATA, s, p))
             if in_place_tiled is None
             or in_place_tiled == (any(t in r["case"] for t in TILED) and "--no-repack" in r["case"])]
 

@@ -6,7 +6,7 @@ results-llamacpp-HHMM.csv; the models' headers are session 40's, in ../xeon-2026
 `calibrate --quick` profiles written between them (07:00-07:08, host-calibrated-HHMM.yaml; the first in a slow spell:
 its Q4_0 rate half the others'). No constant is fitted on llama.cpp.
 
-perf of llama-bench here (07:1x): ggml_compute_forward_mul is 3.6% of `small`'s pp512 samples, 5.0% of `small-q4k`'s
+perf of llama-bench here (about 07:10): ggml_compute_forward_mul is 3.6% of `small`'s pp512 samples, 5.0% of `small-q4k`'s
 (repacked), 1.9% of its tg64's (of which ~28% are the load); test-backend-ops' MUL of [2048, 8, 512] by [1, 8, 512]
 3.6 ns a value on one core, the rebuild 3.9 (benchmarks/bench_ggml_binary.py)."""
 from __future__ import annotations
