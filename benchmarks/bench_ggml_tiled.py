@@ -4,17 +4,22 @@ expert: 256-wide slabs). test-backend-ops runs its CPU backend on half the hardw
 many. Rounds alternate the two; medians of GFLOP/s and their ratio. `--case qwen3` takes its qwen3-30b-a3b case
 instead: 8 of 128 experts of 768 x 2048 (a `small` model's gate / up), n = 512 tokens, 32 an expert, every expert
 routed to, as ggml's random routing does there. `--case small-gate` / `small-down`: make-model's `small` at pp512, 8 of
-32 experts of 768 x 2048 (gate / up) and of 2048 x 768 (down), 128 tokens an expert; test-backend-ops has no such
-case: add, in make_test_cases_perf,
+32 experts of 768 x 2048 (gate / up) and of 2048 x 768 (down), n / 4 tokens an expert (pp512: 128); test-backend-ops
+has no such case: add, in make_test_cases_perf,
 
-    for (ggml_type type_a : {GGML_TYPE_Q4_K, GGML_TYPE_IQ4_XS, GGML_TYPE_Q6_K}) {
-        test_cases.emplace_back(new test_mul_mat_id(type_a, GGML_TYPE_F32, 32, 8, false, 768, 512, 2048));
-        test_cases.emplace_back(new test_mul_mat_id(type_a, GGML_TYPE_F32, 32, 8, false, 2048, 512, 768));
+    for (ggml_type type_a : {GGML_TYPE_Q4_K, GGML_TYPE_IQ4_XS, GGML_TYPE_Q6_K, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K,
+                             GGML_TYPE_Q5_K}) {
+      for (int n : {128, 256, 512, 1024}) {
+        test_cases.emplace_back(new test_mul_mat_id(type_a, GGML_TYPE_F32, 32, 8, false, 768, n, 2048));
+        test_cases.emplace_back(new test_mul_mat_id(type_a, GGML_TYPE_F32, 32, 8, false, 2048, n, 768));
+      }
     }
 
     python benchmarks/bench_ggml_tiled.py --test-backend-ops PATH/test-backend-ops [--types q4_K q6_K iq4_xs] [--rounds 3]
     python benchmarks/bench_ggml_tiled.py --test-backend-ops PATH/test-backend-ops --case qwen3 --tokens 512
     python benchmarks/bench_ggml_tiled.py --test-backend-ops PATH/test-backend-ops --case small-down --tokens 512
+    python benchmarks/bench_ggml_tiled.py --test-backend-ops PATH --case small-gate --tokens 128 256 512 1024 \
+        --types Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS   (the rate against tokens an expert: ggml's window shared)
 
 Without --test-backend-ops only the rebuild runs. Needs AVX-512 VNNI (ggml_tiled.HAVE_TILED)."""
 from __future__ import annotations

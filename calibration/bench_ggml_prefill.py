@@ -11,6 +11,10 @@ path ggml takes for the experts' weight layout (llama.cpp 0.3.36's vendored ggml
   groups, the weights unpacked to bytes a 256-wide slab at a time and multiplied with the tokens' Q8_K codes in
   16 x 16 microtiles (tiled/tiled.cpp; rebuilt in calibration.ggml_tiled with its AVX-512 VNNI microtile);
   `tiled-narrow` with 16 tokens or fewer an expert: slabs long in K, 16 rows unpacked at a time, timed at 16.
+  calibrate times `tiled` twice, at 64 tokens an expert and at a full window of 256: the weights are unpacked once a
+  window, so the rate rises with the tokens that share it (ggml's Q3_K gate products on one Zen 4 core: 86 / 109 /
+  143 / 153 GFLOP/s at 32 / 64 / 128 / 256 tokens an expert; Q4_K's 152 / 176 / 191 / 200), and the two rates give
+  what a window shares (CPU.ggml_prefill_fixed_tokens; simulator.resources.ggml_window_scale).
 Which path a format takes is specs.formats.llamacpp_prefill_path; repacked Q4_K is not timed here. Beside the experts,
 - `sgemm` (F16 dense weights: an attention block's Q, K, V and output products): llamafile's tinyBLAS, the tokens
   converted to F16 first (rebuilt in calibration.ggml_sgemm; specs.formats.llamacpp_dense_prefill_key).

@@ -113,6 +113,9 @@ class Settings:
     ggml_prefill_tokens: int = 64
     ggml_prefill_experts: int = 4
     ggml_prefill_repeats: int = 3
+    # the tiled GEMM's rates again at a full window of an expert's tokens (specs.formats.LLAMACPP_TILED_WINDOW_TOKENS):
+    # with the rate at ggml_prefill_tokens, the part a window shares (CPU.ggml_prefill_fixed_tokens); 0: not timed
+    ggml_prefill_window_tokens: int = 256
     toy_kernel: bool = False  # benchmark bench_kernel.toy_expert_job instead of the executor's kernel
     # time budgets (s) for waiting out other processes' load, per benchmark
     total_budget_s: float = 32.0  # all the waiting together (quick stays within 60 s)
@@ -165,6 +168,7 @@ class Results:
     attention_prefill: PrefillResult | None = None  # its causal attention, the same prompt
     # ggml's prefill structures (bench_ggml_prefill), keyed 'Q4_K:tiled', 'Q8_0@1t' (specs.formats.llamacpp_prefill_key)
     ggml_prefill: dict[str, PrefillResult] = field(default_factory=dict)
+    ggml_prefill_window: dict[str, PrefillResult] = field(default_factory=dict)  # the tiled ones at a full window
     layer_loop: LayerLoop | None = None
     layer_loop_small: LayerLoop | None = None  # the same loop on a layer a quarter as wide: the fixed part
     llc_bytes: int | None = None  # last-level cache of this machine (sysfs), when readable
@@ -240,8 +244,8 @@ class _Budget:
 
 def _ggml_prefill(s: Settings, r: Results, formats, maxt: int, pg, bud: _Budget) -> None:
     """Time the prefill structures ggml gives these formats here (bench_ggml_prefill) into r.ggml_prefill, on all
-    the threads and on one; the threads are reset to all after."""
-    from specs.formats import llamacpp_prefill_key
+    the threads and on one, the tiled GEMM's again at a full window (into r.ggml_prefill_window); the threads are
+    reset to all after."""
     from . import bench_ggml_prefill as BG
     from .detect import cpu_info
     from .ggml_binary import weighting_job
@@ -261,17 +265,30 @@ def _ggml_prefill(s: Settings, r: Results, formats, maxt: int, pg, bud: _Budget)
             tokens = BG.job_tokens(path, s.ggml_prefill_tokens, s.ggml_prefill_experts, s.ggml_prefill_experts)
             experts = s.ggml_prefill_experts
             run, flops = BG.ggml_prefill_job(fmt, path, s.kernel_hidden, s.kernel_ffn, experts, experts, tokens)
-        for one in ((False, True) if maxt > 1 else (False,)):
-            numba.set_num_threads(1 if one else min(maxt, numba.config.NUMBA_NUM_THREADS))
-            key = llamacpp_prefill_key(fmt, path) + ("@1t" if one else "")
-            tick = pg.stage(f"CPU prefill, ggml's {path} structure {fmt}" + (", 1 thread" if one else ""), s.ggml_prefill_repeats)
-            r.ggml_prefill[key] = bench_prefill(run, flops, s.ggml_prefill_repeats, label=BG.label(fmt, path, s.kernel_hidden, s.kernel_ffn),
-                                                tokens=tokens, experts=experts,
-                                                top_k=experts, threads=numba.get_num_threads(), tick=tick,
-                                                budget_s=bud.take(key, s.prefill_budget_s / len(jobs)))
+        _time_ggml_job(s, r.ggml_prefill, run, flops, fmt, path, tokens, experts, maxt, pg, bud, len(jobs))
         del run
+        if path == "tiled" and s.ggml_prefill_window_tokens > tokens:  # again at a full window: its shared part
+            tokens = s.ggml_prefill_window_tokens
+            run, flops = BG.ggml_prefill_job(fmt, path, s.kernel_hidden, s.kernel_ffn, experts, experts, tokens)
+            _time_ggml_job(s, r.ggml_prefill_window, run, flops, fmt, path, tokens, experts, maxt, pg, bud, len(jobs))
+            del run
     numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
     r.wall_s["ggml prefill"] = time.perf_counter() - t0
+
+
+def _time_ggml_job(s: Settings, into: dict, run, flops: float, fmt: str, path: str, tokens: int, experts: int,
+                   maxt: int, pg, bud: _Budget, n_jobs: int) -> None:
+    """Time one ggml prefill structure on all the threads and on one into `into` ('KEY', 'KEY@1t')."""
+    from specs.formats import llamacpp_prefill_key
+    from . import bench_ggml_prefill as BG
+    for one in ((False, True) if maxt > 1 else (False,)):
+        numba.set_num_threads(1 if one else min(maxt, numba.config.NUMBA_NUM_THREADS))
+        key = llamacpp_prefill_key(fmt, path) + ("@1t" if one else "")
+        what = f"CPU prefill, ggml's {path} structure {fmt}, {tokens} tokens" + (", 1 thread" if one else "")
+        tick = pg.stage(what, s.ggml_prefill_repeats)
+        into[key] = bench_prefill(run, flops, s.ggml_prefill_repeats, label=BG.label(fmt, path, s.kernel_hidden, s.kernel_ffn),
+                                  tokens=tokens, experts=experts, top_k=experts, threads=numba.get_num_threads(),
+                                  tick=tick, budget_s=bud.take(key, s.prefill_budget_s / n_jobs))
 
 
 def kernel_pool_for(s: Settings, llc: int | None, avail: int | None) -> Settings:

@@ -38,6 +38,7 @@ from executor.kquant_blocks import _q3_k_scale, _q4_k_scale_min
 from executor.nbcache import drop_stale_cache
 from executor.simd import F32, I8, I16, I32, I64, V, _fn, _splat, h2f
 from executor.vnni import _FEATURES
+from specs.formats import LLAMACPP_TILED_WINDOW_TOKENS
 
 drop_stale_cache(__file__)
 
@@ -48,7 +49,7 @@ HAVE_TILED = all(f"+{f}" in _FEATURES for f in ("avx512f", "avx512bw", "avx512vl
 TILE_K = 256  # one QK_K block: a slab of K
 MICRO = 16  # microtile edge; also the Q8_K code sums' granularity
 GROUP = 64  # weight rows a thread's window (TILED_MMID_GROUP)
-WINDOW = 256  # tokens a window (TILED_TILE_ROWS)
+WINDOW = LLAMACPP_TILED_WINDOW_TOKENS  # tokens a window (TILED_TILE_ROWS)
 L1_BYTES = 31 * 1024  # the narrow path's budget for 16 rows of codes (ggml_tiled_narrow_k_extent)
 
 # type -> (bytes a 256-block, SUBBLK, HAS_MIN, BIAS, ACTBIAS) (tiled.cpp ggml_tiled_matmul_type_dispatch)

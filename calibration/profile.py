@@ -31,6 +31,7 @@ def noise_of(r: Results) -> list[tuple[str, Noise]]:
                                                 ("prefill dense", r.dense_prefill),
                                                 ("prefill attention", r.attention_prefill)) if res]
     out += [(f"ggml prefill {k}", f.noise) for k, f in r.ggml_prefill.items()]
+    out += [(f"ggml prefill {k} window", f.noise) for k, f in r.ggml_prefill_window.items()]
     out += [("layer loop", r.layer_loop.noise)] if r.layer_loop else []
     out += [("small layer loop", r.layer_loop_small.noise)] if r.layer_loop_small else []
     out += [(n, x.noise) for n, x in (("hit", r.hit), ("dense", r.dense), ("handover", r.handover)) if x]
@@ -182,6 +183,16 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
                                        for fmt, f in fits_rp.items()}
     if r.ggml_prefill:  # ggml's prefill structures: the prefill rates of llama.cpp plans (CPU.ggml_prefill_gflops)
         data["cpu"]["ggml_prefill_gflops"] = {k: _m(f.gflops_per_core, f.method(), date) for k, f in r.ggml_prefill.items()}
+    fixed = {k: (r.ggml_prefill[k], w) for k, w in r.ggml_prefill_window.items() if k in r.ggml_prefill}
+    if fixed:  # the tiled GEMM at two batch sizes: the part a window of an expert's tokens shares (its unpacking)
+        data["cpu"]["ggml_prefill_fixed_tokens"] = {
+            k: _m(prefill_fixed_tokens(a.tokens_per_expert, a.gflops_per_core, w.tokens_per_expert, w.gflops_per_core),
+                  f"{a.gflops_per_core:.1f} GFLOP/s a core at {a.tokens_per_expert:g} tokens an expert, "
+                  f"{w.gflops_per_core:.1f} at {w.tokens_per_expert:g} ({w.method()}): a window's time as m + m0 "
+                  f"tokens' multiply-adds", date) for k, (a, w) in fixed.items()}
+        a = next(iter(fixed.values()))[0]
+        data["cpu"]["ggml_prefill_ref_tokens"] = _m(a.tokens_per_expert, f"tokens an expert of the ggml prefill "
+                                                    f"batches: {a.tokens} x top-{a.top_k} of {a.experts}", date)
     if r.prefill:
         pf = r.prefill
         consts["cpu_prefill_gflops_per_core"] = _m(pf.gflops_per_core, pf.method(), date)
@@ -305,9 +316,11 @@ def store_rows(r: Results) -> list[dict]:
             add(case, "gflops_per_core", pf.gflops_per_core, threads=pf.threads, kernel=kv,
                 tokens=pf.tokens, method=pf.method())
             _noise(add, case, pf.noise)
-    for key, pf in r.ggml_prefill.items():
-        case = "cpu_ggml_prefill_" + key.replace(":", "_").replace("@", "_")
-        add(case, "gflops_per_core", pf.gflops_per_core, threads=pf.threads, kernel=kv, tokens=pf.tokens, method=pf.method())
+    for suffix, table in (("", r.ggml_prefill), ("_window", r.ggml_prefill_window)):
+        for key, pf in table.items():
+            case = "cpu_ggml_prefill_" + key.replace(":", "_").replace("@", "_") + suffix
+            add(case, "gflops_per_core", pf.gflops_per_core, threads=pf.threads, kernel=kv, tokens=pf.tokens,
+                method=pf.method())
     for name, x in (("t_hit", r.hit), ("dense", r.dense), ("handover", r.handover)):
         if x:
             _noise(add, name, x.noise)

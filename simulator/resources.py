@@ -6,10 +6,11 @@ zero-copy reads, DMA copies and page-cache fills contend there (fluid sharing).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
-from specs.formats import (LLAMACPP_WEIGHTING_KEY, llamacpp_dense_prefill_key, llamacpp_prefill_keys, llamacpp_prefill_path,
-                          llamacpp_repacks)
+from specs.formats import (LLAMACPP_TILED_WINDOW_TOKENS, LLAMACPP_WEIGHTING_KEY, llamacpp_dense_prefill_key,
+                          llamacpp_prefill_keys, llamacpp_prefill_path, llamacpp_repacks)
 
 from .engine import FluidNet, Pool, Serial, Sim
 from .policies import whole_experts_per_thread
@@ -136,14 +137,29 @@ def cpu_prefill_gflops(hw, plan, fmt, tokens_per_expert: float, threads: int, c:
     """GFLOP/s per core of `plan`'s engine's CPU expert products on a prefill batch with that many tokens an
     expert: for llama.cpp, the rate of the structure ggml gives `fmt` there (specs.formats.llamacpp_prefill_path)
     where the profile has it (on the repacked path, the rebuilt format's: specs.formats.llamacpp_prefill_keys); else
-    the profile's one prefill rate (the executor's kernel)."""
+    the profile's one prefill rate (the executor's kernel). A path whose windows share a fixed part (the tiled GEMM's
+    unpacking) runs at the batch's own share of it (ggml_window_scale)."""
     if plan.engine == "llamacpp" and hw.cpu.ggml_prefill_gflops:
         path = llamacpp_prefill_path(fmt, repacked(hw, plan, fmt), tokens_per_expert, hw.cpu.isa)
         for key in llamacpp_prefill_keys(fmt.name, path):
             own = hw.cpu.ggml_prefill_gflops_for(key, threads)
             if own is not None:
-                return own
+                return own * ggml_window_scale(hw.cpu, key, tokens_per_expert, threads)
     return executor_prefill_gflops(c, tokens_per_expert)
+
+
+def ggml_window_scale(cpu, key: str, tokens_per_expert: float, threads: int) -> float:
+    """Rate of ggml's path `key` at that many tokens an expert over its rate at the profile's
+    ggml_prefill_ref_tokens: an expert's m tokens run in ceil(m / 256) windows (specs.formats.
+    LLAMACPP_TILED_WINDOW_TOKENS), each costing m0 tokens' worth of multiply-adds beyond its tokens' own (the profile's
+    ggml_prefill_fixed_tokens), so the rate goes as m / (m + ceil(m / 256) m0). 1 where the profile has no m0."""
+    m0, ref = cpu.ggml_prefill_fixed_tokens_for(key, threads), cpu.ggml_prefill_ref_tokens
+    if not m0 or not ref:
+        return 1.0
+
+    def share(m: float) -> float:  # the multiply-adds' share of the time
+        return m / (m + math.ceil(m / LLAMACPP_TILED_WINDOW_TOKENS) * m0)
+    return share(max(tokens_per_expert, 1.0)) / share(float(ref))
 
 
 def executor_prefill_gflops(c: Constants, tokens_per_expert: float) -> float:

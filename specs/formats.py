@@ -104,6 +104,9 @@ LLAMACPP_TILED_MIN_TOKENS = 8
 # of codes in L1, the rows unpacked 16 at a time for at most 16 tokens (tiled.cpp tiled_mmid_gemm_window)
 LLAMACPP_TILED_NARROW_MAX_TOKENS = 16
 LLAMACPP_TILED_ISA = ("avx512_vnni", "avx2", "avx")
+# the tiled GEMM takes an expert's tokens in windows of up to 256 (TILED_TILE_ROWS), unpacking each 64-row group's
+# weights once a window (tiled.cpp tiled_mmid_gemm_window): the unpacking's cost is shared by a window's tokens
+LLAMACPP_TILED_WINDOW_TOKENS = 256
 
 
 def llamacpp_prefill_path(fmt: WeightFormat, repacked: bool, tokens_per_expert: float, isa: list[str]) -> str:

@@ -111,6 +111,12 @@ class CPU(_Strict):
     # 'Q4_0:repacked'), with 'KEY@Nt' for a rate measured on N cores; a path without one prefills at the
     # executor's rate (Calibration's cpu_prefill_gflops_per_core)
     ggml_prefill_gflops: dict[str, Pos] = Field(default_factory=dict)
+    # The part of a path's time that a window of an expert's tokens shares (the tiled GEMM unpacks the window's
+    # weights once for up to specs.formats.LLAMACPP_TILED_WINDOW_TOKENS tokens), in tokens' worth of its
+    # multiply-adds, keyed as ggml_prefill_gflops: the path timed at ggml_prefill_ref_tokens tokens an expert and
+    # at a full window (calibration.calibrate). A key without one runs at its rate at any batch.
+    ggml_prefill_fixed_tokens: dict[str, NonNeg] = Field(default_factory=dict)
+    ggml_prefill_ref_tokens: Pos | None = None  # tokens an expert of the batch ggml_prefill_gflops' rates are timed at
 
     def expert_gbs_for(self, fmt: WeightFormat, threads: int | None = None, rowwise: bool = False,
                        repacked: bool = False, whole: bool = False) -> float:
@@ -155,6 +161,14 @@ class CPU(_Strict):
         if threads is not None and f"{key}@{threads}t" in self.ggml_prefill_gflops:
             return float(self.ggml_prefill_gflops[f"{key}@{threads}t"])
         return float(self.ggml_prefill_gflops[key]) if key in self.ggml_prefill_gflops else None
+
+    def ggml_prefill_fixed_tokens_for(self, key: str, threads: int | None = None) -> float | None:
+        """Tokens' worth of multiply-adds a window of an expert's tokens costs ggml's path `key` beyond its tokens' own
+        on `threads` cores ('KEY@Nt', else the threads_used figure); None when the profile has neither."""
+        table = self.ggml_prefill_fixed_tokens
+        if threads is not None and f"{key}@{threads}t" in table:
+            return float(table[f"{key}@{threads}t"])
+        return float(table[key]) if key in table else None
 
     def _rate(self, table: dict, keys: tuple[str, ...], threads: int | None) -> float | None:
         """The first of `keys` in `table` at `threads` (a 'KEY@Nt' figure, else scaled linearly), or None."""

@@ -24,18 +24,22 @@ def _scratch() -> Path:
 
 
 @lru_cache(maxsize=None)
-def stored_rows(data: Path, sitting: str, profile: str, drop: str | None = None) -> tuple[dict, ...]:
+def stored_rows(data: Path, sitting: str, profile: str, drop: str | None = None,
+                drop_cpu_field: str | None = None) -> tuple[dict, ...]:
     """regress's rows of data/results-llamacpp-<sitting>.csv on data/host-calibrated-<profile>.yaml, run from the
     repo root (the stores' model paths are relative to it); with `drop`, the profile's ggml prefill rates whose keys
-    hold it removed first (a copy in a scratch folder)."""
+    hold it removed first, with `drop_cpu_field` that field of its cpu section (a copy in a scratch folder)."""
     mp = pytest.MonkeyPatch()
     mp.chdir(ROOT)
     try:
         path = data / f"host-calibrated-{profile}.yaml"
-        if drop:
+        if drop or drop_cpu_field:
             d = stored_profile(data, profile)
-            d["cpu"]["ggml_prefill_gflops"] = {k: v for k, v in d["cpu"]["ggml_prefill_gflops"].items() if drop not in k}
-            path = _scratch() / f"{data.name}-{profile}-no-{drop}.yaml"
+            if drop:
+                d["cpu"]["ggml_prefill_gflops"] = {k: v for k, v in d["cpu"]["ggml_prefill_gflops"].items()
+                                                   if drop not in k}
+            d["cpu"].pop(drop_cpu_field, None)
+            path = _scratch() / f"{data.name}-{profile}-no-{drop}-{drop_cpu_field}.yaml"
             path.write_text(yaml.safe_dump(d))
         return tuple(regress.local_rows(data / f"results-llamacpp-{sitting}.csv", str(path)))
     finally:

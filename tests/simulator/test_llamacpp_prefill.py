@@ -100,6 +100,54 @@ def test_repacked_q4_k_prefill_runs_at_the_rebuilt_q4_0_gemvs_rate():
     assert _ttft(*both) > 1.5 * _ttft(*own)
 
 
+def _tiled_cpu(m0: float | None, ref: float | None = 8.0):
+    """tiny's Q4_K experts in place on ggml's tiled GEMM at 80 GFLOP/s a core, timed at `ref` tokens an expert, with
+    m0 tokens of a window's shared unpacking (None: the profile has no m0)."""
+    model, hw, ll, _ = _cpu_only("Q4_K", {"Q4_K:tiled": 80.0}, repack=False)
+    update = {"ggml_prefill_ref_tokens": Figure(ref, "measured", "test") if ref else None}
+    if m0 is not None:
+        update["ggml_prefill_fixed_tokens"] = {"Q4_K:tiled": Figure(m0, "measured", "test")}
+    return model, hw.model_copy(update={"cpu": hw.cpu.model_copy(update=update)}), ll
+
+
+def test_a_windows_fixed_tokens_scale_the_tiled_rate_from_its_timed_batch():
+    """m0 = 16 tokens a window, rates timed at 64 tokens an expert: at 64 the rate as timed; at 128 (pp512 of a top-8
+    of 32 model) (128 / 144) / (64 / 80) = 1.111x; at 256, one full window, 1.176x; at 257 a second window's
+    unpacking, 257 / 289 over 0.8 = 1.112x; the same figure '@1t' serves one thread; no m0 or no reference batch, 1."""
+    from simulator.resources import ggml_window_scale
+    _, hw, _ = _tiled_cpu(16.0, ref=64.0)
+    scale = lambda m, threads=2: ggml_window_scale(hw.cpu, "Q4_K:tiled", m, threads)  # noqa: E731
+    assert scale(64) == pytest.approx(1.0, rel=1e-12)
+    assert scale(128) == pytest.approx((128 / 144) / 0.8, rel=1e-12)
+    assert scale(256) == pytest.approx((256 / 272) / 0.8, rel=1e-12)
+    assert scale(257) == pytest.approx((257 / 289) / 0.8, rel=1e-12)
+    one = hw.cpu.model_copy(update={"ggml_prefill_fixed_tokens": {"Q4_K:tiled@1t": Figure(0.0, "measured", "t")}})
+    assert ggml_window_scale(one, "Q4_K:tiled", 128, 1) == 1.0
+    assert ggml_window_scale(one, "Q4_K:tiled", 128, 2) == 1.0  # no m0 for two threads
+    assert ggml_window_scale(_tiled_cpu(16.0, ref=None)[1].cpu, "Q4_K:tiled", 128, 2) == 1.0
+
+
+def test_a_tiled_prefill_above_the_timed_batch_runs_faster_with_fixed_tokens():
+    """tiny's 256-token prompt puts 32 tokens on an expert, four times the 8 the rate was timed at: with m0 = 8 its
+    expert products run (32 / 40) / (8 / 16) = 1.6x the timed rate, so its TTFT shortens; a 64-token prompt (8 an
+    expert, as timed: a hair more where the draw leaves an expert out) keeps the TTFT of the profile without m0 to
+    0.1%; the screen agrees with the events."""
+    plain, fixed = _tiled_cpu(None), _tiled_cpu(8.0)
+    assert _ttft(*fixed) < 0.9 * _ttft(*plain)
+    assert _ttft(*fixed, prompt=64) == pytest.approx(_ttft(*plain, prompt=64), rel=1e-3)
+    assert screen(*fixed, prompt_tokens=256).ttft_s == pytest.approx(_ttft(*fixed), rel=0.05)
+
+
+@settings(max_examples=30, deadline=None)
+@given(m0=st.floats(0.0, 50.0), m=st.floats(1.0, 256.0), more=st.floats(1.0, 8.0))
+def test_more_tokens_an_expert_within_a_window_never_lower_the_tiled_rate(m0, m, more):
+    """Within one window (up to 256 tokens an expert) more tokens an expert never lower ggml's tiled rate."""
+    from simulator.resources import ggml_window_scale
+    cpu = _tiled_cpu(m0, ref=64.0)[1].cpu
+    hi = min(256.0, m * more)
+    assert ggml_window_scale(cpu, "Q4_K:tiled", hi, 2) >= ggml_window_scale(cpu, "Q4_K:tiled", m, 2) * (1 - 1e-12)
+
+
 @settings(max_examples=30, deadline=None)
 @given(m0=st.floats(0.0, 50.0), m=st.floats(1.0, 512.0), more=st.floats(1.0, 8.0))
 def test_more_tokens_an_expert_never_lower_the_executors_prefill_rate(m0, m, more):

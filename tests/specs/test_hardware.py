@@ -94,3 +94,27 @@ def test_whole_expert_rates_are_read_for_whole_jobs_on_several_threads():
     assert cpu.expert_gbs_for(q4k, 2) == 22.0  # rows split
     assert cpu.expert_gbs_for(q4k, 1, whole=True) == 12.0  # one thread: the kernel's own
     assert cpu.expert_gbs_for(q8, 2, whole=True) == 30.0  # not timed whole
+
+
+def test_a_windows_fixed_tokens_are_read_by_thread_count():
+    """ggml_prefill_fixed_tokens is keyed as ggml_prefill_gflops: 'KEY@1t' for one thread, else the threads_used
+    figure; a key without one has none."""
+    f = lambda v: Figure(v, "measured", "test")  # noqa: E731
+    cpu = _cpu(default=20.0).model_copy(update={"ggml_prefill_fixed_tokens": {"Q4_K:tiled": f(12.0),
+                                                                              "Q4_K:tiled@1t": f(9.0)}})
+    assert cpu.ggml_prefill_fixed_tokens_for("Q4_K:tiled", 1) == 9.0
+    assert cpu.ggml_prefill_fixed_tokens_for("Q4_K:tiled", 2) == cpu.ggml_prefill_fixed_tokens_for("Q4_K:tiled") == 12.0
+    assert cpu.ggml_prefill_fixed_tokens_for("Q6_K:tiled", 2) is None
+
+
+def test_a_negative_fixed_token_count_is_refused_naming_the_file_and_field(tmp_path):
+    """A profile whose cpu.ggml_prefill_fixed_tokens holds a negative figure: one error naming the file, the field
+    and the reason."""
+    import yaml
+    from specs.errors import SpecError
+    hw = load_hardware("epyc8ch-3090").model_dump(mode="json")
+    hw["cpu"]["ggml_prefill_fixed_tokens"] = {"Q4_K:tiled": {"value": -3.0, "source": "measured", "ref": "test"}}
+    path = tmp_path / "hw.yaml"
+    path.write_text(yaml.safe_dump(hw))
+    with pytest.raises(SpecError, match=r"hw.yaml.*ggml_prefill_fixed_tokens.*>= 0"):
+        load_hardware(str(path))
