@@ -4,7 +4,7 @@ path ggml takes for the experts' weight layout (llama.cpp 0.3.36's vendored ggml
 - `vecdot` (Q8_0, Q4_0 and IQ4_NL not repacked, ...): an expert's rows x its tokens in 16 x 16 blocks, one dot
   product per (row, token) pair, the chunks handed to the threads in turn (ggml-cpu.c
   `ggml_compute_forward_mul_mat_id_one_chunk`), each op's activations quantised to Q8_0 first.
-- `repacked` (the formats llama.cpp interleaves 8 rows at load: Q4_0 on AVX2): each thread takes the
+- `repacked` (the formats llama.cpp interleaves 8 rows at load: Q4_0 and Q4_K on AVX2): each thread takes the
   same eighth-aligned share of every expert's rows and runs it token by token, 8 rows a pass
   (repack.cpp `forward_mul_mat_id`, a gemv per token: no GEMM, each token re-reads the share from cache).
 - `tiled` (K-quants and IQ4_XS in place from 8 tokens an expert): each thread its share of every expert's 64-row
@@ -15,7 +15,7 @@ path ggml takes for the experts' weight layout (llama.cpp 0.3.36's vendored ggml
   window, so the rate rises with the tokens that share it (ggml's Q3_K gate products on one Zen 4 core: 86 / 109 /
   143 / 153 GFLOP/s at 32 / 64 / 128 / 256 tokens an expert; Q4_K's 152 / 176 / 191 / 200), and the two rates give
   what a window shares (CPU.ggml_prefill_fixed_tokens; simulator.resources.ggml_window_scale).
-Which path a format takes is specs.formats.llamacpp_prefill_path; repacked Q4_K is not timed here. Beside the experts,
+Which path a format takes is specs.formats.llamacpp_prefill_path. Beside the experts,
 - `sgemm` (F16 dense weights: an attention block's Q, K, V and output products): llamafile's tinyBLAS, the tokens
   converted to F16 first (rebuilt in calibration.ggml_sgemm; specs.formats.llamacpp_dense_prefill_key).
 
@@ -25,10 +25,9 @@ expert on one Zen 3 core it runs Q4_0 at 27 GFLOP/s where ggml's MUL_MAT_ID does
 against 34.4 (test-backend-ops perf, qwen3-30b-a3b's 768 x 2048 experts, 32 tokens an expert). Repacked
 Q4_0 runs ggml's AVX2 q4_0 8x8 gemv rebuilt (ggml_vec_dot.gemv_q4_0x8: int8 activations, 8 rows' blocks side
 by side): 46-55 GFLOP/s on one Zen 3 core, where llama-bench's pp512 implies ~48 for ggml's own (the executor's
-int16 interleaved rows, which stood in for it before, 38-45). Repacked Q4_K (and IQ4_NL, MXFP4) runs the same
-repack.cpp structure with its own 8x8 gemv, which has no rebuild: it takes the Q4_0 gemv's rate
-(specs.formats.LLAMACPP_REPACKED_STAND_IN; on the Zen 4 VM, llama.cpp's repacked Q4_K pp64 predicted -16% / -10% at
-1 / 2 threads, against +30% / +43% at the executor's integer GEMM rate, session 32). The tiled GEMM is timed where
+int16 interleaved rows, which stood in for it before, 38-45). Repacked Q4_K runs the same structure with its own
+8x8 gemv on Q8_K tokens, rebuilt too (calibration.ggml_gemv_q4_k); the other repacked formats (IQ4_NL, Q2_K, MXFP4)
+take the Q4_0 gemv's rate (specs.formats.LLAMACPP_REPACKED_STAND_IN), as Q4_K did before. The tiled GEMM is timed where
 its VNNI microtile runs (ggml_tiled.HAVE_TILED); on an AVX2-only CPU (its maddubs microtile, not rebuilt) a llama.cpp
 plan prefills those types at the executor's GEMM rate (0.73x of ggml's tiled GEMM on Zen 4), as every other plan
 does. The simulator's llama.cpp plans take these rates for their CPU prefill
@@ -46,7 +45,7 @@ from executor.simd import HAVE_AVX2
 
 from .bench_kernel import _synth_tensor
 from .bench_rowwise import REPACK_ROWS
-from .ggml_tiled import HAVE_TILED, TILED_ISA, TILED_TYPES
+from .ggml_tiled import HAVE_TILED, TILED_ISA, TILED_TYPES, quantize_q8_k
 from .ggml_vec_dot import quantize_row_q8_0
 
 # kernels compiled in here come from ggml_vec_dot, bench_rowwise's constants and the executor's codegen helpers
@@ -56,17 +55,19 @@ BLOCK = 16  # ggml's 16 x 16 (rows x tokens) blocks of dot products (blck_0, blc
 PATHS = ("vecdot", "repacked", "tiled", "tiled-narrow")  # of specs.formats.llamacpp_prefill_path's, those timed here
 TILED_PATHS = ("tiled", "tiled-narrow")
 # AVX2 only (ggml_vec_dot); the tiled path where its VNNI microtile runs (ggml_tiled.HAVE_TILED)
-TIMED = ((("Q8_0", "vecdot"), ("Q4_0", "vecdot"), ("IQ4_NL", "vecdot"), ("Q4_0", "repacked"))
+TIMED = ((("Q8_0", "vecdot"), ("Q4_0", "vecdot"), ("IQ4_NL", "vecdot"), ("Q4_0", "repacked"), ("Q4_K", "repacked"))
          + tuple((t, p) for t in TILED_TYPES for p in TILED_PATHS))
+Q8_K_REPACKED = ("Q4_K",)  # repacked formats whose gemv takes Q8_K tokens (the others Q8_0)
 DENSE = ("F16", "sgemm")  # llama.cpp's dense products on llamafile's tinyBLAS (ggml_dense_prefill_job)
 # its multiply of the expert outputs by their router weights (calibration.ggml_binary.weighting_job): a multiply a
 # value, so its "GFLOP/s" are giga-values a second
 WEIGHTING = ("F32", "weighting")
 
 if HAVE_TILED:
-    from .ggml_tiled import CODES, quantize_q8_k, tiled_matrix
+    from .ggml_tiled import CODES, tiled_matrix
 
 if HAVE_AVX2:
+    from .ggml_gemv_q4_k import Q4_KX8_BYTES, gemv_q4_kx8, repack_q4_k_x8
     from .ggml_vec_dot import gemv_q4_0x8, vec_dot
 
     @njit(parallel=True, nogil=True, fastmath=True, cache=True)
@@ -100,6 +101,21 @@ if HAVE_AVX2:
                 for t in range(T):
                     for r in range(r0, r1, REPACK_ROWS):
                         gemv_q4_0x8(w[e], np.int64(r * rb), X8[e, t], DX[e, t], nb, out[e, t], np.int64(r))
+
+    @njit(parallel=True, nogil=True, fastmath=True, cache=True)
+    def _repacked_q4_k_matrix(w, rows, X8, DX, BS, out, nthr):
+        """The same for Q4_K in llama.cpp's block_q4_Kx8 layout against Q8_K tokens (X8, DX, BS): ggml's q4_K 8x8
+        gemv (calibration.ggml_gemv_q4_k)."""
+        E, T = X8.shape[0], X8.shape[1]
+        nb = np.int64(X8.shape[2] // 256)
+        for th in prange(nthr):
+            r0 = (th * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS
+            r1 = min(rows, ((th + 1) * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS)
+            for e in range(E):
+                for t in range(T):
+                    for r in range(r0, r1, REPACK_ROWS):
+                        gemv_q4_kx8(w[e], np.int64(r // REPACK_ROWS * nb * Q4_KX8_BYTES), X8[e, t], DX[e, t], BS[e, t],
+                                    nb, out[e, t], np.int64(r))
 
 
 def quantize_q8_0(a):
@@ -137,12 +153,16 @@ def ggml_prefill_job(fmt: str = "Q8_0", path: str = "vecdot", hidden: int = 2048
     per = max(1, tokens * top_k // n_experts)  # tokens an expert
     mats = [_synth_tensor(fmt, n_experts, r, c, rng) for r, c in ((ffn, hidden), (ffn, hidden), (hidden, ffn))]
     ws = [m.data.reshape(n_experts, -1) for m in mats]
+    q8_k = fmt in Q8_K_REPACKED and path == "repacked"
+    if q8_k:  # llama.cpp's load-time copy into block_q4_Kx8
+        ws = [np.stack([repack_q4_k_x8(m.data[e].reshape(-1), m.rows).reshape(-1) for e in range(n_experts)])
+              for m in mats]
     code = mats[0].code
     x = rng.standard_normal((n_experts, per, hidden)).astype(np.float32)  # the rows each expert reads
     batch = x.reshape(-1, hidden)[:tokens][None]  # the batch's own rows, [1, tokens, hidden]
     h = (rng.standard_normal((n_experts, per, ffn)) * 0.1).astype(np.float32)
     tiled = path in TILED_PATHS
-    quantize = quantize_q8_k if tiled else quantize_q8_0
+    quantize = quantize_q8_k if tiled or q8_k else quantize_q8_0
     qx = quantize(x)  # the gathered rows gate and up read (ggml: pointers into its converted batch)
 
     g, y = np.zeros((n_experts, per, ffn), np.float32), np.zeros((n_experts, per, hidden), np.float32)
@@ -152,6 +172,8 @@ def ggml_prefill_job(fmt: str = "Q8_0", path: str = "vecdot", hidden: int = 2048
             _vecdot_matrix(w, code, rows, *q, out)
         elif tiled:
             tiled_matrix(CODES[fmt], w, rows, *q, out, numba.get_num_threads())
+        elif q8_k:
+            _repacked_q4_k_matrix(w, rows, *q, out, numba.get_num_threads())
         else:
             _repacked_matrix(w, rows, *q, out, numba.get_num_threads())
 
@@ -215,7 +237,8 @@ def profile_jobs(formats, isa: list[str]) -> list[tuple[str, str]]:
 def label(fmt: str, path: str, hidden: int, ffn: int) -> str:
     """The method line of a ggml prefill rate in a profile."""
     how = {"vecdot": "ggml's int8 vec_dot per (row, token) in 16 x 16 blocks",
-           "repacked": "each thread's share of rows token by token, ggml's q4_0 8x8 int8 gemv",
+           "repacked": f"each thread's share of rows token by token, ggml's {fmt.lower().replace('_k', '_K')} 8x8 "
+                       f"int8 gemv" + (" on Q8_K tokens" if fmt in Q8_K_REPACKED else ""),
            "tiled": "64-row groups unpacked to bytes by 256-wide slabs, Q8_K tokens, 16 x 16 VNNI microtiles",
            "tiled-narrow": "16 rows at a time unpacked by slabs long in K, Q8_K tokens, 16 x 16 VNNI microtiles"}.get(path)
     if path == "weighting":

@@ -22,8 +22,8 @@ one, over what `detect_hardware` reads off this machine. Constants for the simul
 and, beside `cpu.expert_gbs` (the executor's kernel), `cpu.rowwise_gbs`: the same expert jobs one weight
 row per dot product without software prefetch, as llama.cpp's ggml runs them (bench_rowwise.py; ggml's own int8
 arithmetic where it is rebuilt: Q8_0, Q4_0, IQ4_NL), the rates of the simulator's llama.cpp plans; and `cpu.repacked_gbs`:
-the formats llama.cpp repacks on this CPU (Q4_0 on AVX2) in its layout, 8 rows a pass by ggml's q4_0 8x8 gemv, the
-rates of llama.cpp plans that repack;
+the formats llama.cpp repacks on this CPU (Q4_0 and Q4_K on AVX2) in its layout, 8 rows a pass by ggml's q4_0 / q4_K
+8x8 gemv, the rates of llama.cpp plans that repack;
 and `cpu.whole_gbs`: the executor's jobs of experts that split evenly over the threads, each expert start
 to end on one thread, as its decode runs a token's top-k (the rates of its own plans' such jobs).
 

@@ -90,30 +90,43 @@ def test_a_job_counts_its_routed_flops():
 
 
 def test_structures_without_a_rebuild_are_refused():
-    """Repacked Q4_K is not rebuilt here (its stand-in ran ~0.45x of ggml); ggml tiles no Q8_0."""
+    """Repacked Q8_0 (ARM only) and IQ4_NL are not rebuilt here; ggml tiles no Q8_0."""
     from calibration.bench_ggml_prefill import ggml_prefill_job
-    for fmt, path in (("Q8_0", "tiled"), ("Q8_0", "repacked"), ("Q4_K", "repacked"), ("Q8_0", "gemm")):
+    for fmt, path in (("Q8_0", "tiled"), ("Q8_0", "repacked"), ("IQ4_NL", "repacked"), ("Q8_0", "gemm")):
         with pytest.raises(ValueError, match="no rebuild of ggml's"):
             ggml_prefill_job(fmt, path)
 
 
 def test_calibrate_times_the_rebuilt_paths_llamacpp_takes_on_this_isa():
-    """AVX2: Q4_0 in place and repacked, Q8_0 and IQ4_NL in place; K-quants (tiled, repacked), IQ4_NL repacked and F16
-    are not rebuilt; without AVX2 (an ARM CPU here) ggml's kernels are other code and nothing is timed."""
+    """AVX2: Q4_0 in place and repacked, Q8_0 and IQ4_NL in place, Q4_K repacked (calibration.ggml_gemv_q4_k); the
+    K-quants' tiled GEMM (VNNI only), IQ4_NL repacked and F16 are not rebuilt; without AVX2 (an ARM CPU here) ggml's
+    kernels are other code and nothing is timed."""
     from calibration.bench_ggml_prefill import profile_jobs
     fmts = ("Q4_0", "Q8_0", "F16", "Q4_K", "Q6_K", "IQ4_NL")
     assert profile_jobs(fmts, ["avx", "avx2"]) == [("Q4_0", "vecdot"), ("Q4_0", "repacked"), ("Q8_0", "vecdot"),
-                                                   ("IQ4_NL", "vecdot")]
+                                                   ("Q4_K", "repacked"), ("IQ4_NL", "vecdot")]
     assert profile_jobs(("Q8_0", "Q4_K"), ["asimd"]) == []
 
 
 def test_calibrate_times_the_tiled_gemm_where_ggml_compiles_its_vnni_microtile():
     """AVX-512 with VNNI: the K-quants and IQ4_XS in place take ggml's tiled GEMM (calibration.ggml_tiled), timed
-    where this CPU runs the rebuild; Q6_K is never repacked, Q4_K also repacks (not rebuilt)."""
+    where this CPU runs the rebuild; Q6_K is never repacked, Q4_K repacks too (its gemv timed as well)."""
     from calibration.bench_ggml_prefill import profile_jobs
     jobs = profile_jobs(("Q8_0", "Q4_K", "Q6_K", "IQ4_XS"), ["avx", "avx2", *TILED_ISA])
     tiled = [(f, p) for f in ("Q4_K", "Q6_K", "IQ4_XS") for p in ("tiled", "tiled-narrow")]
-    assert jobs == [("Q8_0", "vecdot")] + (tiled if HAVE_TILED else [])
+    assert jobs == [("Q8_0", "vecdot"), ("Q4_K", "repacked")] + (tiled if HAVE_TILED else [])
+
+
+@avx2
+def test_a_repacked_q4_k_job_runs_ggmls_q4_k_gemv():
+    """Q4_K SwiGLU experts repacked, 16 tokens an expert: 6 h f FLOPs per expert-token through ggml's q4_K 8x8 gemv on
+    Q8_K tokens."""
+    from calibration.bench_ggml_prefill import ggml_prefill_job, label
+    run, flops = ggml_prefill_job("Q4_K", "repacked", hidden=512, ffn=256, n_experts=4, top_k=2, tokens=32)
+    run()
+    assert flops == 6 * 512 * 256 * 16 * 4
+    assert "q4_K 8x8 int8 gemv on Q8_K tokens" in label("Q4_K", "repacked", 512, 256)
+    assert "q4_0 8x8 int8 gemv" in label("Q4_0", "repacked", 512, 256)
 
 
 @pytest.mark.skipif(not HAVE_TILED, reason="ggml's VNNI microtile needs AVX-512 VNNI")

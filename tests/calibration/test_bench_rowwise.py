@@ -86,6 +86,27 @@ def test_repacked_matvec_is_ggml_gemv_arithmetic_for_every_expert():
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
+@pytest.mark.skipif(not REPACKED_FORMATS, reason="no AVX2: llama.cpp repacks nothing 8 rows at a time here")
+def test_repacked_q4_k_matvec_is_ggml_q4_k_gemv_arithmetic_for_every_expert():
+    """Experts 1 and 0 of two, 96 rows x 512 of Q4_K copied into llama.cpp's block_q4_Kx8 layout, on 3 threads'
+    eighth-aligned shares: output j is expert es[j]'s rows . the token quantised to Q8_K, to float rounding (ggml's
+    q4_K 8x8 gemv, calibration.ggml_gemv_q4_k)."""
+    from calibration.bench_rowwise import _repacked_q4_k_matvec
+    from calibration.ggml_gemv_q4_k import repack_q4_k_x8
+    from calibration.ggml_tiled import quantize_q8_k
+    rng = np.random.default_rng(6)
+    w = _synth_tensor("Q4_K", 2, 96, 512, rng)
+    flat = np.stack([repack_q4_k_x8(w.data[e].reshape(-1), 96).reshape(-1) for e in range(2)])
+    x = rng.standard_normal((1, 512)).astype(np.float32)
+    es = np.array([1, 0], np.int64)
+    out = np.full((2, 96), np.nan, np.float32)
+    _repacked_q4_k_matvec(flat, es, 96, x, out, 3)
+    x8, dx, _ = quantize_q8_k(x[None])
+    xq = (x8[0, 0].astype(np.float64).reshape(-1, 256) * dx[0, 0][:, None]).reshape(512)
+    ref = np.stack([dequantize(w.data[e], w.qtype).reshape(96, 512) @ xq for e in es])
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
 @pytest.mark.skipif(not GGML_INT8_FORMATS, reason="ggml's vec_dot is rebuilt for AVX2 only")
 def test_a_rebuilt_formats_job_times_like_an_expert_job_and_says_its_arithmetic():
     """Q8_0's rowwise job (ggml's vec_dot, three ops a token): bytes per expert as Q8_0's rows, a positive rate; its
@@ -98,12 +119,15 @@ def test_a_rebuilt_formats_job_times_like_an_expert_job_and_says_its_arithmetic(
 
 
 @pytest.mark.skipif(not REPACKED_FORMATS, reason="no AVX2")
-def test_repacked_job_times_like_an_expert_job():
-    """The repacked job: three ops a token (gate, up, down of all k experts), bytes per expert as Q4_0's rows."""
-    run, eb = repacked_expert_job("Q4_0", hidden=256, ffn=256, pool_bytes=1 << 20, max_k=4)
-    assert eb == 3 * 256 * 8 * 18  # 256 rows of 8 blocks (18 bytes), three matrices
+@pytest.mark.parametrize("fmt, bytes_per_256", [("Q4_0", 8 * 18), ("Q4_K", 144)])
+def test_repacked_job_times_like_an_expert_job(fmt, bytes_per_256):
+    """The repacked job of Q4_0 and of Q4_K: three ops a token (gate, up, down of all k experts), bytes per expert as
+    the format's rows; its label names the format's gemv."""
+    run, eb = repacked_expert_job(fmt, hidden=256, ffn=256, pool_bytes=1 << 20, max_k=4)
+    assert eb == 3 * 256 * bytes_per_256  # 256 rows of 256 weights, three matrices
     kf = bench_expert_kernel(run, [1, 2, 4], eb, repeats=3, threads=1, budget_s=1.0)
     assert kf.expert_gbs > 0 and len(kf.t_ms) == 3
+    assert f"{fmt.lower().replace('_k', '_K')} 8x8" in label(fmt, 256, 256, repacked=True)
 
 
 def test_a_format_llama_cpp_does_not_repack_here_is_refused():
