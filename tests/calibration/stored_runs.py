@@ -25,21 +25,22 @@ def _scratch() -> Path:
 
 @lru_cache(maxsize=None)
 def stored_rows(data: Path, sitting: str, profile: str, drop: str | None = None,
-                drop_cpu_field: str | None = None) -> tuple[dict, ...]:
+                drop_cpu_field: str | None = None, drop_repacked: str | None = None) -> tuple[dict, ...]:
     """regress's rows of data/results-llamacpp-<sitting>.csv on data/host-calibrated-<profile>.yaml, run from the
     repo root (the stores' model paths are relative to it); with `drop`, the profile's ggml prefill rates whose keys
-    hold it removed first, with `drop_cpu_field` that field of its cpu section (a copy in a scratch folder)."""
+    hold it removed first, with `drop_repacked` its repacked decode rates whose keys hold that, with
+    `drop_cpu_field` that field of its cpu section (a copy in a scratch folder)."""
     mp = pytest.MonkeyPatch()
     mp.chdir(ROOT)
     try:
         path = data / f"host-calibrated-{profile}.yaml"
-        if drop or drop_cpu_field:
+        if drop or drop_cpu_field or drop_repacked:
             d = stored_profile(data, profile)
-            if drop:
-                d["cpu"]["ggml_prefill_gflops"] = {k: v for k, v in d["cpu"]["ggml_prefill_gflops"].items()
-                                                   if drop not in k}
+            for table, part in (("ggml_prefill_gflops", drop), ("repacked_gbs", drop_repacked)):
+                if part:
+                    d["cpu"][table] = {k: v for k, v in d["cpu"][table].items() if part not in k}
             d["cpu"].pop(drop_cpu_field, None)
-            path = _scratch() / f"{data.name}-{profile}-no-{drop}-{drop_cpu_field}.yaml"
+            path = _scratch() / f"{data.name}-{profile}-no-{drop}-{drop_cpu_field}-{drop_repacked}.yaml"
             path.write_text(yaml.safe_dump(d))
         return tuple(regress.local_rows(data / f"results-llamacpp-{sitting}.csv", str(path)))
     finally:
