@@ -44,7 +44,7 @@ from executor.nbcache import drop_stale_cache
 from executor.simd import HAVE_AVX2
 
 from .bench_kernel import _synth_tensor
-from .bench_rowwise import REPACK_ROWS
+from .bench_rowwise import REPACK_ROWS, repacked_share
 from .ggml_tiled import HAVE_TILED, TILED_ISA, TILED_TYPES, quantize_q8_k
 from .ggml_vec_dot import quantize_row_q8_0
 
@@ -95,8 +95,7 @@ if HAVE_AVX2:
         rb = np.int64(w.shape[1] // rows)
         nb = np.int64(X8.shape[2] // 32)
         for th in prange(nthr):
-            r0 = (th * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS
-            r1 = min(rows, ((th + 1) * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS)
+            r0, r1 = repacked_share(th, rows, nthr)
             for e in range(E):
                 for t in range(T):
                     for r in range(r0, r1, REPACK_ROWS):
@@ -109,8 +108,7 @@ if HAVE_AVX2:
         E, T = X8.shape[0], X8.shape[1]
         nb = np.int64(X8.shape[2] // 256)
         for th in prange(nthr):
-            r0 = (th * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS
-            r1 = min(rows, ((th + 1) * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS)
+            r0, r1 = repacked_share(th, rows, nthr)
             for e in range(E):
                 for t in range(T):
                     for r in range(r0, r1, REPACK_ROWS):

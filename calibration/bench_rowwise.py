@@ -52,6 +52,14 @@ FORMATS = ("Q8_0", "Q4_0", "F16", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_N
 # gemv rebuilt for each (Q4_0's in calibration.ggml_vec_dot, Q4_K's in calibration.ggml_gemv_q4_k)
 REPACKED_FORMATS = ("Q4_0", "Q4_K") if HAVE_AVX2 else ()
 REPACK_ROWS = 8  # rows interleaved (block_q4_0x8, block_q4_Kx8 on AVX2)
+
+
+@njit(nogil=True, inline="always")
+def repacked_share(th, rows, nthr):
+    """(first, end) of thread th's share of a matrix's `rows` rows in ggml's repacked MUL_MAT_ID (repack.cpp
+    forward_mul_mat_id): an even split, each bound rounded up to a multiple of REPACK_ROWS."""
+    r0 = (th * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS
+    return r0, min(rows, ((th + 1) * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS)
 # the formats whose ggml vec_dot is rebuilt: their rowwise job runs it (int8 activations), not the executor's rows
 GGML_INT8_FORMATS = ("Q8_0", "Q4_0", "IQ4_NL") if HAVE_AVX2 else ()
 
@@ -131,8 +139,7 @@ if HAVE_AVX2:
         quantize_row_q8_0(x[0], x8, dx)
         rb, nb = np.int64(w.shape[1] // rows), np.int64(n // 32)
         for t in prange(nthr):
-            r0 = (t * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS
-            r1 = min(rows, ((t + 1) * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS)
+            r0, r1 = repacked_share(t, rows, nthr)
             for j in range(es.shape[0]):
                 for r in range(r0, r1, REPACK_ROWS):
                     gemv_q4_0x8(w[es[j]], np.int64(r * rb), x8, dx, nb, out[j], np.int64(r))
@@ -146,8 +153,7 @@ if HAVE_AVX2:
         quantize_row_q8_k(x[0], x8, dx, bs)
         nb = np.int64(n // 256)
         for t in prange(nthr):
-            r0 = (t * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS
-            r1 = min(rows, ((t + 1) * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS)
+            r0, r1 = repacked_share(t, rows, nthr)
             for j in range(es.shape[0]):
                 for r in range(r0, r1, REPACK_ROWS):
                     gemv_q4_kx8(w[es[j]], np.int64(r // REPACK_ROWS * nb * Q4_KX8_BYTES), x8, dx, bs, nb, out[j],

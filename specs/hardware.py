@@ -116,7 +116,7 @@ class CPU(_Strict):
     # multiply-adds, keyed as ggml_prefill_gflops: the path timed at ggml_prefill_ref_tokens tokens an expert and
     # at a full window (calibration.calibrate). A key without one runs at its rate at any batch.
     ggml_prefill_fixed_tokens: dict[str, NonNeg] = Field(default_factory=dict)
-    ggml_prefill_ref_tokens: Pos | None = None  # tokens an expert of the batch ggml_prefill_gflops' rates are timed at
+    ggml_prefill_ref_tokens: Pos | None = None  # tokens an expert of the batch the rates with an m0 are timed at
 
     def expert_gbs_for(self, fmt: WeightFormat, threads: int | None = None, rowwise: bool = False,
                        repacked: bool = False, whole: bool = False) -> float:
