@@ -67,7 +67,7 @@ if HAVE_TILED:
     from .ggml_tiled import CODES, tiled_matrix
 
 if HAVE_AVX2:
-    from .ggml_gemv_q4_k import Q4_KX8_BYTES, gemv_q4_kx8, repack_q4_k_x8
+    from .ggml_gemv_q4_k import gemv_q4_kx8, repack_q4_k_x8
     from .ggml_vec_dot import gemv_q4_0x8, vec_dot
 
     @njit(parallel=True, nogil=True, fastmath=True, cache=True)
@@ -86,34 +86,26 @@ if HAVE_AVX2:
                     vec_dot(code, w[e], np.int64(r * rb), rb, X8[e, t], DX[e, t], nb, out[e, t], np.int64(r))
 
     @njit(parallel=True, nogil=True, fastmath=True, cache=True)
-    def _repacked_matrix(w, rows, X8, DX, out, nthr):
+    def _repacked_matrix(w, rows, X8, DX, out, nthr, BS=None):
         """out[e, t, r] = W_e[r] . X8[e, t] * DX[e, t] for Q4_0 in llama.cpp's repacked layout (block_q4_0x8) as
         ggml's repacked MUL_MAT_ID runs it: each thread its eighth-aligned share of every expert's rows, token by
-        token, 8 rows a pass (ggml's q4_0 8x8 gemv, int8 activations). nthr: numba's thread count, passed in (read
-        inside, it would keep the function out of numba's on-disk cache)."""
+        token, 8 rows a pass (ggml's q4_0 8x8 gemv, int8 activations); given BS, the Q8_K tokens' code sums, Q4_K in
+        block_q4_Kx8 by ggml's q4_K 8x8 gemv (calibration.ggml_gemv_q4_k). Either layout holds 8 rows' blocks side
+        by side, so a row's bytes stay rb. nthr: numba's thread count, passed in (read inside, it would keep the
+        function out of numba's on-disk cache)."""
         E, T = X8.shape[0], X8.shape[1]
         rb = np.int64(w.shape[1] // rows)
-        nb = np.int64(X8.shape[2] // 32)
         for th in prange(nthr):
             r0, r1 = repacked_share(th, rows, nthr)
             for e in range(E):
                 for t in range(T):
                     for r in range(r0, r1, REPACK_ROWS):
-                        gemv_q4_0x8(w[e], np.int64(r * rb), X8[e, t], DX[e, t], nb, out[e, t], np.int64(r))
-
-    @njit(parallel=True, nogil=True, fastmath=True, cache=True)
-    def _repacked_q4_k_matrix(w, rows, X8, DX, BS, out, nthr):
-        """The same for Q4_K in llama.cpp's block_q4_Kx8 layout against Q8_K tokens (X8, DX, BS): ggml's q4_K 8x8
-        gemv (calibration.ggml_gemv_q4_k)."""
-        E, T = X8.shape[0], X8.shape[1]
-        nb = np.int64(X8.shape[2] // 256)
-        for th in prange(nthr):
-            r0, r1 = repacked_share(th, rows, nthr)
-            for e in range(E):
-                for t in range(T):
-                    for r in range(r0, r1, REPACK_ROWS):
-                        gemv_q4_kx8(w[e], np.int64(r // REPACK_ROWS * nb * Q4_KX8_BYTES), X8[e, t], DX[e, t], BS[e, t],
-                                    nb, out[e, t], np.int64(r))
+                        if BS is None:
+                            gemv_q4_0x8(w[e], np.int64(r * rb), X8[e, t], DX[e, t], np.int64(X8.shape[2] // 32),
+                                        out[e, t], np.int64(r))
+                        else:
+                            gemv_q4_kx8(w[e], np.int64(r * rb), X8[e, t], DX[e, t], BS[e, t],
+                                        np.int64(X8.shape[2] // 256), out[e, t], np.int64(r))
 
 
 def quantize_q8_0(a):
@@ -171,7 +163,8 @@ def ggml_prefill_job(fmt: str = "Q8_0", path: str = "vecdot", hidden: int = 2048
         elif tiled:
             tiled_matrix(CODES[fmt], w, rows, *q, out, numba.get_num_threads())
         elif q8_k:
-            _repacked_q4_k_matrix(w, rows, *q, out, numba.get_num_threads())
+            x8, dx, bs = q
+            _repacked_matrix(w, rows, x8, dx, out, numba.get_num_threads(), bs)
         else:
             _repacked_matrix(w, rows, *q, out, numba.get_num_threads())
 
