@@ -107,7 +107,7 @@ def _flat(p: ExpertPool) -> list:
 
 
 if HAVE_AVX2:
-    from .ggml_gemv_q4_k import Q4_KX8_BYTES, gemv_q4_kx8
+    from .ggml_gemv_q4_k import gemv_q4_kx8
     from .ggml_tiled import quantize_row_q8_k
     from .ggml_vec_dot import gemv_q4_0x8, quantize_row_q8_0, vec_dot
 
@@ -147,17 +147,16 @@ if HAVE_AVX2:
     @njit(parallel=True, nogil=True, fastmath=True, cache=True)
     def _repacked_q4_k_matvec(w, es, rows, x, out, nthr):
         """The same for Q4_K in llama.cpp's block_q4_Kx8 layout: x quantised to Q8_K (ggml's vec_dot type for
-        Q4_K), 8 rows a pass by ggml's q4_K 8x8 gemv."""
+        Q4_K), 8 rows a pass by ggml's q4_K 8x8 gemv (8 rows' blocks side by side, so a row's bytes stay rb)."""
         n = x.shape[1]
         x8, dx, bs = np.empty(n, np.int8), np.empty(n // 256, np.float32), np.empty(n // 16, np.int32)
         quantize_row_q8_k(x[0], x8, dx, bs)
-        nb = np.int64(n // 256)
+        rb, nb = np.int64(w.shape[1] // rows), np.int64(n // 256)
         for t in prange(nthr):
             r0, r1 = repacked_share(t, rows, nthr)
             for j in range(es.shape[0]):
                 for r in range(r0, r1, REPACK_ROWS):
-                    gemv_q4_kx8(w[es[j]], np.int64(r // REPACK_ROWS * nb * Q4_KX8_BYTES), x8, dx, bs, nb, out[j],
-                                np.int64(r))
+                    gemv_q4_kx8(w[es[j]], np.int64(r * rb), x8, dx, bs, nb, out[j], np.int64(r))
 
 
 def _routes(n: int):
