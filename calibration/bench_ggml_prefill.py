@@ -4,7 +4,8 @@ path ggml takes for the experts' weight layout (llama.cpp 0.3.36's vendored ggml
 - `vecdot` (Q8_0, Q4_0 and IQ4_NL not repacked, ...): an expert's rows x its tokens in 16 x 16 blocks, one dot
   product per (row, token) pair, the chunks handed to the threads in turn (ggml-cpu.c
   `ggml_compute_forward_mul_mat_id_one_chunk`), each op's activations quantised to Q8_0 first.
-- `repacked` (the formats llama.cpp interleaves 8 rows at load: Q4_0 and Q4_K on AVX2): each thread takes the
+- `repacked` (the formats llama.cpp interleaves 8 rows at load: Q4_0 and Q4_K on AVX2, Q2_K on
+  AVX-512 F): each thread takes the
   same eighth-aligned share of every expert's rows and runs it token by token, 8 rows a pass
   (repack.cpp `forward_mul_mat_id`, a gemv per token: no GEMM, each token re-reads the share from cache).
 - `tiled` (K-quants and IQ4_XS in place from 8 tokens an expert): each thread its share of every expert's 64-row
@@ -25,9 +26,9 @@ expert on one Zen 3 core it runs Q4_0 at 27 GFLOP/s where ggml's MUL_MAT_ID does
 against 34.4 (test-backend-ops perf, qwen3-30b-a3b's 768 x 2048 experts, 32 tokens an expert). Repacked
 Q4_0 runs ggml's AVX2 q4_0 8x8 gemv rebuilt (ggml_vec_dot.gemv_q4_0x8: int8 activations, 8 rows' blocks side
 by side): 46-55 GFLOP/s on one Zen 3 core, where llama-bench's pp512 implies ~48 for ggml's own (the executor's
-int16 interleaved rows, which stood in for it before, 38-45). Repacked Q4_K runs the same structure with its own
-8x8 gemv on Q8_K tokens, rebuilt too (calibration.ggml_gemv_q4_k); the other repacked formats (IQ4_NL, Q2_K, MXFP4)
-take the Q4_0 gemv's rate (specs.formats.LLAMACPP_REPACKED_STAND_IN), as Q4_K did before. The tiled GEMM is timed where
+int16 interleaved rows, which stood in for it before, 38-45). Repacked Q4_K and Q2_K run the same structure with
+their own 8x8 gemvs on Q8_K tokens, rebuilt too (calibration.ggml_gemv_q4_k, _q2_k); the other repacked formats
+(IQ4_NL, MXFP4) take the Q4_0 gemv's rate (specs.formats.LLAMACPP_REPACKED_STAND_IN), as Q4_K and Q2_K did before. The tiled GEMM is timed where
 its VNNI microtile runs (ggml_tiled.HAVE_TILED); on an AVX2-only CPU (its maddubs microtile, not rebuilt) a llama.cpp
 plan prefills those types at the executor's GEMM rate (0.73x of ggml's tiled GEMM on Zen 4), as every other plan
 does. The simulator's llama.cpp plans take these rates for their CPU prefill
@@ -40,6 +41,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from executor.gemm import Q2_K
 from executor.nbcache import drop_stale_cache
 from executor.simd import HAVE_AVX2
 
@@ -55,9 +57,9 @@ BLOCK = 16  # ggml's 16 x 16 (rows x tokens) blocks of dot products (blck_0, blc
 PATHS = ("vecdot", "repacked", "tiled", "tiled-narrow")  # of specs.formats.llamacpp_prefill_path's, those timed here
 TILED_PATHS = ("tiled", "tiled-narrow")
 # AVX2 only (ggml_vec_dot); the tiled path where its VNNI microtile runs (ggml_tiled.HAVE_TILED)
-TIMED = ((("Q8_0", "vecdot"), ("Q4_0", "vecdot"), ("IQ4_NL", "vecdot"), ("Q4_0", "repacked"), ("Q4_K", "repacked"))
-         + tuple((t, p) for t in TILED_TYPES for p in TILED_PATHS))
-Q8_K_REPACKED = ("Q4_K",)  # repacked formats whose gemv takes Q8_K tokens (the others Q8_0)
+TIMED = ((("Q8_0", "vecdot"), ("Q4_0", "vecdot"), ("IQ4_NL", "vecdot"), ("Q4_0", "repacked"), ("Q4_K", "repacked"),
+          ("Q2_K", "repacked")) + tuple((t, p) for t in TILED_TYPES for p in TILED_PATHS))
+Q8_K_REPACKED = ("Q4_K", "Q2_K")  # repacked formats whose gemv takes Q8_K tokens (the others Q8_0)
 DENSE = ("F16", "sgemm")  # llama.cpp's dense products on llamafile's tinyBLAS (ggml_dense_prefill_job)
 # its multiply of the expert outputs by their router weights (calibration.ggml_binary.weighting_job): a multiply a
 # value, so its "GFLOP/s" are giga-values a second
@@ -67,6 +69,7 @@ if HAVE_TILED:
     from .ggml_tiled import CODES, tiled_matrix
 
 if HAVE_AVX2:
+    from .ggml_gemv_q2_k import gemv_q2_kx8, repack_q2_k_x8
     from .ggml_gemv_q4_k import gemv_q4_kx8, repack_q4_k_x8
     from .ggml_vec_dot import gemv_q4_0x8, vec_dot
 
@@ -86,13 +89,14 @@ if HAVE_AVX2:
                     vec_dot(code, w[e], np.int64(r * rb), rb, X8[e, t], DX[e, t], nb, out[e, t], np.int64(r))
 
     @njit(parallel=True, nogil=True, fastmath=True, cache=True)
-    def _repacked_matrix(w, rows, X8, DX, out, nthr, BS=None):
+    def _repacked_matrix(w, rows, X8, DX, out, nthr, BS=None, code=0):
         """out[e, t, r] = W_e[r] . X8[e, t] * DX[e, t] for Q4_0 in llama.cpp's repacked layout (block_q4_0x8) as
         ggml's repacked MUL_MAT_ID runs it: each thread its eighth-aligned share of every expert's rows, token by
-        token, 8 rows a pass (ggml's q4_0 8x8 gemv, int8 activations); given BS, the Q8_K tokens' code sums, Q4_K in
-        block_q4_Kx8 by ggml's q4_K 8x8 gemv (calibration.ggml_gemv_q4_k). Either layout holds 8 rows' blocks side
-        by side, so a row's bytes stay rb. nthr: numba's thread count, passed in (read inside, it would keep the
-        function out of numba's on-disk cache)."""
+        token, 8 rows a pass (ggml's q4_0 8x8 gemv, int8 activations); given BS, the Q8_K tokens' code sums, a
+        K-quant (`code`: Q4_K or Q2_K) in block_q4_Kx8 / block_q2_Kx8 by ggml's q4_K / q2_K 8x8 gemv
+        (calibration.ggml_gemv_q4_k, _q2_k). Each layout holds 8 rows' blocks side by side, so a row's bytes stay rb.
+        nthr: numba's thread count, passed in (read inside, it would keep the function out of numba's on-disk
+        cache)."""
         E, T = X8.shape[0], X8.shape[1]
         rb = np.int64(w.shape[1] // rows)
         for th in prange(nthr):
@@ -103,10 +107,12 @@ if HAVE_AVX2:
                         if BS is None:
                             gemv_q4_0x8(w[e], np.int64(r * rb), X8[e, t], DX[e, t], np.int64(X8.shape[2] // 32),
                                         out[e, t], np.int64(r))
+                        elif code == Q2_K:
+                            gemv_q2_kx8(w[e], np.int64(r * rb), X8[e, t], DX[e, t], BS[e, t],
+                                        np.int64(X8.shape[2] // 256), out[e, t], np.int64(r))
                         else:
                             gemv_q4_kx8(w[e], np.int64(r * rb), X8[e, t], DX[e, t], BS[e, t],
                                         np.int64(X8.shape[2] // 256), out[e, t], np.int64(r))
-
 
 def quantize_q8_0(a):
     """a [E, T, n] float32 -> (int8 [E, T, n], float32 scales [E, T, n/32]): ggml's Q8_0 activations."""
@@ -144,9 +150,9 @@ def ggml_prefill_job(fmt: str = "Q8_0", path: str = "vecdot", hidden: int = 2048
     mats = [_synth_tensor(fmt, n_experts, r, c, rng) for r, c in ((ffn, hidden), (ffn, hidden), (hidden, ffn))]
     ws = [m.data.reshape(n_experts, -1) for m in mats]
     q8_k = fmt in Q8_K_REPACKED and path == "repacked"
-    if q8_k:  # llama.cpp's load-time copy into block_q4_Kx8
-        ws = [np.stack([repack_q4_k_x8(m.data[e].reshape(-1), m.rows).reshape(-1) for e in range(n_experts)])
-              for m in mats]
+    if q8_k:  # llama.cpp's load-time copy into block_q4_Kx8 / block_q2_Kx8
+        repack = repack_q2_k_x8 if fmt == "Q2_K" else repack_q4_k_x8
+        ws = [np.stack([repack(m.data[e].reshape(-1), m.rows).reshape(-1) for e in range(n_experts)]) for m in mats]
     code = mats[0].code
     x = rng.standard_normal((n_experts, per, hidden)).astype(np.float32)  # the rows each expert reads
     batch = x.reshape(-1, hidden)[:tokens][None]  # the batch's own rows, [1, tokens, hidden]
@@ -164,7 +170,7 @@ def ggml_prefill_job(fmt: str = "Q8_0", path: str = "vecdot", hidden: int = 2048
             tiled_matrix(CODES[fmt], w, rows, *q, out, numba.get_num_threads())
         elif q8_k:
             x8, dx, bs = q
-            _repacked_matrix(w, rows, x8, dx, out, numba.get_num_threads(), bs)
+            _repacked_matrix(w, rows, x8, dx, out, numba.get_num_threads(), bs, code)
         else:
             _repacked_matrix(w, rows, *q, out, numba.get_num_threads())
 

@@ -49,9 +49,9 @@ drop_stale_cache(__file__)
 CHUNK_ROWS = 64  # ggml's chunk for a one-token product (`chunk_size = 64` when nr1 == 1)
 FORMATS = ("Q8_0", "Q4_0", "F16", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")  # with a single-row kernel here
 # the formats with a kernel in llama.cpp's repacked layout here: its x86 layout (8 rows; ARM's is 4), ggml's own
-# gemv rebuilt for each (Q4_0's in calibration.ggml_vec_dot, Q4_K's in calibration.ggml_gemv_q4_k)
-REPACKED_FORMATS = ("Q4_0", "Q4_K") if HAVE_AVX2 else ()
-REPACK_ROWS = 8  # rows interleaved (block_q4_0x8, block_q4_Kx8 on AVX2)
+# gemv rebuilt for each (Q4_0's in calibration.ggml_vec_dot, Q4_K's and Q2_K's in calibration.ggml_gemv_q4_k / _q2_k)
+REPACKED_FORMATS = ("Q4_0", "Q4_K", "Q2_K") if HAVE_AVX2 else ()
+REPACK_ROWS = 8  # rows interleaved (block_q4_0x8, block_q4_Kx8, block_q2_Kx8 on AVX2)
 
 
 @njit(nogil=True, inline="always")
@@ -107,6 +107,7 @@ def _flat(p: ExpertPool) -> list:
 
 
 if HAVE_AVX2:
+    from .ggml_gemv_q2_k import gemv_q2_kx8
     from .ggml_gemv_q4_k import gemv_q4_kx8
     from .ggml_tiled import quantize_row_q8_k
     from .ggml_vec_dot import gemv_q4_0x8, quantize_row_q8_0, vec_dot
@@ -145,9 +146,10 @@ if HAVE_AVX2:
                     gemv_q4_0x8(w[es[j]], np.int64(r * rb), x8, dx, nb, out[j], np.int64(r))
 
     @njit(parallel=True, nogil=True, fastmath=True, cache=True)
-    def _repacked_q4_k_matvec(w, es, rows, x, out, nthr):
-        """The same for Q4_K in llama.cpp's block_q4_Kx8 layout: x quantised to Q8_K (ggml's vec_dot type for
-        Q4_K), 8 rows a pass by ggml's q4_K 8x8 gemv (8 rows' blocks side by side, so a row's bytes stay rb)."""
+    def _repacked_k_matvec(w, code, es, rows, x, out, nthr):
+        """The same for a K-quant (`code`: Q4_K or Q2_K) in llama.cpp's block_q4_Kx8 / block_q2_Kx8 layout: x
+        quantised to Q8_K (ggml's vec_dot type for K-quants), 8 rows a pass by ggml's q4_K / q2_K 8x8 gemv (8 rows'
+        blocks side by side, so a row's bytes stay rb)."""
         n = x.shape[1]
         x8, dx, bs = np.empty(n, np.int8), np.empty(n // 256, np.float32), np.empty(n // 16, np.int32)
         quantize_row_q8_k(x[0], x8, dx, bs)
@@ -156,8 +158,10 @@ if HAVE_AVX2:
             r0, r1 = repacked_share(t, rows, nthr)
             for j in range(es.shape[0]):
                 for r in range(r0, r1, REPACK_ROWS):
-                    gemv_q4_kx8(w[es[j]], np.int64(r * rb), x8, dx, bs, nb, out[j], np.int64(r))
-
+                    if code == Q2_K:
+                        gemv_q2_kx8(w[es[j]], np.int64(r * rb), x8, dx, bs, nb, out[j], np.int64(r))
+                    else:
+                        gemv_q4_kx8(w[es[j]], np.int64(r * rb), x8, dx, bs, nb, out[j], np.int64(r))
 
 def _routes(n: int):
     """routes(k, first): experts first .. first + k - 1 (mod n) as an int64 array, made once per (k, first)."""
@@ -176,19 +180,20 @@ def repacked_expert_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, p
     """(run_job, expert_bytes): rowwise_expert_job's job in llama.cpp's repacked layout (`fmt` in
     REPACKED_FORMATS): three ops a token (gate, up, down of all k experts, one parallel region each, as
     ggml's MUL_MAT_ID). The synthetic rows' bytes are read as if repacked, each 8 rows' blocks one block_q4_0x8 /
-    block_q4_Kx8 (the same bytes and count: the values don't matter to the timing)."""
+    block_q4_Kx8 / block_q2_Kx8 (the same bytes and count: the values don't matter to the timing)."""
     if fmt not in REPACKED_FORMATS:
         raise ValueError(f"no repacked kernel for {fmt} (have {', '.join(REPACKED_FORMATS)})")
     p = expert_pool(fmt, hidden, ffn, pool_bytes, max_k, seed)  # shared with the other jobs on these experts
     flat, routes = _flat(p), _routes(p.n)
     g, y = np.zeros((max_k, ffn), np.float32), np.zeros((max_k, hidden), np.float32)
 
-    matvec = _repacked_q4_k_matvec if fmt == "Q4_K" else _repacked_matvec
-
     def run_job(k: int, first: int):
         es = routes(k, first)
         for m, rows, v, out in ((0, ffn, p.x, g), (1, ffn, p.x, g), (2, hidden, p.h, y)):
-            matvec(flat[m], es, rows, v, out, numba.get_num_threads())
+            if fmt == "Q4_0":
+                _repacked_matvec(flat[m], es, rows, v, out, numba.get_num_threads())
+            else:
+                _repacked_k_matvec(flat[m], p.gate.code, es, rows, v, out, numba.get_num_threads())
     return run_job, p.expert_bytes
 
 
@@ -225,7 +230,7 @@ def rowwise_expert_job(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, po
 def label(fmt: str, hidden: int, ffn: int, repacked: bool = False) -> str:
     """The method line of a rowwise (or repacked) rate in a profile."""
     if repacked:
-        gemv = "q4_K 8x8 int8 gemv (Q8_K token)" if fmt == "Q4_K" else "q4_0 8x8 int8 gemv"
+        gemv = "q4_0 8x8 int8 gemv" if fmt == "Q4_0" else f"{fmt[:2].lower()}_K 8x8 int8 gemv (Q8_K token)"
         return (f"{REPACK_ROWS} interleaved rows a pass by ggml's {gemv}, each thread a contiguous share "
                 f"of every expert's rows, no software prefetch (ggml's repacked MUL_MAT_ID; calibration.bench_rowwise) "
                 f"{fmt} SwiGLU {hidden}x{ffn}, 1 token")

@@ -22,8 +22,8 @@ one, over what `detect_hardware` reads off this machine. Constants for the simul
 and, beside `cpu.expert_gbs` (the executor's kernel), `cpu.rowwise_gbs`: the same expert jobs one weight
 row per dot product without software prefetch, as llama.cpp's ggml runs them (bench_rowwise.py; ggml's own int8
 arithmetic where it is rebuilt: Q8_0, Q4_0, IQ4_NL), the rates of the simulator's llama.cpp plans; and `cpu.repacked_gbs`:
-the formats llama.cpp repacks on this CPU (Q4_0 and Q4_K on AVX2) in its layout, 8 rows a pass by ggml's q4_0 / q4_K
-8x8 gemv, the rates of llama.cpp plans that repack;
+the formats llama.cpp repacks on this CPU (Q4_0 and Q4_K on AVX2, Q2_K on AVX-512 F) in its layout, 8 rows a pass by
+ggml's q4_0 / q4_K / q2_K 8x8 gemv, the rates of llama.cpp plans that repack;
 and `cpu.whole_gbs`: the executor's jobs of experts that split evenly over the threads, each expert start
 to end on one thread, as its decode runs a token's top-k (the rates of its own plans' such jobs).
 
@@ -382,8 +382,12 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                 from . import bench_rowwise as BR
                 ggml_jobs = [("rowwise", fmt, BR.rowwise_expert_job, "rows without prefetch") for fmt in formats
                              if fmt in BR.FORMATS]
+                from specs.formats import llamacpp_repacks, parse_format
+
+                from .detect import cpu_info
+                isa = cpu_info()["isa"]  # llama.cpp repacks Q2_K only with AVX-512 F: time what it repacks here
                 ggml_jobs += [("repacked", fmt, BR.repacked_expert_job, "repacked rows") for fmt in formats
-                              if fmt in BR.REPACKED_FORMATS]
+                              if fmt in BR.REPACKED_FORMATS and llamacpp_repacks(parse_format(fmt), isa)]
                 for kind, fmt, make_job, what in ggml_jobs:
                     for one in ((False, True) if maxt > 1 else (False,)):
                         t0 = time.perf_counter()

@@ -14,7 +14,8 @@ fused multiply-add each with d and dmin times the token's scale. There is no VNN
 for every CPU with AVX2.
 
 The rebuild is that loop (the same loads, shuffles and integer products; the token's code sums kept as int32 and
-narrowed in the loop, where ggml stores them as int16), and `repack_q4_k_x8` is make_block_q4_Kx8. Its products
+narrowed in the loop, where ggml stores them as int16; the super-block loop around it, shared with Q2_K's, in
+calibration.ggml_gemv_kx8), and `repack_q4_k_x8` is make_block_q4_Kx8. Its products
 equal the dequantised weights times the Q8_K token to float rounding (tests/calibration/test_ggml_gemv_q4_k.py).
 Before it, llama.cpp's repacked Q4_K took the rebuilt Q4_0 gemv's rate (specs.formats.LLAMACPP_REPACKED_STAND_IN).
 AVX2 only (HAVE_AVX2).
@@ -23,11 +24,13 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba.core import cgutils, types
+from numba.core import types
 from numba.extending import intrinsic
 
 from executor.nbcache import drop_stale_cache
-from executor.simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fn, _splat
+from executor.simd import HAVE_AVX2, I8, I16, I32, I64, V, _splat
+
+from .ggml_gemv_kx8 import LANE_ROWS, gemv_kx8_codegen, lane_dword, load_vec, pair_rows, shift_bytes, token_codes, v32
 
 drop_stale_cache(__file__)
 
@@ -66,41 +69,14 @@ def repack_q4_k_x8(w: np.ndarray, rows: int) -> np.ndarray:
     return out.reshape(rows // ROWS, nb * Q4_KX8_BYTES)
 
 
-def gemv_q4_kx8_codegen(context, builder, sig, args):
-    """Codegen: res[ro + k] = row_k . (x8 * dx), k < 8, for the 8 rows of block_q4_Kx8 super-blocks at byte woff of
-    w (nb of them) against a Q8_K token (x8 int8 codes, dx float32 a super-block, bs int32 sums of 16 codes), as
-    ggml's AVX2 ggml_gemv_q4_K_8x8_q8_K."""
-    wa, woff, xa, da, ba, nb, ra, roff = args
-    data = lambda i, v: cgutils.create_struct_proxy(sig.args[i])(context, builder, value=v).data  # noqa: E731
-    wd, xd, dd, bd, rd = data(0, wa), data(2, xa), data(3, da), data(4, ba), data(6, ra)
+def _q4_k_sums(builder, ops, p, xd, bd, b):
+    """Codegen: (scaled products, mins x code sums) of block_q4_Kx8 super-block b at p (calibration.ggml_gemv_kx8)."""
     i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
     i32 = lambda v: ir.Constant(I32, v)  # noqa: E731
-    v32 = lambda vals: ir.Constant(V(I32, len(vals)), list(vals))  # noqa: E731
-    maddubs = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", V(I16, 16), [V(I8, 32)] * 2)
-    pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V(I32, 8), [V(I16, 16)] * 2)
-    fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
     low = ir.Constant(V(I8, 32), [0x0F] * 32)
-    zero8 = ir.Constant(V(F32, 8), [0.0] * 8)
-    acc_row = cgutils.alloca_once_value(builder, zero8)
-    acc_min = cgutils.alloca_once_value(builder, zero8)
 
-    def load(base, off, ty, align=1):
-        return builder.load(builder.bitcast(builder.gep(base, [off]), ty.as_pointer()), align=align)
-
-    def dwords(v):
-        return builder.bitcast(v, V(I32, 8))
-
-    def lanes_dword(v, j):  # _mm256_shuffle_epi32(v, j * 85): dword j of each 128-bit lane across it
-        return builder.bitcast(builder.shuffle_vector(dwords(v), dwords(v), v32([j] * 4 + [4 + j] * 4)), V(I8, 32))
-
-    def pair(a, b, first):  # blend(a, swap(b), 170) / blend(swap(a), b, 170): rows 0-3 in even lanes, 4-7 in odd
-        sw = [1, 0, 3, 2, 5, 4, 7, 6]
-        m = [i if i % 2 == 0 else 8 + sw[i] for i in range(8)] if first else \
-            [sw[i] if i % 2 == 0 else 8 + i for i in range(8)]
-        return builder.bitcast(builder.shuffle_vector(dwords(a), dwords(b), v32(m)), V(I8, 32))
-
-    def scales_mins(p):  # the 12 bytes at p -> <16 x i8>: 8 rows' scales, then their mins (the utmp shuffle)
-        u = [load(p, i64(4 * i), I32) for i in range(3)]
+    def scales_mins(q):  # the 12 bytes at q -> <16 x i8>: 8 rows' scales, then their mins (the utmp shuffle)
+        u = [load_vec(builder, q, i64(4 * i), I32) for i in range(3)]
         k1, k2, k3 = i32(0x3F3F3F3F), i32(0x0F0F0F0F), i32(0x03030303)
         t3 = builder.or_(builder.and_(builder.lshr(u[2], i32(4)), k2),
                          builder.shl(builder.and_(builder.lshr(u[1], i32(6)), k3), i32(4)))
@@ -111,58 +87,42 @@ def gemv_q4_kx8_codegen(context, builder, sig, args):
             v = builder.insert_element(v, t, i32(i))
         return builder.bitcast(v, V(I8, 16))
 
-    def widen(v, order):  # bytes of v in `order` -> <16 x i16> (pshufb then vpmovzxbw)
-        return builder.zext(builder.shuffle_vector(v, v, v32(order)), V(I16, 16))
+    bs = builder.trunc(load_vec(builder, bd, builder.mul(b, i64(16)), V(I32, 16), 4), V(I16, 16))
+    q8s = builder.add(builder.shuffle_vector(bs, bs, v32(range(0, 16, 2))),  # hadd: each 32 codes' sum
+                      builder.shuffle_vector(bs, bs, v32(range(1, 16, 2))))
+    q8s = builder.bitcast(q8s, V(I32, 4))
+    iacc_b = ir.Constant(V(I32, 8), [0] * 8)
+    iacc_min_b = iacc_b
+    for sb in range(4):  # two sub-blocks a pass: 2 sb in the low nibbles, 2 sb + 1 in the high
+        raw = [load_vec(builder, p, i64(128 + sb * 256 + 32 * i), V(I8, 32)) for i in range(8)]  # 0123_0, 4567_0, ..
+        lo = [builder.and_(r, low) for r in raw]
+        hi = [builder.and_(shift_bytes(builder, r, 4), low) for r in raw]
+        ms = [scales_mins(builder.gep(p, [i64(32 + 24 * sb + 12 * h)])) for h in range(2)]
+        order = [r for r in LANE_ROWS for _ in (0, 1)]  # each row's scale under both its 16-bit products
+        scales = [builder.zext(builder.shuffle_vector(m, m, v32(order)), V(I16, 16)) for m in ms]
+        mins = builder.zext(builder.shuffle_vector(ms[0], ms[1], v32([i for j in range(8, 16) for i in (j, 16 + j)])),
+                            V(I16, 16))
+        xb = builder.add(builder.mul(b, i64(256)), i64(sb * 64))
+        lhs = [token_codes(builder, xd, builder.add(xb, i64(16 * q))) for q in range(4)]
+        for half, (vals, xs) in enumerate(((lo, lhs[:2]), (hi, lhs[2:]))):
+            iacc = ir.Constant(V(I16, 16), [0] * 16)
+            for k in range(4):  # bytes 8k-8k+7 of each row: the sub-block's values 8k to 8k + 7
+                x = xs[k // 2]
+                for first in (True, False):
+                    prod = builder.call(ops.maddubs, [pair_rows(builder, vals[2 * k], vals[2 * k + 1], first),
+                                                      lane_dword(builder, x, 2 * (k % 2) + (0 if first else 1))])
+                    iacc = builder.add(iacc, prod)
+            iacc_b = builder.add(iacc_b, builder.call(ops.pmaddwd, [iacc, scales[half]]))
+        q8s_sb = builder.bitcast(_splat(builder, builder.extract_element(q8s, i32(sb)), 8), V(I16, 16))
+        iacc_min_b = builder.add(iacc_min_b, builder.call(ops.pmaddwd, [q8s_sb, mins]))
+    return iacc_b, iacc_min_b
 
-    with cgutils.for_range(builder, nb) as loop:
-        b = loop.index
-        p = builder.gep(wd, [builder.add(woff, builder.mul(b, i64(Q4_KX8_BYTES)))])
-        row_scale = _splat(builder, builder.load(builder.gep(dd, [b])), 8)
-        d = load(p, i64(0), V(I16, 8))  # the rows' d in the accumulator's lane order (deltamask: 0, 4, 1, 5, ...)
-        col_scale = builder.fpext(builder.bitcast(builder.shuffle_vector(d, d, v32([0, 4, 1, 5, 2, 6, 3, 7])),
-                                                  V(ir.HalfType(), 8)), V(F32, 8))
-        col_dmin = builder.fpext(builder.bitcast(load(p, i64(16), V(I16, 8)), V(ir.HalfType(), 8)), V(F32, 8))
-        bs = builder.trunc(load(bd, builder.mul(b, i64(16)), V(I32, 16), 4), V(I16, 16))
-        q8s = builder.add(builder.shuffle_vector(bs, bs, v32(range(0, 16, 2))),  # hadd: each 32 codes' sum
-                          builder.shuffle_vector(bs, bs, v32(range(1, 16, 2))))
-        q8s = builder.bitcast(q8s, V(I32, 4))
-        iacc_b = ir.Constant(V(I32, 8), [0] * 8)
-        iacc_min_b = iacc_b
-        for sb in range(4):  # two sub-blocks a pass: 2 sb in the low nibbles, 2 sb + 1 in the high
-            raw = [load(p, i64(128 + sb * 256 + 32 * i), V(I8, 32)) for i in range(8)]  # 0123_0, 4567_0, 0123_1, ...
-            lo = [builder.and_(r, low) for r in raw]
-            hi = [builder.and_(builder.bitcast(builder.lshr(builder.bitcast(r, V(I16, 16)),
-                                                            ir.Constant(V(I16, 16), [4] * 16)), V(I8, 32)), low)
-                  for r in raw]
-            ms = [scales_mins(builder.gep(p, [i64(32 + 24 * sb + 12 * h)])) for h in range(2)]
-            scales = [widen(m, [0, 0, 4, 4, 1, 1, 5, 5, 2, 2, 6, 6, 3, 3, 7, 7]) for m in ms]
-            mins = builder.zext(builder.shuffle_vector(ms[0], ms[1], v32([i for j in range(8, 16) for i in (j, 16 + j)])),
-                                V(I16, 16))
-            xb = builder.add(builder.mul(b, i64(256)), i64(sb * 64))
-            lhs = []
-            for q in range(4):
-                h = load(xd, builder.add(xb, i64(16 * q)), V(I8, 16))
-                lhs.append(builder.shuffle_vector(h, h, v32(list(range(16)) * 2)))
-            for half, (vals, xs) in enumerate(((lo, lhs[:2]), (hi, lhs[2:]))):
-                iacc = ir.Constant(V(I16, 16), [0] * 16)
-                for k in range(4):  # bytes 8k-8k+7 of each row: the sub-block's values 8k to 8k + 7
-                    x = xs[k // 2]
-                    for first in (True, False):
-                        prod = builder.call(maddubs, [pair(vals[2 * k], vals[2 * k + 1], first),
-                                                      lanes_dword(x, 2 * (k % 2) + (0 if first else 1))])
-                        iacc = builder.add(iacc, prod)
-                iacc_b = builder.add(iacc_b, builder.call(pmaddwd, [iacc, scales[half]]))
-            q8s_sb = builder.bitcast(_splat(builder, builder.extract_element(q8s, i32(sb)), 8), V(I16, 16))
-            iacc_min_b = builder.add(iacc_min_b, builder.call(pmaddwd, [q8s_sb, mins]))
-        builder.store(builder.call(fma, [builder.sitofp(iacc_b, V(F32, 8)), builder.fmul(col_scale, row_scale),
-                                         builder.load(acc_row)]), acc_row)
-        builder.store(builder.call(fma, [builder.sitofp(iacc_min_b, V(F32, 8)), builder.fmul(col_dmin, row_scale),
-                                         builder.load(acc_min)]), acc_min)
-    a = builder.load(acc_row)
-    a = builder.shuffle_vector(a, a, v32([0, 2, 4, 6, 1, 3, 5, 7]))  # finalpermutemask: rows in order
-    builder.store(builder.fsub(a, builder.load(acc_min)),
-                  builder.bitcast(builder.gep(rd, [roff]), V(F32, 8).as_pointer()), align=4)
-    return context.get_dummy_value()
+
+def gemv_q4_kx8_codegen(context, builder, sig, args):
+    """Codegen: res[ro + k] = row_k . (x8 * dx), k < 8, for the 8 rows of block_q4_Kx8 super-blocks at byte woff of
+    w (nb of them) against a Q8_K token (x8 int8 codes, dx float32 a super-block, bs int32 sums of 16 codes), as
+    ggml's AVX2 ggml_gemv_q4_K_8x8_q8_K."""
+    return gemv_kx8_codegen(context, builder, sig, args, Q4_KX8_BYTES, _q4_k_sums)
 
 
 if HAVE_AVX2:

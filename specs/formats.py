@@ -147,7 +147,8 @@ LLAMACPP_WEIGHTING_KEY = "F32:weighting"
 
 # repack.cpp's MUL_MAT_ID runs every format it repacks the same way, a gemv per token over 8 interleaved rows of
 # int8-activation products (q4_0_8x8, q4_K_8x8, iq4_nl_8x8: one template, tensor_traits::forward_mul_mat_id); the
-# profile times those rebuilt (Q4_0's and Q4_K's, calibration.bench_ggml_prefill), Q4_0's standing in for the others
+# profile times those rebuilt (Q4_0's, Q4_K's and Q2_K's, calibration.bench_ggml_prefill), Q4_0's standing in for the
+# others (IQ4_NL, MXFP4)
 LLAMACPP_REPACKED_STAND_IN = "Q4_0"
 
 

@@ -118,15 +118,46 @@ def test_calibrate_times_the_tiled_gemm_where_ggml_compiles_its_vnni_microtile()
 
 
 @avx2
-def test_a_repacked_q4_k_job_runs_ggmls_q4_k_gemv():
-    """Q4_K SwiGLU experts repacked, 16 tokens an expert: 6 h f FLOPs per expert-token through ggml's q4_K 8x8 gemv on
-    Q8_K tokens."""
+@pytest.mark.parametrize("fmt", ["Q4_K", "Q2_K"])
+def test_a_repacked_k_quant_job_runs_its_own_ggml_gemv(fmt):
+    """Q4_K / Q2_K SwiGLU experts repacked, 16 tokens an expert: 6 h f FLOPs per expert-token through ggml's q4_K /
+    q2_K 8x8 gemv on Q8_K tokens."""
     from calibration.bench_ggml_prefill import ggml_prefill_job, label
-    run, flops = ggml_prefill_job("Q4_K", "repacked", hidden=512, ffn=256, n_experts=4, top_k=2, tokens=32)
+    run, flops = ggml_prefill_job(fmt, "repacked", hidden=512, ffn=256, n_experts=4, top_k=2, tokens=32)
     run()
     assert flops == 6 * 512 * 256 * 16 * 4
-    assert "q4_K 8x8 int8 gemv on Q8_K tokens" in label("Q4_K", "repacked", 512, 256)
+    assert f"{fmt[:2].lower()}_K 8x8 int8 gemv on Q8_K tokens" in label(fmt, "repacked", 512, 256)
     assert "q4_0 8x8 int8 gemv" in label("Q4_0", "repacked", 512, 256)
+
+
+@avx2
+@pytest.mark.parametrize("fmt", ["Q4_K", "Q2_K"])
+def test_repacked_k_quant_gemv_is_the_dequantised_product_for_every_row_and_token(fmt):
+    """2 experts, 48 rows x 512 copied into llama.cpp's block_q4_Kx8 / block_q2_Kx8, 5 tokens, on 4 threads'
+    eighth-aligned shares: each output is the row's dequantised values . the token quantised to Q8_K, to float
+    rounding (ggml's q4_K / q2_K 8x8 gemv)."""
+    from calibration.bench_ggml_prefill import _repacked_matrix
+    from calibration.ggml_gemv_q2_k import repack_q2_k_x8
+    from calibration.ggml_gemv_q4_k import repack_q4_k_x8
+    from calibration.ggml_tiled import quantize_q8_k
+    rng = np.random.default_rng(8)
+    w = _synth_tensor(fmt, 2, 48, 512, rng)
+    repack = repack_q2_k_x8 if fmt == "Q2_K" else repack_q4_k_x8
+    flat = np.stack([repack(w.data[e].reshape(-1), 48).reshape(-1) for e in range(2)])
+    x8, dx, bs = quantize_q8_k(rng.standard_normal((2, 5, 512)).astype(np.float32))
+    xq = (x8.astype(np.float64).reshape(2, 5, 2, 256) * dx[..., None]).reshape(2, 5, 512)
+    ref = np.stack([dequantize(w.data[e], w.qtype).reshape(48, 512) @ xq[e].T for e in range(2)]).transpose(0, 2, 1)
+    out = np.full((2, 5, 48), np.nan, np.float32)
+    _repacked_matrix(flat, 48, x8, dx, out, 4, bs, w.code)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_q2_k_is_timed_repacked_where_llamacpp_repacks_it_on_avx512():
+    """llama.cpp repacks Q2_K only on a CPU with AVX-512 F (ggml_repack_get_optimal_repack_type): there its gemv is
+    timed; on AVX2 alone Q2_K stays in place (its tiled GEMM, where this CPU runs the rebuild)."""
+    from calibration.bench_ggml_prefill import profile_jobs
+    assert ("Q2_K", "repacked") in profile_jobs(("Q2_K",), ["avx", "avx2", "avx512f"])
+    assert ("Q2_K", "repacked") not in profile_jobs(("Q2_K",), ["avx", "avx2"])
 
 
 @pytest.mark.skipif(not HAVE_TILED, reason="ggml's VNNI microtile needs AVX-512 VNNI")

@@ -87,20 +87,23 @@ def test_repacked_matvec_is_ggml_gemv_arithmetic_for_every_expert():
 
 
 @pytest.mark.skipif(not REPACKED_FORMATS, reason="no AVX2: llama.cpp repacks nothing 8 rows at a time here")
-def test_repacked_q4_k_matvec_is_ggml_q4_k_gemv_arithmetic_for_every_expert():
-    """Experts 1 and 0 of two, 96 rows x 512 of Q4_K copied into llama.cpp's block_q4_Kx8 layout, on 3 threads'
-    eighth-aligned shares: output j is expert es[j]'s rows . the token quantised to Q8_K, to float rounding (ggml's
-    q4_K 8x8 gemv, calibration.ggml_gemv_q4_k)."""
-    from calibration.bench_rowwise import _repacked_q4_k_matvec
+@pytest.mark.parametrize("fmt", ["Q4_K", "Q2_K"])
+def test_repacked_k_quant_matvec_is_its_ggml_gemv_arithmetic_for_every_expert(fmt):
+    """Experts 1 and 0 of two, 96 rows x 512 of Q4_K / Q2_K copied into llama.cpp's block_q4_Kx8 / block_q2_Kx8
+    layout, on 3 threads' eighth-aligned shares: output j is expert es[j]'s rows . the token quantised to Q8_K, to
+    float rounding (ggml's q4_K / q2_K 8x8 gemv, calibration.ggml_gemv_q4_k / _q2_k)."""
+    from calibration.bench_rowwise import _repacked_k_matvec
+    from calibration.ggml_gemv_q2_k import repack_q2_k_x8
     from calibration.ggml_gemv_q4_k import repack_q4_k_x8
     from calibration.ggml_tiled import quantize_q8_k
     rng = np.random.default_rng(6)
-    w = _synth_tensor("Q4_K", 2, 96, 512, rng)
-    flat = np.stack([repack_q4_k_x8(w.data[e].reshape(-1), 96).reshape(-1) for e in range(2)])
+    w = _synth_tensor(fmt, 2, 96, 512, rng)
+    repack = repack_q2_k_x8 if fmt == "Q2_K" else repack_q4_k_x8
+    flat = np.stack([repack(w.data[e].reshape(-1), 96).reshape(-1) for e in range(2)])
     x = rng.standard_normal((1, 512)).astype(np.float32)
     es = np.array([1, 0], np.int64)
     out = np.full((2, 96), np.nan, np.float32)
-    _repacked_q4_k_matvec(flat, es, 96, x, out, 3)
+    _repacked_k_matvec(flat, w.code, es, 96, x, out, 3)
     x8, dx, _ = quantize_q8_k(x[None])
     xq = (x8[0, 0].astype(np.float64).reshape(-1, 256) * dx[0, 0][:, None]).reshape(512)
     ref = np.stack([dequantize(w.data[e], w.qtype).reshape(96, 512) @ xq for e in es])
@@ -119,9 +122,9 @@ def test_a_rebuilt_formats_job_times_like_an_expert_job_and_says_its_arithmetic(
 
 
 @pytest.mark.skipif(not REPACKED_FORMATS, reason="no AVX2")
-@pytest.mark.parametrize("fmt, bytes_per_256", [("Q4_0", 8 * 18), ("Q4_K", 144)])
+@pytest.mark.parametrize("fmt, bytes_per_256", [("Q4_0", 8 * 18), ("Q4_K", 144), ("Q2_K", 84)])
 def test_repacked_job_times_like_an_expert_job(fmt, bytes_per_256):
-    """The repacked job of Q4_0 and of Q4_K: three ops a token (gate, up, down of all k experts), bytes per expert as
+    """The repacked job of Q4_0, of Q4_K and of Q2_K: three ops a token (gate, up, down of all k experts), bytes per expert as
     the format's rows; its label names the format's gemv."""
     run, eb = repacked_expert_job(fmt, hidden=256, ffn=256, pool_bytes=1 << 20, max_k=4)
     assert eb == 3 * 256 * bytes_per_256  # 256 rows of 256 weights, three matrices

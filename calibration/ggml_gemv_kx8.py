@@ -1,0 +1,100 @@
+"""What ggml's AVX2 gemvs of K-quants repacked 8 rows at a time share (llama.cpp 0.3.36's ggml-cpu
+arch/x86/repack.cpp `ggml_gemv_q4_K_8x8_q8_K`, `ggml_gemv_q2_K_8x8_q8_K`), as llvmlite codegen for the rebuilds in
+calibration.ggml_gemv_q4_k and calibration.ggml_gemv_q2_k.
+
+Both layouts (block_q4_Kx8, block_q2_Kx8) open each super-block with the 8 rows' fp16 d, then their 8 dmin, and
+interleave the rows' quant bytes 8 at a time (byte chunk c of row r at chunk 8c + r). Both gemvs take a Q8_K token
+(int8 codes, one float scale and sixteen 16-code sums a super-block) and per super-block add, in 32-bit integers,
+the rows' scaled products (in lanes 0, 4, 1, 5, 2, 6, 3, 7: `vpmaddubsw` pairs a 4-byte half of each of two rows'
+chunks with 4 codes) and their mins against the code sums (lanes 0-7); then one convert and fused multiply-add each
+with d and dmin times the token's scale, and at the end the rows put in order and the mins taken off.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils
+
+from executor.simd import F32, I8, I16, I32, I64, V, _fn, _splat
+
+LANE_ROWS = (0, 4, 1, 5, 2, 6, 3, 7)  # the row in each 32-bit lane of the products (ggml's deltamask)
+
+
+def v32(vals) -> ir.Constant:
+    """An <n x i32> constant (a shuffle mask)."""
+    vals = list(vals)
+    return ir.Constant(V(I32, len(vals)), vals)
+
+
+def load_vec(builder, base, off, ty, align=1):
+    """Codegen: the `ty` at element `off` of pointer base (an unaligned load, as _mm256_loadu_si256)."""
+    return builder.load(builder.bitcast(builder.gep(base, [off]), ty.as_pointer()), align=align)
+
+
+def lane_dword(builder, v, j):
+    """Codegen: _mm256_shuffle_epi32(v, j * 85), dword j of each 128-bit lane of a <32 x i8> across that lane."""
+    d = builder.bitcast(v, V(I32, 8))
+    return builder.bitcast(builder.shuffle_vector(d, d, v32([j] * 4 + [4 + j] * 4)), V(I8, 32))
+
+
+def pair_rows(builder, a, b, first):
+    """Codegen: blend(a, swap(b), 170) (first) / blend(swap(a), b, 170) of rows 0-3's 8-byte chunks (a) and rows
+    4-7's (b): the first / second 4 bytes of each row's chunk, a row a 32-bit lane in LANE_ROWS order."""
+    sw = [1, 0, 3, 2, 5, 4, 7, 6]
+    m = [i if i % 2 == 0 else 8 + sw[i] for i in range(8)] if first else [sw[i] if i % 2 == 0 else 8 + i for i in range(8)]
+    return builder.bitcast(builder.shuffle_vector(builder.bitcast(a, V(I32, 8)), builder.bitcast(b, V(I32, 8)), v32(m)),
+                           V(I8, 32))
+
+
+def shift_bytes(builder, v, bits):
+    """Codegen: _mm256_srli_epi16(v, bits) of a <32 x i8> (each 16-bit lane shifted; the caller masks the bytes)."""
+    if not bits:
+        return v
+    return builder.bitcast(builder.lshr(builder.bitcast(v, V(I16, 16)), ir.Constant(V(I16, 16), [bits] * 16)),
+                           V(I8, 32))
+
+
+def token_codes(builder, xd, off):
+    """Codegen: the token's 16 codes at element off, in both 128-bit lanes of a <32 x i8> (permute2f128)."""
+    h = load_vec(builder, xd, off, V(I8, 16))
+    return builder.shuffle_vector(h, h, v32(list(range(16)) * 2))
+
+
+class Ops:
+    """The intrinsics of one codegen: maddubs (vpmaddubsw), pmaddwd (vpmaddwd)."""
+
+    def __init__(self, builder):
+        self.maddubs = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", V(I16, 16), [V(I8, 32)] * 2)
+        self.pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V(I32, 8), [V(I16, 16)] * 2)
+
+
+def gemv_kx8_codegen(context, builder, sig, args, block_bytes: int, integer_sums):
+    """Codegen: res[ro + k] = row_k . (x8 * dx), k < 8, for the 8 rows of super-blocks of block_bytes at byte woff of
+    w (nb of them) against a Q8_K token (x8 int8 codes, dx float32 a super-block, bs int32 sums of 16 codes).
+    integer_sums(builder, ops, p, xd, bd, b) -> (<8 x i32> scaled products in LANE_ROWS order, <8 x i32> mins x
+    code sums in row order) of super-block b at pointer p."""
+    wa, woff, xa, da, ba, nb, ra, roff = args
+    data = lambda i, v: cgutils.create_struct_proxy(sig.args[i])(context, builder, value=v).data  # noqa: E731
+    wd, xd, dd, bd, rd = data(0, wa), data(2, xa), data(3, da), data(4, ba), data(6, ra)
+    ops = Ops(builder)
+    fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
+    zero8 = ir.Constant(V(F32, 8), [0.0] * 8)
+    acc_row = cgutils.alloca_once_value(builder, zero8)
+    acc_min = cgutils.alloca_once_value(builder, zero8)
+    half8 = lambda v: builder.fpext(builder.bitcast(v, V(ir.HalfType(), 8)), V(F32, 8))  # noqa: E731
+    with cgutils.for_range(builder, nb) as loop:
+        b = loop.index
+        p = builder.gep(wd, [builder.add(woff, builder.mul(b, ir.Constant(I64, block_bytes)))])
+        row_scale = _splat(builder, builder.load(builder.gep(dd, [b])), 8)
+        d = load_vec(builder, p, ir.Constant(I64, 0), V(I16, 8))
+        col_scale = half8(builder.shuffle_vector(d, d, v32(LANE_ROWS)))  # the rows' d in the products' lanes
+        col_dmin = half8(load_vec(builder, p, ir.Constant(I64, 16), V(I16, 8)))
+        iacc_b, iacc_min_b = integer_sums(builder, ops, p, xd, bd, b)
+        builder.store(builder.call(fma, [builder.sitofp(iacc_b, V(F32, 8)), builder.fmul(col_scale, row_scale),
+                                         builder.load(acc_row)]), acc_row)
+        builder.store(builder.call(fma, [builder.sitofp(iacc_min_b, V(F32, 8)), builder.fmul(col_dmin, row_scale),
+                                         builder.load(acc_min)]), acc_min)
+    a = builder.load(acc_row)
+    a = builder.shuffle_vector(a, a, v32([0, 2, 4, 6, 1, 3, 5, 7]))  # finalpermutemask: rows in order
+    builder.store(builder.fsub(a, builder.load(acc_min)),
+                  builder.bitcast(builder.gep(rd, [roff]), V(F32, 8).as_pointer()), align=4)
+    return context.get_dummy_value()
