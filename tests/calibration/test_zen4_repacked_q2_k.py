@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from stored_runs import prefill_rows, stored_profile, stored_rows
+from stored_runs import stored_profile, stored_rows
 
 DATA = Path("tests/calibration/data/zen4-2026-12-06e")
 SITTINGS = ("1207", "1211", "1215")
