@@ -35,13 +35,13 @@ def job(fmt: str, rows: int, k: int, experts: int = 4, tokens: int = 64, seed: i
     w = _synth_tensor(fmt, experts, rows, k, rng)
     x = rng.standard_normal((experts, tokens, k)).astype(np.float32)
     out = np.zeros((experts, tokens, rows), np.float32)
+    flops = 2.0 * experts * tokens * rows * k
     if fmt == "Q4_0":  # the synthetic Q4_0 bytes read as block_q4_0x8 (the values don't matter to the timing)
         flat, (x8, dx) = w.data.reshape(experts, -1), quantize_q8_0(x)
-        return (lambda: _repacked_matrix(flat, rows, x8, dx, out, numba.get_num_threads())), 2.0 * experts * tokens * rows * k
+        return (lambda: _repacked_matrix(flat, rows, x8, dx, out, numba.get_num_threads())), flops
     flat = np.stack([REPACK[fmt](w.data[e].reshape(-1), rows).reshape(-1) for e in range(experts)])
     x8, dx, bs = quantize_q8_k(x)
-    return (lambda: _repacked_matrix(flat, rows, x8, dx, out, numba.get_num_threads(), bs, w.code)), \
-        2.0 * experts * tokens * rows * k
+    return (lambda: _repacked_matrix(flat, rows, x8, dx, out, numba.get_num_threads(), bs, w.code)), flops
 
 
 def main() -> None:

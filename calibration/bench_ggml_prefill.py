@@ -28,10 +28,10 @@ Q4_0 runs ggml's AVX2 q4_0 8x8 gemv rebuilt (ggml_vec_dot.gemv_q4_0x8: int8 acti
 by side): 46-55 GFLOP/s on one Zen 3 core, where llama-bench's pp512 implies ~48 for ggml's own (the executor's
 int16 interleaved rows, which stood in for it before, 38-45). Repacked Q4_K and Q2_K run the same structure with
 their own 8x8 gemvs on Q8_K tokens, rebuilt too (calibration.ggml_gemv_q4_k, _q2_k); the other repacked formats
-(IQ4_NL, MXFP4) take the Q4_0 gemv's rate (specs.formats.LLAMACPP_REPACKED_STAND_IN), as Q4_K and Q2_K did before. The tiled GEMM is timed where
-its VNNI microtile runs (ggml_tiled.HAVE_TILED); on an AVX2-only CPU (its maddubs microtile, not rebuilt) a llama.cpp
-plan prefills those types at the executor's GEMM rate (0.73x of ggml's tiled GEMM on Zen 4), as every other plan
-does. The simulator's llama.cpp plans take these rates for their CPU prefill
+(IQ4_NL, MXFP4) take the Q4_0 gemv's rate (specs.formats.LLAMACPP_REPACKED_STAND_IN), as Q4_K and Q2_K did before.
+The tiled GEMM is timed where its VNNI microtile runs (ggml_tiled.HAVE_TILED); on an AVX2-only CPU (its maddubs
+microtile, not rebuilt) a llama.cpp plan prefills those types at the executor's GEMM rate (0.73x of ggml's tiled
+GEMM on Zen 4), as every other plan does. The simulator's llama.cpp plans take these rates for their CPU prefill
 (`cpu.ggml_prefill_gflops`; simulator.resources).
 """
 from __future__ import annotations

@@ -11,12 +11,37 @@ with d and dmin times the token's scale, and at the end the rows put in order an
 """
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
-from numba.core import cgutils
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from executor.simd import F32, I8, I16, I32, I64, V, _fn, _splat
 
 LANE_ROWS = (0, 4, 1, 5, 2, 6, 3, 7)  # the row in each 32-bit lane of the products (ggml's deltamask)
+
+ROWS = 8  # rows interleaved
+
+
+def interleave_rows(w: np.ndarray, rows: int, block_bytes: int, fmt: str, d_at: int) -> tuple[np.ndarray, np.ndarray]:
+    """The start of make_block_*x8: `fmt` rows (uint8, `rows` rows of nb super-blocks of block_bytes, row-major) ->
+    (their blocks [rows / 8, nb, 8, block_bytes], the 8x layout [rows / 8, nb, 8 * block_bytes] with each super-block's
+    8 rows' fp16 d (at byte d_at of a block) and then their dmin (d_at + 2) in its first 32 bytes)."""
+    if rows % ROWS:
+        raise ValueError(f"llama.cpp repacks {fmt} in groups of {ROWS} rows (got {rows})")
+    nb = w.size // (rows * block_bytes)
+    b = np.ascontiguousarray(w).reshape(rows // ROWS, ROWS, nb, block_bytes).transpose(0, 2, 1, 3)  # [G, nb, 8, B]
+    out = np.empty((b.shape[0], nb, ROWS * block_bytes), np.uint8)
+    out[..., 0:16] = b[..., d_at:d_at + 2].reshape(b.shape[0], nb, 16)
+    out[..., 16:32] = b[..., d_at + 2:d_at + 4].reshape(b.shape[0], nb, 16)
+    return b, out
+
+
+def interleave_bytes(q: np.ndarray) -> np.ndarray:
+    """The 8 rows' quant bytes [G, nb, 8, n] -> [G, nb, 8 n], 8 bytes at a time: byte chunk c of row r to chunk
+    8 c + r."""
+    g, nb, _, n = q.shape
+    return q.reshape(g, nb, ROWS, n // 8, 8).transpose(0, 1, 3, 2, 4).reshape(g, nb, ROWS * n)
 
 
 def v32(vals) -> ir.Constant:
@@ -40,7 +65,10 @@ def pair_rows(builder, a, b, first):
     """Codegen: blend(a, swap(b), 170) (first) / blend(swap(a), b, 170) of rows 0-3's 8-byte chunks (a) and rows
     4-7's (b): the first / second 4 bytes of each row's chunk, a row a 32-bit lane in LANE_ROWS order."""
     sw = [1, 0, 3, 2, 5, 4, 7, 6]
-    m = [i if i % 2 == 0 else 8 + sw[i] for i in range(8)] if first else [sw[i] if i % 2 == 0 else 8 + i for i in range(8)]
+    if first:
+        m = [i if i % 2 == 0 else 8 + sw[i] for i in range(8)]
+    else:
+        m = [sw[i] if i % 2 == 0 else 8 + i for i in range(8)]
     return builder.bitcast(builder.shuffle_vector(builder.bitcast(a, V(I32, 8)), builder.bitcast(b, V(I32, 8)), v32(m)),
                            V(I8, 32))
 
@@ -98,3 +126,16 @@ def gemv_kx8_codegen(context, builder, sig, args, block_bytes: int, integer_sums
     builder.store(builder.fsub(a, builder.load(acc_min)),
                   builder.bitcast(builder.gep(rd, [roff]), V(F32, 8).as_pointer()), align=4)
     return context.get_dummy_value()
+
+
+def kx8_gemv(block_bytes: int, integer_sums, name: str):
+    """The numba intrinsic gemv(w, wo, x8, dx, bs, nb, res, ro): res[ro:ro + 8] = the 8 rows of super-blocks of
+    block_bytes at byte wo of w (nb of them) . the Q8_K token (x8 codes, dx scales, bs 16-code sums), as
+    gemv_kx8_codegen with integer_sums."""
+    def codegen(context, builder, sig, args):
+        return gemv_kx8_codegen(context, builder, sig, args, block_bytes, integer_sums)
+
+    def gemv(typingctx, w, wo, x8, dx, bs, nb, res, ro):
+        return types.none(w, wo, x8, dx, bs, nb, res, ro), codegen
+    gemv.__name__ = gemv.__qualname__ = name
+    return intrinsic(gemv)

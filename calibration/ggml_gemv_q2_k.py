@@ -27,36 +27,28 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba.core import cgutils, types
-from numba.extending import intrinsic
+from numba.core import cgutils
 
 from executor.nbcache import drop_stale_cache
 from executor.simd import HAVE_AVX2, I8, I16, I32, I64, V, _splat
 
-from .ggml_gemv_kx8 import LANE_ROWS, gemv_kx8_codegen, lane_dword, load_vec, pair_rows, shift_bytes, token_codes, v32
+from .ggml_gemv_kx8 import (LANE_ROWS, ROWS, interleave_bytes, interleave_rows, kx8_gemv, lane_dword, load_vec,
+                           pair_rows, shift_bytes, token_codes, v32)
 
 drop_stale_cache(__file__)
 
 Q2_K_BYTES = 84  # block_q2_K: 16 bytes of 4-bit scales and mins, 64 of 2-bit codes, fp16 d, fp16 dmin
 Q2_KX8_BYTES = 8 * Q2_K_BYTES  # block_q2_Kx8: 8 d, 8 dmin, 128 bytes of scales and mins, 512 of codes
-ROWS = 8  # rows interleaved
 
 
 def repack_q2_k_x8(w: np.ndarray, rows: int) -> np.ndarray:
     """Q2_K rows (uint8, `rows` rows of nb super-blocks, row-major) -> llama.cpp's block_q2_Kx8 layout (uint8
     [rows / 8, nb * 672]): make_block_q2_Kx8 for every 8 rows and super-block."""
-    if rows % ROWS:
-        raise ValueError(f"llama.cpp repacks Q2_K in groups of {ROWS} rows (got {rows})")
-    nb = w.size // (rows * Q2_K_BYTES)
-    b = np.ascontiguousarray(w).reshape(rows // ROWS, ROWS, nb, Q2_K_BYTES).transpose(0, 2, 1, 3)  # [G, nb, 8, 84]
-    g = b.shape[0]
-    out = np.empty((g, nb, Q2_KX8_BYTES), np.uint8)
-    out[..., 0:16] = b[..., 80:82].reshape(g, nb, 16)  # the 8 rows' d
-    out[..., 16:32] = b[..., 82:84].reshape(g, nb, 16)  # their dmin
+    b, out = interleave_rows(w, rows, Q2_K_BYTES, "Q2_K", 80)  # [G, nb, 8, 84], [G, nb, 672]
+    g, nb = b.shape[:2]
     # scales[16 p + 2 r + h] = row r's byte 2 p + h: a pair of sub-blocks a 16 bytes
     out[..., 32:160] = b[..., 0:16].reshape(g, nb, ROWS, 8, 2).transpose(0, 1, 3, 2, 4).reshape(g, nb, 128)
-    # byte chunk c of row r (8 bytes) to chunk c * 8 + r
-    out[..., 160:] = b[..., 16:80].reshape(g, nb, ROWS, 8, 8).transpose(0, 1, 3, 2, 4).reshape(g, nb, 512)
+    out[..., 160:] = interleave_bytes(b[..., 16:80])
     return out.reshape(rows // ROWS, nb * Q2_KX8_BYTES)
 
 
@@ -121,16 +113,5 @@ def _q2_k_sums(builder, ops, p, xd, bd, b):
     return iacc_b, iacc_min_b
 
 
-def gemv_q2_kx8_codegen(context, builder, sig, args):
-    """Codegen: res[ro + k] = row_k . (x8 * dx), k < 8, for the 8 rows of block_q2_Kx8 super-blocks at byte woff of
-    w (nb of them) against a Q8_K token (x8 int8 codes, dx float32 a super-block, bs int32 sums of 16 codes), as
-    ggml's AVX2 ggml_gemv_q2_K_8x8_q8_K."""
-    return gemv_kx8_codegen(context, builder, sig, args, Q2_KX8_BYTES, _q2_k_sums)
-
-
-if HAVE_AVX2:
-    @intrinsic
-    def gemv_q2_kx8(typingctx, w, wo, x8, dx, bs, nb, res, ro):
-        """res[ro:ro + 8] = the 8 block_q2_Kx8 rows at byte wo of w . the Q8_K token (x8, dx, bs) (ggml's AVX2
-        ggml_gemv_q2_K_8x8_q8_K)."""
-        return types.none(w, wo, x8, dx, bs, nb, res, ro), gemv_q2_kx8_codegen
+if HAVE_AVX2:  # gemv_q2_kx8(w, wo, x8, dx, bs, nb, res, ro): ggml's AVX2 ggml_gemv_q2_K_8x8_q8_K
+    gemv_q2_kx8 = kx8_gemv(Q2_KX8_BYTES, _q2_k_sums, "gemv_q2_kx8")

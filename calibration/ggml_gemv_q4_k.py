@@ -24,19 +24,17 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba.core import types
-from numba.extending import intrinsic
 
 from executor.nbcache import drop_stale_cache
 from executor.simd import HAVE_AVX2, I8, I16, I32, I64, V, _splat
 
-from .ggml_gemv_kx8 import LANE_ROWS, gemv_kx8_codegen, lane_dword, load_vec, pair_rows, shift_bytes, token_codes, v32
+from .ggml_gemv_kx8 import (LANE_ROWS, ROWS, interleave_bytes, interleave_rows, kx8_gemv, lane_dword, load_vec,
+                           pair_rows, shift_bytes, token_codes, v32)
 
 drop_stale_cache(__file__)
 
 Q4_K_BYTES = 144  # block_q4_K: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
 Q4_KX8_BYTES = 8 * Q4_K_BYTES  # block_q4_Kx8: 8 d, 8 dmin, 96 bytes of scales and mins, 1024 of nibbles
-ROWS = 8  # rows interleaved
 
 
 def _scales_mins(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -51,21 +49,14 @@ def _scales_mins(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def repack_q4_k_x8(w: np.ndarray, rows: int) -> np.ndarray:
     """Q4_K rows (uint8, `rows` rows of nb super-blocks, row-major) -> llama.cpp's block_q4_Kx8 layout (uint8
     [rows / 8, nb * 1152]): make_block_q4_Kx8 for every 8 rows and super-block."""
-    if rows % ROWS:
-        raise ValueError(f"llama.cpp repacks Q4_K in groups of {ROWS} rows (got {rows})")
-    nb = w.size // (rows * Q4_K_BYTES)
-    b = np.ascontiguousarray(w).reshape(rows // ROWS, ROWS, nb, Q4_K_BYTES).transpose(0, 2, 1, 3)  # [G, nb, 8, 144]
-    g = b.shape[0]
-    out = np.empty((g, nb, Q4_KX8_BYTES), np.uint8)
-    out[..., 0:16] = b[..., 0:2].reshape(g, nb, 16)  # the 8 rows' d
-    out[..., 16:32] = b[..., 2:4].reshape(g, nb, 16)  # their dmin
+    b, out = interleave_rows(w, rows, Q4_K_BYTES, "Q4_K", 0)  # [G, nb, 8, 144], [G, nb, 1152]
+    g, nb = b.shape[:2]
     s, m = _scales_mins(b[..., 4:16])  # [G, nb, 8 rows, 8 sub-blocks]
     s, m = s.transpose(0, 1, 3, 2), m.transpose(0, 1, 3, 2)  # [G, nb, sub-block, row]
     packed = np.concatenate([(s[..., :4] & 63) + ((s[..., 4:] & 48) << 2), (m[..., :4] & 63) + ((m[..., 4:] & 48) << 2),
                              (s[..., 4:] & 15) + ((m[..., 4:] & 15) << 4)], axis=-1)  # [G, nb, 8, 12]
     out[..., 32:128] = packed.astype(np.uint8).reshape(g, nb, 96)
-    # byte chunk c of row r (8 bytes) to chunk c * 8 + r
-    out[..., 128:] = b[..., 16:].reshape(g, nb, ROWS, 16, 8).transpose(0, 1, 3, 2, 4).reshape(g, nb, 1024)
+    out[..., 128:] = interleave_bytes(b[..., 16:])
     return out.reshape(rows // ROWS, nb * Q4_KX8_BYTES)
 
 
@@ -118,16 +109,5 @@ def _q4_k_sums(builder, ops, p, xd, bd, b):
     return iacc_b, iacc_min_b
 
 
-def gemv_q4_kx8_codegen(context, builder, sig, args):
-    """Codegen: res[ro + k] = row_k . (x8 * dx), k < 8, for the 8 rows of block_q4_Kx8 super-blocks at byte woff of
-    w (nb of them) against a Q8_K token (x8 int8 codes, dx float32 a super-block, bs int32 sums of 16 codes), as
-    ggml's AVX2 ggml_gemv_q4_K_8x8_q8_K."""
-    return gemv_kx8_codegen(context, builder, sig, args, Q4_KX8_BYTES, _q4_k_sums)
-
-
-if HAVE_AVX2:
-    @intrinsic
-    def gemv_q4_kx8(typingctx, w, wo, x8, dx, bs, nb, res, ro):
-        """res[ro:ro + 8] = the 8 block_q4_Kx8 rows at byte wo of w . the Q8_K token (x8, dx, bs) (ggml's AVX2
-        ggml_gemv_q4_K_8x8_q8_K)."""
-        return types.none(w, wo, x8, dx, bs, nb, res, ro), gemv_q4_kx8_codegen
+if HAVE_AVX2:  # gemv_q4_kx8(w, wo, x8, dx, bs, nb, res, ro): ggml's AVX2 ggml_gemv_q4_K_8x8_q8_K
+    gemv_q4_kx8 = kx8_gemv(Q4_KX8_BYTES, _q4_k_sums, "gemv_q4_kx8")

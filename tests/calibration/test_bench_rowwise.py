@@ -124,8 +124,8 @@ def test_a_rebuilt_formats_job_times_like_an_expert_job_and_says_its_arithmetic(
 @pytest.mark.skipif(not REPACKED_FORMATS, reason="no AVX2")
 @pytest.mark.parametrize("fmt, bytes_per_256", [("Q4_0", 8 * 18), ("Q4_K", 144), ("Q2_K", 84)])
 def test_repacked_job_times_like_an_expert_job(fmt, bytes_per_256):
-    """The repacked job of Q4_0, of Q4_K and of Q2_K: three ops a token (gate, up, down of all k experts), bytes per expert as
-    the format's rows; its label names the format's gemv."""
+    """The repacked job of Q4_0, of Q4_K and of Q2_K: three ops a token (gate, up, down of all k experts), bytes per
+    expert as the format's rows; its label names the format's gemv."""
     run, eb = repacked_expert_job(fmt, hidden=256, ffn=256, pool_bytes=1 << 20, max_k=4)
     assert eb == 3 * 256 * bytes_per_256  # 256 rows of 256 weights, three matrices
     kf = bench_expert_kernel(run, [1, 2, 4], eb, repeats=3, threads=1, budget_s=1.0)

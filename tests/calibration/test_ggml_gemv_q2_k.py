@@ -1,16 +1,12 @@
 """ggml's AVX2 gemv of Q2_K weights repacked at load (calibration.ggml_gemv_q2_k): llama.cpp's block_q2_Kx8 layout
-(make_block_q2_Kx8) and its products, the dequantised weights times the Q8_K token to float rounding."""
+(make_block_q2_Kx8) (its products: tests/calibration/test_ggml_gemv_kx8.py)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as QT
-from gguf.quants import dequantize
-from numba import njit
 
 from calibration import ggml_gemv_q2_k as G
 from calibration.bench_kernel import _synth_tensor
-from calibration.ggml_tiled import quantize_q8_k
 
 avx2 = pytest.mark.skipif(not G.HAVE_AVX2, reason="ggml's q2_K 8x8 gemv needs AVX2")
 
@@ -37,32 +33,6 @@ def test_rows_not_a_multiple_of_eight_are_refused():
         G.repack_q2_k_x8(np.zeros(12 * G.Q2_K_BYTES, np.uint8), 12)
 
 
-if G.HAVE_AVX2:
-    @njit(cache=True)
-    def _matvec(w, rows, x8, dx, bs, out):
-        nb = np.int64(x8.shape[0] // 256)
-        for g in range(rows // 8):
-            G.gemv_q2_kx8(w[g], np.int64(0), x8, dx, bs, nb, out, np.int64(8 * g))
-
-
-@avx2
-@pytest.mark.parametrize("cols", [256, 2048])
-def test_gemv_products_are_the_dequantised_weights_times_the_q8_k_token(cols):
-    """Each of 32 rows times one Q8_K token: the integer sums are exact, so only float rounding is left (max error
-    1e-5 of the largest product)."""
-    rng = np.random.default_rng(cols)
-    rows = 32
-    t = _synth_tensor("Q2_K", 1, rows, cols, rng)
-    wx8 = G.repack_q2_k_x8(t.data.reshape(-1), rows)
-    a = rng.standard_normal((1, 1, cols)).astype(np.float32)
-    x8, dx, bs = quantize_q8_k(a)
-    out = np.zeros(rows, np.float32)
-    _matvec(wx8, rows, x8[0, 0], dx[0, 0], bs[0, 0], out)
-    w = dequantize(t.data.reshape(rows, -1), QT.Q2_K).astype(np.float64)
-    x = (x8[0, 0].astype(np.float64).reshape(-1, 256) * dx[0, 0][:, None]).reshape(cols)
-    ref = w @ x
-    assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
-
 
 @avx2
 def test_the_compiled_gemv_moves_ggmls_spilled_vectors_through_the_stack():
@@ -70,7 +40,8 @@ def test_the_compiled_gemv_moves_ggmls_spilled_vectors_through_the_stack():
     of llama-bench: 25 vector stores, 18 `vpandq` and 7 `vpmaddwd` from it a half); the compiled rebuild stores as many
     (at least 25 a half, two halves a super-block) and reads each back."""
     import numba
-    fresh = numba.njit(_matvec.py_func)  # compiled here: a cached kernel has no asm
+    from test_ggml_gemv_kx8 import matvec_q2_k
+    fresh = numba.njit(matvec_q2_k.py_func)  # compiled here: a cached kernel has no asm
     w = np.zeros((1, G.Q2_KX8_BYTES), np.uint8)
     fresh(w, 8, np.zeros(256, np.int8), np.zeros(1, np.float32), np.zeros(16, np.int32), np.zeros(8, np.float32))
     asm = [ln.split("#")[0] for ln in next(iter(fresh.inspect_asm().values())).splitlines()]

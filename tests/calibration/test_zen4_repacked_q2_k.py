@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from stored_runs import stored_profile, stored_rows
+from stored_runs import repacked_rows, stored_profile
 
 DATA = Path("tests/calibration/data/zen4-2026-12-06e")
 SITTINGS = ("1207", "1211", "1215")
@@ -25,8 +25,7 @@ STEADY = ("1206", "1210")
 
 def _rows(profile: str, own: bool) -> list[dict]:
     """The rows of every sitting on `profile`, with its Q2_K gemv rates or without them (the Q4_0 gemv stands in)."""
-    return [r for s in SITTINGS for r in stored_rows(DATA, s, profile, drop=None if own else "Q2_K:repacked",
-                                                     drop_repacked=None if own else "Q2_K")]
+    return repacked_rows(DATA, SITTINGS, profile, "Q2_K", own)
 
 
 def _repacked_q2_k(r: dict) -> bool:

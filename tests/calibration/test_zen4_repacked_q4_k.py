@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from stored_runs import prefill_rows, stored_profile, stored_rows
+from stored_runs import prefill_rows, repacked_rows, stored_profile
 
 DATA = Path("tests/calibration/data/zen4-2026-12-06d")
 SITTINGS = ("0945", "0948", "0951")
@@ -26,8 +26,7 @@ WITH_Q4_K = (" Q4_K:", " Q2_K:", " Q3_K:")  # the files with Q4_K experts (all o
 
 def _rows(profile: str, own: bool, sittings=SITTINGS) -> list[dict]:
     """The rows of those sittings on `profile`, with its Q4_K gemv rates or without them (the Q4_0 gemv stands in)."""
-    return [r for s in sittings for r in stored_rows(DATA, s, profile, drop=None if own else "Q4_K:repacked",
-                                                     drop_repacked=None if own else "Q4_K")]
+    return repacked_rows(DATA, sittings, profile, "Q4_K", own)
 
 
 def _repacked(tag: str):
