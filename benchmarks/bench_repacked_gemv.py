@@ -19,14 +19,11 @@ import time
 import numba
 import numpy as np
 
-from calibration.bench_ggml_prefill import _repacked_matrix, quantize_q8_0
+from calibration.bench_ggml_prefill import REPACK_X8, _repacked_matrix, quantize_q8_0
 from calibration.bench_kernel import _synth_tensor
-from calibration.ggml_gemv_q2_k import repack_q2_k_x8
-from calibration.ggml_gemv_q4_k import repack_q4_k_x8
 from calibration.ggml_tiled import quantize_q8_k
 
 SHAPES = {"gate": (768, 2048), "down": (2048, 768)}  # rows x K of `small`'s experts
-REPACK = {"Q4_K": repack_q4_k_x8, "Q2_K": repack_q2_k_x8}
 
 
 def job(fmt: str, rows: int, k: int, experts: int = 4, tokens: int = 64, seed: int = 0):
@@ -39,7 +36,7 @@ def job(fmt: str, rows: int, k: int, experts: int = 4, tokens: int = 64, seed: i
     if fmt == "Q4_0":  # the synthetic Q4_0 bytes read as block_q4_0x8 (the values don't matter to the timing)
         flat, (x8, dx) = w.data.reshape(experts, -1), quantize_q8_0(x)
         return (lambda: _repacked_matrix(flat, rows, x8, dx, out, numba.get_num_threads())), flops
-    flat = np.stack([REPACK[fmt](w.data[e].reshape(-1), rows).reshape(-1) for e in range(experts)])
+    flat = np.stack([REPACK_X8[fmt](w.data[e].reshape(-1), rows).reshape(-1) for e in range(experts)])
     x8, dx, bs = quantize_q8_k(x)
     return (lambda: _repacked_matrix(flat, rows, x8, dx, out, numba.get_num_threads(), bs, w.code)), flops
 

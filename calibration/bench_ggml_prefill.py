@@ -47,6 +47,8 @@ from executor.simd import HAVE_AVX2
 
 from .bench_kernel import _synth_tensor
 from .bench_rowwise import REPACK_ROWS, repacked_share
+from .ggml_gemv_q2_k import repack_q2_k_x8
+from .ggml_gemv_q4_k import repack_q4_k_x8
 from .ggml_tiled import HAVE_TILED, TILED_ISA, TILED_TYPES, quantize_q8_k
 from .ggml_vec_dot import quantize_row_q8_0
 
@@ -59,7 +61,9 @@ TILED_PATHS = ("tiled", "tiled-narrow")
 # AVX2 only (ggml_vec_dot); the tiled path where its VNNI microtile runs (ggml_tiled.HAVE_TILED)
 TIMED = ((("Q8_0", "vecdot"), ("Q4_0", "vecdot"), ("IQ4_NL", "vecdot"), ("Q4_0", "repacked"), ("Q4_K", "repacked"),
           ("Q2_K", "repacked")) + tuple((t, p) for t in TILED_TYPES for p in TILED_PATHS))
-Q8_K_REPACKED = ("Q4_K", "Q2_K")  # repacked formats whose gemv takes Q8_K tokens (the others Q8_0)
+# the repacked formats whose gemv takes Q8_K tokens (the others Q8_0), and llama.cpp's load-time copy of each
+REPACK_X8 = {"Q4_K": repack_q4_k_x8, "Q2_K": repack_q2_k_x8}
+Q8_K_REPACKED = tuple(REPACK_X8)
 DENSE = ("F16", "sgemm")  # llama.cpp's dense products on llamafile's tinyBLAS (ggml_dense_prefill_job)
 # its multiply of the expert outputs by their router weights (calibration.ggml_binary.weighting_job): a multiply a
 # value, so its "GFLOP/s" are giga-values a second
@@ -69,8 +73,8 @@ if HAVE_TILED:
     from .ggml_tiled import CODES, tiled_matrix
 
 if HAVE_AVX2:
-    from .ggml_gemv_q2_k import gemv_q2_kx8, repack_q2_k_x8
-    from .ggml_gemv_q4_k import gemv_q4_kx8, repack_q4_k_x8
+    from .ggml_gemv_q2_k import gemv_q2_kx8
+    from .ggml_gemv_q4_k import gemv_q4_kx8
     from .ggml_vec_dot import gemv_q4_0x8, vec_dot
 
     @njit(parallel=True, nogil=True, fastmath=True, cache=True)
@@ -151,8 +155,8 @@ def ggml_prefill_job(fmt: str = "Q8_0", path: str = "vecdot", hidden: int = 2048
     ws = [m.data.reshape(n_experts, -1) for m in mats]
     q8_k = fmt in Q8_K_REPACKED and path == "repacked"
     if q8_k:  # llama.cpp's load-time copy into block_q4_Kx8 / block_q2_Kx8
-        repack = repack_q2_k_x8 if fmt == "Q2_K" else repack_q4_k_x8
-        ws = [np.stack([repack(m.data[e].reshape(-1), m.rows).reshape(-1) for e in range(n_experts)]) for m in mats]
+        ws = [np.stack([REPACK_X8[fmt](m.data[e].reshape(-1), m.rows).reshape(-1) for e in range(n_experts)])
+              for m in mats]
     code = mats[0].code
     x = rng.standard_normal((n_experts, per, hidden)).astype(np.float32)  # the rows each expert reads
     batch = x.reshape(-1, hidden)[:tokens][None]  # the batch's own rows, [1, tokens, hidden]

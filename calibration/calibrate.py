@@ -49,6 +49,7 @@ from typing import Callable
 import numba
 
 from simulator.policies import whole_experts_per_thread
+from specs.formats import llamacpp_repacks, parse_format
 from specs.hardware import HardwareSpec
 from specs.loaders import dump_hardware, write_atomic
 
@@ -382,8 +383,6 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                 from . import bench_rowwise as BR
                 ggml_jobs = [("rowwise", fmt, BR.rowwise_expert_job, "rows without prefetch") for fmt in formats
                              if fmt in BR.FORMATS]
-                from specs.formats import llamacpp_repacks, parse_format
-
                 from .detect import cpu_info
                 isa = cpu_info()["isa"]  # llama.cpp repacks Q2_K only with AVX-512 F: time what it repacks here
                 ggml_jobs += [("repacked", fmt, BR.repacked_expert_job, "repacked rows") for fmt in formats

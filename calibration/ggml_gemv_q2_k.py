@@ -18,10 +18,10 @@ int32 and narrowed in the loop, where ggml stores them as int16), with the stack
 (SPILLED_SHIFTS, SPILLED_SCALES), and `repack_q2_k_x8` is make_block_q2_Kx8. On one Zen 4 core it runs 105 GFLOP/s at
 `small`'s shapes (benchmarks/bench_repacked_gemv.py; the stack traffic costs it 0-3%) where ggml's runs ~97 in situ
 (perf of llama-bench): GCC pairs the rows by vpshufd + vpblendd and broadcasts the token's codes by vpshufd, where
-LLVM takes one vpermt2d, broadcasts from memory and fuses vpmaddwd with its add into vpdpwssd. Its
-products equal the dequantised weights times the Q8_K token to float rounding (tests/calibration/
-test_ggml_gemv_q2_k.py). Before it, llama.cpp's repacked Q2_K took the rebuilt Q4_0 gemv's rate
-(specs.formats.LLAMACPP_REPACKED_STAND_IN). AVX2 only (HAVE_AVX2).
+LLVM takes one vpermt2d, broadcasts from memory and fuses vpmaddwd with its add into vpdpwssd. Its products
+equal the dequantised weights times the Q8_K token to float rounding (tests/calibration/test_ggml_gemv_kx8.py).
+Before it, llama.cpp's repacked Q2_K took the rebuilt Q4_0 gemv's rate (specs.formats.LLAMACPP_REPACKED_STAND_IN).
+AVX2 only (HAVE_AVX2).
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ for every CPU with AVX2.
 The rebuild is that loop (the same loads, shuffles and integer products; the token's code sums kept as int32 and
 narrowed in the loop, where ggml stores them as int16; the super-block loop around it, shared with Q2_K's, in
 calibration.ggml_gemv_kx8), and `repack_q4_k_x8` is make_block_q4_Kx8. Its products
-equal the dequantised weights times the Q8_K token to float rounding (tests/calibration/test_ggml_gemv_q4_k.py).
+equal the dequantised weights times the Q8_K token to float rounding (tests/calibration/test_ggml_gemv_kx8.py).
 Before it, llama.cpp's repacked Q4_K took the rebuilt Q4_0 gemv's rate (specs.formats.LLAMACPP_REPACKED_STAND_IN).
 AVX2 only (HAVE_AVX2).
 """

@@ -47,12 +47,12 @@ def stored_rows(data: Path, sitting: str, profile: str, drop: str | None = None,
         mp.undo()
 
 
-
 def repacked_rows(data: Path, sittings, profile: str, fmt: str, own: bool) -> list[dict]:
     """The rows of those sittings on `profile`, with its rates for llama.cpp's repacked `fmt` (its own gemv's, prefill
     and decode) or without them (the rebuilt Q4_0 gemv stands in, specs.formats.LLAMACPP_REPACKED_STAND_IN)."""
     return [r for s in sittings for r in stored_rows(data, s, profile, drop=None if own else f"{fmt}:repacked",
                                                      drop_repacked=None if own else fmt)]
+
 
 def prefill_rows(rows) -> list[dict]:
     """The pp rows of regress's rows."""

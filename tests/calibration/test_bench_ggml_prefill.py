@@ -136,14 +136,11 @@ def test_repacked_k_quant_gemv_is_the_dequantised_product_for_every_row_and_toke
     """2 experts, 48 rows x 512 copied into llama.cpp's block_q4_Kx8 / block_q2_Kx8, 5 tokens, on 4 threads'
     eighth-aligned shares: each output is the row's dequantised values . the token quantised to Q8_K, to float
     rounding (ggml's q4_K / q2_K 8x8 gemv)."""
-    from calibration.bench_ggml_prefill import _repacked_matrix
-    from calibration.ggml_gemv_q2_k import repack_q2_k_x8
-    from calibration.ggml_gemv_q4_k import repack_q4_k_x8
+    from calibration.bench_ggml_prefill import REPACK_X8, _repacked_matrix
     from calibration.ggml_tiled import quantize_q8_k
     rng = np.random.default_rng(8)
     w = _synth_tensor(fmt, 2, 48, 512, rng)
-    repack = repack_q2_k_x8 if fmt == "Q2_K" else repack_q4_k_x8
-    flat = np.stack([repack(w.data[e].reshape(-1), 48).reshape(-1) for e in range(2)])
+    flat = np.stack([REPACK_X8[fmt](w.data[e].reshape(-1), 48).reshape(-1) for e in range(2)])
     x8, dx, bs = quantize_q8_k(rng.standard_normal((2, 5, 512)).astype(np.float32))
     xq = (x8.astype(np.float64).reshape(2, 5, 2, 256) * dx[..., None]).reshape(2, 5, 512)
     ref = np.stack([dequantize(w.data[e], w.qtype).reshape(48, 512) @ xq[e].T for e in range(2)]).transpose(0, 2, 1)

@@ -92,14 +92,12 @@ def test_repacked_k_quant_matvec_is_its_ggml_gemv_arithmetic_for_every_expert(fm
     """Experts 1 and 0 of two, 96 rows x 512 of Q4_K / Q2_K copied into llama.cpp's block_q4_Kx8 / block_q2_Kx8
     layout, on 3 threads' eighth-aligned shares: output j is expert es[j]'s rows . the token quantised to Q8_K, to
     float rounding (ggml's q4_K / q2_K 8x8 gemv, calibration.ggml_gemv_q4_k / _q2_k)."""
+    from calibration.bench_ggml_prefill import REPACK_X8
     from calibration.bench_rowwise import _repacked_k_matvec
-    from calibration.ggml_gemv_q2_k import repack_q2_k_x8
-    from calibration.ggml_gemv_q4_k import repack_q4_k_x8
     from calibration.ggml_tiled import quantize_q8_k
     rng = np.random.default_rng(6)
     w = _synth_tensor(fmt, 2, 96, 512, rng)
-    repack = repack_q2_k_x8 if fmt == "Q2_K" else repack_q4_k_x8
-    flat = np.stack([repack(w.data[e].reshape(-1), 96).reshape(-1) for e in range(2)])
+    flat = np.stack([REPACK_X8[fmt](w.data[e].reshape(-1), 96).reshape(-1) for e in range(2)])
     x = rng.standard_normal((1, 512)).astype(np.float32)
     es = np.array([1, 0], np.int64)
     out = np.full((2, 96), np.nan, np.float32)

@@ -10,11 +10,10 @@ from gguf.quants import dequantize
 from numba import njit
 
 from calibration import ggml_gemv_q2_k, ggml_gemv_q4_k
+from calibration.bench_ggml_prefill import REPACK_X8
 from calibration.bench_kernel import _synth_tensor
 from calibration.ggml_tiled import quantize_q8_k
 from executor.simd import HAVE_AVX2
-
-REPACK = {"Q4_K": ggml_gemv_q4_k.repack_q4_k_x8, "Q2_K": ggml_gemv_q2_k.repack_q2_k_x8}
 
 if HAVE_AVX2:
     @njit(cache=True)
@@ -41,7 +40,7 @@ def test_gemv_products_are_the_dequantised_weights_times_the_q8_k_token(fmt, col
     rng = np.random.default_rng(cols)
     rows = 32
     t = _synth_tensor(fmt, 1, rows, cols, rng)
-    wx8 = REPACK[fmt](t.data.reshape(-1), rows)
+    wx8 = REPACK_X8[fmt](t.data.reshape(-1), rows)
     a = rng.standard_normal((1, 1, cols)).astype(np.float32)
     x8, dx, bs = quantize_q8_k(a)
     out = np.zeros(rows, np.float32)
