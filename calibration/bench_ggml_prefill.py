@@ -46,7 +46,7 @@ from executor.nbcache import drop_stale_cache
 from executor.simd import HAVE_AVX2
 
 from .bench_kernel import _synth_tensor
-from .bench_rowwise import REPACK_ROWS, repacked_share
+from .bench_rowwise import REPACK_ROWS, gemv_name, repacked_share
 from .ggml_gemv_q2_k import repack_q2_k_x8
 from .ggml_gemv_q4_k import repack_q4_k_x8
 from .ggml_tiled import HAVE_TILED, TILED_ISA, TILED_TYPES, quantize_q8_k
@@ -238,8 +238,8 @@ def profile_jobs(formats, isa: list[str]) -> list[tuple[str, str]]:
 def label(fmt: str, path: str, hidden: int, ffn: int) -> str:
     """The method line of a ggml prefill rate in a profile."""
     how = {"vecdot": "ggml's int8 vec_dot per (row, token) in 16 x 16 blocks",
-           "repacked": f"each thread's share of rows token by token, ggml's {fmt.lower().replace('_k', '_K')} 8x8 "
-                       f"int8 gemv" + (" on Q8_K tokens" if fmt in Q8_K_REPACKED else ""),
+           "repacked": f"each thread's share of rows token by token, ggml's {gemv_name(fmt)}"
+                       + (" on Q8_K tokens" if fmt in Q8_K_REPACKED else ""),
            "tiled": "64-row groups unpacked to bytes by 256-wide slabs, Q8_K tokens, 16 x 16 VNNI microtiles",
            "tiled-narrow": "16 rows at a time unpacked by slabs long in K, Q8_K tokens, 16 x 16 VNNI microtiles"}.get(path)
     if path == "weighting":

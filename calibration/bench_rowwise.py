@@ -54,6 +54,11 @@ REPACKED_FORMATS = ("Q4_0", "Q4_K", "Q2_K") if HAVE_AVX2 else ()
 REPACK_ROWS = 8  # rows interleaved (block_q4_0x8, block_q4_Kx8, block_q2_Kx8 on AVX2)
 
 
+def gemv_name(fmt: str) -> str:
+    """ggml's name for the 8x8 gemv of a repacked format: 'q4_0 8x8 int8 gemv', 'q2_K 8x8 int8 gemv'."""
+    return f"{fmt.lower().replace('_k', '_K')} 8x8 int8 gemv"
+
+
 @njit(nogil=True, inline="always")
 def repacked_share(th, rows, nthr):
     """(first, end) of thread th's share of a matrix's `rows` rows in ggml's repacked MUL_MAT_ID (repack.cpp
@@ -230,7 +235,7 @@ def rowwise_expert_job(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, po
 def label(fmt: str, hidden: int, ffn: int, repacked: bool = False) -> str:
     """The method line of a rowwise (or repacked) rate in a profile."""
     if repacked:
-        gemv = "q4_0 8x8 int8 gemv" if fmt == "Q4_0" else f"{fmt[:2].lower()}_K 8x8 int8 gemv (Q8_K token)"
+        gemv = gemv_name(fmt) + ("" if fmt == "Q4_0" else " (Q8_K token)")
         return (f"{REPACK_ROWS} interleaved rows a pass by ggml's {gemv}, each thread a contiguous share "
                 f"of every expert's rows, no software prefetch (ggml's repacked MUL_MAT_ID; calibration.bench_rowwise) "
                 f"{fmt} SwiGLU {hidden}x{ffn}, 1 token")
