@@ -218,20 +218,21 @@ def dense_job(isa: list[str]) -> tuple[str, str] | None:
     return DENSE if HAVE_F16C and llamacpp_dense_prefill_key(DENSE[0], isa) else None
 
 
-def profile_jobs(formats, isa: list[str]) -> list[tuple[str, str]]:
+def profile_jobs(formats, isa: list[str], own=frozenset()) -> list[tuple[str, str]]:
     """(format, path) of every ggml prefill structure a llama.cpp plan of these expert formats takes on a CPU
     with `isa` at a prefill batch (>= 8 tokens an expert), of those rebuilt here (`TIMED`, AVX2 only; the tiled
-    path where ggml compiles its AVX-512 VNNI microtile and this CPU runs its rebuild)."""
+    path where ggml compiles its AVX-512 VNNI microtile and this CPU runs its rebuild) or in `own`, the (format,
+    path) pairs a llama.cpp build's own kernels time (calibration.bench_ggml_own)."""
     from specs.formats import LLAMACPP_TILED_NARROW_MAX_TOKENS, llamacpp_prefill_path, llamacpp_repacks, parse_format
-    if "avx2" not in isa:
+    if "avx2" not in isa and not own:
         return []
     jobs = []
     for fmt in formats:
         wf = parse_format(fmt)
         paths = ({llamacpp_prefill_path(wf, False, m, isa) for m in (LLAMACPP_TILED_NARROW_MAX_TOKENS, 64)}
                  | ({"repacked"} if llamacpp_repacks(wf, isa) else set()))
-        jobs += [(fmt, p) for p in PATHS if p in paths and (fmt, p) in TIMED
-                 and (p not in TILED_PATHS or (HAVE_TILED and all(f in isa for f in TILED_ISA)))]
+        jobs += [(fmt, p) for p in PATHS if p in paths and ((fmt, p) in own or "avx2" in isa and (fmt, p) in TIMED
+                 and (p not in TILED_PATHS or (HAVE_TILED and all(f in isa for f in TILED_ISA))))]
     return jobs
 
 

@@ -47,6 +47,12 @@ from .bench_kernel import ExpertPool, expert_pool
 drop_stale_cache(__file__)
 
 CHUNK_ROWS = 64  # ggml's chunk for a one-token product (`chunk_size = 64` when nr1 == 1)
+# GGML_SCHEDULE: ggml's MUL_MAT_ID takes the experts one after another, all threads on each: thread t starts at chunk t
+# and takes the next free one from an atomic counter (ggml-cpu.c ggml_compute_forward_mul_mat_id), so with threads
+# of one speed t computes chunks t, t + nthr, ... of every expert, the jobs here in that order. Two threads jumping
+# from chunk to chunk of one expert stream less than two each running through its own experts: on the Zen 4 VM
+# ggml's own Q4_K vec_dot read 24.3-24.5 GB/s in this order on 2 threads and 31.4-33.0 with the experts split
+# between the threads, where perf of llama-bench `small-q4k` tg64 (-t 2, --repack 0) puts it at 24.2 (session 46).
 FORMATS = ("Q8_0", "Q4_0", "F16", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")  # with a single-row kernel here
 # the formats with a kernel in llama.cpp's repacked layout here: its x86 layout (8 rows; ARM's is 4), ggml's own
 # gemv rebuilt for each (Q4_0's in calibration.ggml_vec_dot, Q4_K's and Q2_K's in calibration.ggml_gemv_q4_k / _q2_k)
@@ -96,14 +102,16 @@ def _row(code, w, off, rb, x16, dx, xf, out, r):
 
 
 @njit(parallel=True, nogil=True, fastmath=True, cache=True)
-def _rowwise_matvec(w, code, rows, x, out):
+def _rowwise_matvec(w, code, rows, x, out, nthr):
     """out[0, r] = W[r] . x[0] for one matrix (flat bytes w, `rows` rows), row by row in 64-row chunks
-    across the threads (one parallel region, as one ggml op)."""
+    handed to the threads in turn (one parallel region, as one ggml op; GGML_SCHEDULE)."""
     x16, dx = _quant_rows(x)
     rb = np.int64(w.shape[0] // rows)
-    for c in prange((rows + CHUNK_ROWS - 1) // CHUNK_ROWS):
-        for r in range(c * CHUNK_ROWS, min(rows, (c + 1) * CHUNK_ROWS)):
-            _row(code, w, np.int64(r * rb), rb, x16, dx, x, out, np.int64(r))
+    nc = (rows + CHUNK_ROWS - 1) // CHUNK_ROWS
+    for t in prange(nthr):
+        for c in range(t, nc, nthr):
+            for r in range(c * CHUNK_ROWS, min(rows, (c + 1) * CHUNK_ROWS)):
+                _row(code, w, np.int64(r * rb), rb, x16, dx, x, out, np.int64(r))
 
 
 def _flat(p: ExpertPool) -> list:
@@ -118,20 +126,21 @@ if HAVE_AVX2:
     from .ggml_vec_dot import gemv_q4_0x8, quantize_row_q8_0, vec_dot
 
     @njit(parallel=True, nogil=True, fastmath=True, cache=True)
-    def _ggml_matvec(w, es, code, rows, x, out):
+    def _ggml_matvec(w, es, code, rows, x, out, nthr):
         """out[j, r] = W_{es[j]}[r] . x[0] for one matrix of experts es (w [E, bytes] of the type `code`: Q8_0,
         Q4_0 or IQ4_NL; `rows` rows), as ggml's MUL_MAT_ID runs one token: x quantised to Q8_0 once (ggml's
-        vec_dot type), then every expert's 64-row chunks handed to the threads in turn in one parallel region,
-        ggml's int8 vec_dot a row."""
+        vec_dot type), then each expert's 64-row chunks handed to the threads in turn, expert after expert, in one
+        parallel region (GGML_SCHEDULE), ggml's int8 vec_dot a row. nthr: numba's thread count, passed in."""
         n = x.shape[1]
         x8, dx = np.empty(n, np.int8), np.empty(n // 32, np.float32)
         quantize_row_q8_0(x[0], x8, dx)
         rb, nb = np.int64(w.shape[1] // rows), np.int64(n // 32)
         nc = (rows + CHUNK_ROWS - 1) // CHUNK_ROWS
-        for i in prange(es.shape[0] * nc):
-            j, c = i // nc, i % nc
-            for r in range(c * CHUNK_ROWS, min(rows, (c + 1) * CHUNK_ROWS)):
-                vec_dot(code, w[es[j]], np.int64(r * rb), rb, x8, dx, nb, out[j], np.int64(r))
+        for t in prange(nthr):
+            for j in range(es.shape[0]):
+                for c in range(t, nc, nthr):
+                    for r in range(c * CHUNK_ROWS, min(rows, (c + 1) * CHUNK_ROWS)):
+                        vec_dot(code, w[es[j]], np.int64(r * rb), rb, x8, dx, nb, out[j], np.int64(r))
 
     @njit(parallel=True, nogil=True, fastmath=True, cache=True)
     def _repacked_matvec(w, es, rows, x, out, nthr):
@@ -219,16 +228,16 @@ def rowwise_expert_job(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, po
         def run_ggml(k: int, first: int):
             es = routes(k, first)
             for m, rows, v, out in ((0, ffn, p.x, gk), (1, ffn, p.x, gk), (2, hidden, p.h, yk)):
-                _ggml_matvec(flat[m], es, code, rows, v, out)
+                _ggml_matvec(flat[m], es, code, rows, v, out, numba.get_num_threads())
         return run_ggml, p.expert_bytes
     g, u, y = np.zeros((1, ffn), np.float32), np.zeros((1, ffn), np.float32), np.zeros((1, hidden), np.float32)
 
     def run_job(k: int, first: int):
         for j in range(k):
             e = (first + j) % p.n
-            _rowwise_matvec(flat[0][e], code, ffn, p.x, g)
-            _rowwise_matvec(flat[1][e], code, ffn, p.x, u)
-            _rowwise_matvec(flat[2][e], code, hidden, p.h, y)
+            _rowwise_matvec(flat[0][e], code, ffn, p.x, g, numba.get_num_threads())
+            _rowwise_matvec(flat[1][e], code, ffn, p.x, u, numba.get_num_threads())
+            _rowwise_matvec(flat[2][e], code, hidden, p.h, y, numba.get_num_threads())
     return run_job, p.expert_bytes
 
 

@@ -23,7 +23,11 @@ and, beside `cpu.expert_gbs` (the executor's kernel), `cpu.rowwise_gbs`: the sam
 row per dot product without software prefetch, as llama.cpp's ggml runs them (bench_rowwise.py; ggml's own int8
 arithmetic where it is rebuilt: Q8_0, Q4_0, IQ4_NL), the rates of the simulator's llama.cpp plans; and `cpu.repacked_gbs`:
 the formats llama.cpp repacks on this CPU (Q4_0 and Q4_K on AVX2, Q2_K on AVX-512 F) in its layout, 8 rows a pass by
-ggml's q4_0 / q4_K / q2_K 8x8 gemv, the rates of llama.cpp plans that repack;
+ggml's q4_0 / q4_K / q2_K 8x8 gemv, the rates of llama.cpp plans that repack. With `--ggml-lib` (a llama.cpp
+build's libggml-cpu.so) both, and ggml's vecdot and repacked prefill products, time ggml's own kernels instead
+(bench_ggml_own.py; on the Zen 4 VM its repacked gemvs streamed 13.7-14.1 / 23.3-23.4 / 20.7-20.8 GB/s on one
+thread for Q2_K / Q4_K / Q4_0 where the rebuilds ran 17.2-17.5 / 28.0-28.2 / 21.6-22.0 and perf of llama-bench's
+tg64 finds 12.3 / 20.9 / 18.6, session 46);
 and `cpu.whole_gbs`: the executor's jobs of experts that split evenly over the threads, each expert start
 to end on one thread, as its decode runs a token's top-k (the rates of its own plans' such jobs).
 
@@ -43,6 +47,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -243,10 +248,11 @@ class _Budget:
         return max(0.2, min(own, remaining * share / pending if pending > 0 else own))
 
 
-def _ggml_prefill(s: Settings, r: Results, formats, maxt: int, pg, bud: _Budget) -> None:
+def _ggml_prefill(s: Settings, r: Results, formats, maxt: int, pg, bud: _Budget, ggml=None) -> None:
     """Time the prefill structures ggml gives these formats here (bench_ggml_prefill) into r.ggml_prefill, on all
     the threads and on one, the tiled GEMM's again at a full window (into r.ggml_prefill_window); the threads are
-    reset to all after."""
+    reset to all after. The vecdot and repacked structures run ggml's own kernels where `ggml` has them
+    (bench_ggml_own)."""
     from . import bench_ggml_prefill as BG
     from .detect import cpu_info
     from .ggml_binary import weighting_job
@@ -254,8 +260,10 @@ def _ggml_prefill(s: Settings, r: Results, formats, maxt: int, pg, bud: _Budget)
     isa = cpu_info()["isa"]
     dense = BG.dense_job(isa) if s.dense_prefill_tokens else None  # F16 on llamafile's tinyBLAS, at a prompt's batch
     weighting = BG.WEIGHTING if s.dense_prefill_tokens else None  # the expert outputs times their weights, any CPU
-    jobs = BG.profile_jobs(formats, isa) + ([dense] if dense else []) + ([weighting] if weighting else [])
+    own = ({(f, "vecdot") for f in ggml.vec_dot} | {(f, "repacked") for f in ggml.gemv}) if ggml else frozenset()
+    jobs = BG.profile_jobs(formats, isa, own) + ([dense] if dense else []) + ([weighting] if weighting else [])
     for fmt, path in jobs:
+        label = None
         if (fmt, path) == dense:
             tokens, experts = s.dense_prefill_tokens, 0
             run, flops = BG.ggml_dense_prefill_job(s.kernel_hidden, tokens=tokens)
@@ -265,8 +273,13 @@ def _ggml_prefill(s: Settings, r: Results, formats, maxt: int, pg, bud: _Budget)
         else:
             tokens = BG.job_tokens(path, s.ggml_prefill_tokens, s.ggml_prefill_experts, s.ggml_prefill_experts)
             experts = s.ggml_prefill_experts
-            run, flops = BG.ggml_prefill_job(fmt, path, s.kernel_hidden, s.kernel_ffn, experts, experts, tokens)
-        _time_ggml_job(s, r.ggml_prefill, run, flops, fmt, path, tokens, experts, maxt, pg, bud, len(jobs))
+            if (fmt, path) in own:
+                from .bench_ggml_own import own_prefill_job, own_prefill_label
+                run, flops = own_prefill_job(ggml, fmt, path, s.kernel_hidden, s.kernel_ffn, experts, experts, tokens)
+                label = own_prefill_label(ggml, fmt, path, s.kernel_hidden, s.kernel_ffn)
+            else:
+                run, flops = BG.ggml_prefill_job(fmt, path, s.kernel_hidden, s.kernel_ffn, experts, experts, tokens)
+        _time_ggml_job(s, r.ggml_prefill, run, flops, fmt, path, tokens, experts, maxt, pg, bud, len(jobs), label)
         del run
         if path == "tiled" and s.ggml_prefill_window_tokens > tokens:  # again at a full window: its shared part
             tokens = s.ggml_prefill_window_tokens
@@ -278,8 +291,9 @@ def _ggml_prefill(s: Settings, r: Results, formats, maxt: int, pg, bud: _Budget)
 
 
 def _time_ggml_job(s: Settings, into: dict, run, flops: float, fmt: str, path: str, tokens: int, experts: int,
-                   maxt: int, pg, bud: _Budget, n_jobs: int) -> None:
-    """Time one ggml prefill structure on all the threads and on one into `into` ('KEY', 'KEY@1t')."""
+                   maxt: int, pg, bud: _Budget, n_jobs: int, label: str | None = None) -> None:
+    """Time one ggml prefill structure on all the threads and on one into `into` ('KEY', 'KEY@1t'); `label`: its
+    method line (default: the rebuild's, bench_ggml_prefill.label)."""
     from specs.formats import llamacpp_prefill_key
     from . import bench_ggml_prefill as BG
     for one in ((False, True) if maxt > 1 else (False,)):
@@ -287,7 +301,8 @@ def _time_ggml_job(s: Settings, into: dict, run, flops: float, fmt: str, path: s
         key = llamacpp_prefill_key(fmt, path) + ("@1t" if one else "")
         what = f"CPU prefill, ggml's {path} structure {fmt}, {tokens} tokens" + (", 1 thread" if one else "")
         tick = pg.stage(what, s.ggml_prefill_repeats)
-        into[key] = bench_prefill(run, flops, s.ggml_prefill_repeats, label=BG.label(fmt, path, s.kernel_hidden, s.kernel_ffn),
+        into[key] = bench_prefill(run, flops, s.ggml_prefill_repeats,
+                                  label=label or BG.label(fmt, path, s.kernel_hidden, s.kernel_ffn),
                                   tokens=tokens, experts=experts, top_k=experts, threads=numba.get_num_threads(),
                                   tick=tick, budget_s=bud.take(key, s.prefill_budget_s / n_jobs))
 
@@ -323,10 +338,42 @@ def _kernel_job(s: Settings, fmt: str, use_exec: bool, whole: bool = False):
     return job, eb, f"toy numba f32 kernel {s.kernel_ffn}x{s.kernel_hidden}"
 
 
+def _decode_jobs(formats, isa: list[str], ggml=None) -> list[tuple]:
+    """(kind, fmt, make_job, what) of the decode jobs of llama.cpp's plans: 'rowwise' (in place) for every format with
+    a kernel, 'repacked' for those llama.cpp repacks on a CPU with `isa`; on ggml's own kernels where `ggml` has them."""
+    from . import bench_rowwise as BR
+    from .bench_ggml_own import own_repacked_job, own_rowwise_job
+    jobs = []
+    for fmt in formats:
+        if ggml is not None and fmt in ggml.vec_dot:
+            jobs.append(("rowwise", fmt, partial(own_rowwise_job, ggml), "ggml's own rows"))
+        elif fmt in BR.FORMATS:
+            jobs.append(("rowwise", fmt, BR.rowwise_expert_job, "rows without prefetch"))
+    for fmt in formats:
+        if not llamacpp_repacks(parse_format(fmt), isa):
+            continue
+        if ggml is not None and fmt in ggml.gemv:
+            jobs.append(("repacked", fmt, partial(own_repacked_job, ggml), "ggml's own repacked rows"))
+        elif fmt in BR.REPACKED_FORMATS:
+            jobs.append(("repacked", fmt, BR.repacked_expert_job, "repacked rows"))
+    return jobs
+
+
+def _decode_label(ggml, kind: str, fmt: str, hidden: int, ffn: int) -> str:
+    """The method line of a decode job's rate: ggml's own kernel's where `ggml` has it, else the rebuild's."""
+    from . import bench_rowwise as BR
+    from .bench_ggml_own import own_label
+    repacked = kind == "repacked"
+    if ggml is not None and fmt in (ggml.gemv if repacked else ggml.vec_dot):
+        return own_label(ggml, fmt, hidden, ffn, repacked=repacked)
+    return BR.label(fmt, hidden, ffn, repacked=repacked)
+
+
 def run_benchmarks(s: Settings, progress: bool = True, console=None,
-                   disk_dir: str | os.PathLike | None = None) -> Results:
+                   disk_dir: str | os.PathLike | None = None, ggml=None) -> Results:
     """Run every benchmark once (numba kernels before torch: torch's OpenMP threads spin after
-    each op and would steal the cores the numba kernels measure)."""
+    each op and would steal the cores the numba kernels measure). `ggml`: a llama.cpp build's kernels
+    (ggml_library.GgmlCpu): the decode jobs of llama.cpp's plans run them where it has them, the rebuilds elsewhere."""
     import torch
     from .detect import llc_bytes, mem_info
     llc = llc_bytes()
@@ -380,14 +427,9 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                     r.wall_s[f"kernel {fmt} 1 thread"] = time.perf_counter() - t0
                 numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
             if use_exec:  # the same jobs in ggml's structure: the rates of the simulator's llama.cpp plans
-                from . import bench_rowwise as BR
-                ggml_jobs = [("rowwise", fmt, BR.rowwise_expert_job, "rows without prefetch") for fmt in formats
-                             if fmt in BR.FORMATS]
                 from .detect import cpu_info
                 isa = cpu_info()["isa"]  # llama.cpp repacks Q2_K only with AVX-512 F: time what it repacks here
-                ggml_jobs += [("repacked", fmt, BR.repacked_expert_job, "repacked rows") for fmt in formats
-                              if fmt in BR.REPACKED_FORMATS and llamacpp_repacks(parse_format(fmt), isa)]
-                for kind, fmt, make_job, what in ggml_jobs:
+                for kind, fmt, make_job, what in _decode_jobs(formats, isa, ggml):
                     for one in ((False, True) if maxt > 1 else (False,)):
                         t0 = time.perf_counter()
                         key = f"{kind} {fmt}" + ("@1t" if one else "")
@@ -395,9 +437,8 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                         ticks[key] = pg.stage(f"CPU {what} {fmt}" + (", 1 thread" if one else ""), n1)
                         job, eb = make_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes,
                                            max_k=max(s.kernel_ks))
-                        kb = kbenches[key] = KernelBench(job, s.kernel_ks, eb, label=BR.label(
-                            fmt, s.kernel_hidden, s.kernel_ffn, repacked=kind == "repacked"),
-                            threads=numba.get_num_threads())
+                        kb = kbenches[key] = KernelBench(job, s.kernel_ks, eb, label=_decode_label(
+                            ggml, kind, fmt, s.kernel_hidden, s.kernel_ffn), threads=numba.get_num_threads())
                         budgets[key] = bud.take(key, s.kernel_budget_s / 3)
                         kb.sample(n1_first, budgets[key] * n1_first / n1, ticks[key])
                         r.wall_s[key] = time.perf_counter() - t0
@@ -454,7 +495,7 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                         setattr(r, f"{what}_prefill", res)
                     del parts, run
                 r.wall_s["prefill"] = time.perf_counter() - t0
-                _ggml_prefill(s, r, formats, maxt, pg, bud)
+                _ggml_prefill(s, r, formats, maxt, pg, bud, ggml)
                 t0 = time.perf_counter()
                 lf = "Q8_0" if "Q8_0" in formats else fmt
                 ticks["layers"] = pg.stage(f"CPU decode layer loop {lf}", s.prefill_repeats)
@@ -545,9 +586,9 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
 
 
 def measure_profile(s: Settings, base: HardwareSpec, progress: bool = True, console=None,
-                    disk_dir: str | os.PathLike | None = None) -> tuple[HardwareSpec, Results]:
+                    disk_dir: str | os.PathLike | None = None, ggml=None) -> tuple[HardwareSpec, Results]:
     """Run the benchmarks and merge them over `base`; writes nothing."""
-    r = run_benchmarks(s, progress=progress, console=console, disk_dir=disk_dir)
+    r = run_benchmarks(s, progress=progress, console=console, disk_dir=disk_dir, ggml=ggml)
     return build_profile(r, base), r
 
 
@@ -566,14 +607,16 @@ def _check_writable(path: Path, what: str) -> None:
 def calibrate(quick: bool = True, out: Path | str = "calibrated.yaml", hw_base: HardwareSpec | None = None,
               progress: bool = True, *, settings: Settings | None = None, store_path: Path | str | None = None,
               console=None, disk_dir: str | os.PathLike | None = None,
-              typical_out: Path | str | None = None) -> HardwareSpec:
+              typical_out: Path | str | None = None, ggml_lib: str | os.PathLike | None = None) -> HardwareSpec:
     """Measure this machine and write the profile to `out` (atomically); returns it.
 
     `hw_base`: a profile the measurements are merged over (default: `detect_hardware()`).
     `store_path`: the results store (default `store.default_store_path()`); every measured figure
     is appended there after the profile is written. `settings` overrides QUICK/FULL (tests use
     TINY). `typical_out`: the same run's typical-state profile too (profile.typical_state: each CPU kernel
-    from its median clean rounds, where `out` has its fastest). Ctrl-C before the end writes nothing."""
+    from its median clean rounds, where `out` has its fastest). `ggml_lib`: a llama.cpp build's libggml-cpu.so (or
+    its folder; 'auto': where ggml_library.find_ggml_cpu finds one) whose own kernels time llama.cpp's decode
+    (default None: the rebuilds). Ctrl-C before the end writes nothing."""
     s = settings or (QUICK if quick else FULL)
     _check_writable(Path(out), "cannot write the profile")
     if typical_out is not None:
@@ -584,7 +627,8 @@ def calibrate(quick: bool = True, out: Path | str = "calibrated.yaml", hw_base: 
     if hw_base is None:
         from .detect import detect_hardware
         hw_base = detect_hardware(measure=False, path=disk_dir or ".")
-    hw, r = measure_profile(s, hw_base, progress=progress, console=console, disk_dir=disk_dir)
+    ggml = _ggml_cpu(ggml_lib, s, progress, console)
+    hw, r = measure_profile(s, hw_base, progress=progress, console=console, disk_dir=disk_dir, ggml=ggml)
     if progress:
         from rich.console import Console
         con = console or Console(stderr=True)
@@ -601,6 +645,29 @@ def calibrate(quick: bool = True, out: Path | str = "calibrated.yaml", hw_base: 
         write_atomic(typical_out, dump_hardware(typ))
     store.append_rows(store_path or store.default_store_path(), [{**row, "profile": str(out)} for row in rows])
     return hw
+
+
+def _ggml_cpu(ggml_lib, s: Settings, progress: bool, console):
+    """The llama.cpp build's kernels `ggml_lib` names (None: none), said on the console. A library named outright
+    that does not load is an error (SpecError); one found by 'auto' that does not is a note, and the rebuilds run."""
+    from specs.errors import SpecError
+    from .ggml_library import find_ggml_cpu, load_ggml_cpu
+    if ggml_lib is None:
+        return None
+    try:
+        path = find_ggml_cpu(ggml_lib)
+        ggml = load_ggml_cpu(path, s.kernel_formats) if path is not None else None
+    except SpecError as e:
+        if str(ggml_lib) != "auto":
+            raise
+        ggml, path = None, e
+    if progress:
+        from rich.console import Console
+        con = console or Console(stderr=True)
+        con.print(ggml.describe() if ggml is not None else
+                  f"no llama.cpp build's kernels ({path}): llama.cpp's decode is timed on the rebuilds" if path
+                  else "no llama.cpp build found (--ggml-lib PATH): llama.cpp's decode is timed on the rebuilds")
+    return ggml
 
 
 def constants_of(hw: HardwareSpec) -> dict[str, float]:

@@ -44,6 +44,20 @@ HAVE_VNNI256 = HAVE_AVX2 and CPU_VNNI256 and os.environ.get("MOE_OFFLOAD_NO_VNNI
 Q4_0X8_BYTES = 8 * 18  # block_q4_0x8: 8 fp16 scales, then 8 x 16 bytes of nibbles interleaved 8 bytes a row
 
 
+def repack_q4_0_x8(w: np.ndarray, rows: int, xor: int = 0x88) -> np.ndarray:
+    """Q4_0 rows (uint8, `rows` rows of nb blocks, row-major) -> llama.cpp's block_q4_0x8 layout (uint8 [rows / 8,
+    nb * 144]): make_block_q4_0x8 for every 8 rows and block, the nibbles XOR 0x88 (signed, as its gemv reads them).
+    IQ4_NL's block_iq4_nlx8 is the same without the XOR (make_block_iq4_nlx8: xor=0)."""
+    if rows % 8:
+        raise ValueError(f"llama.cpp repacks {'Q4_0' if xor else 'IQ4_NL'} in groups of 8 rows (got {rows})")
+    nb = w.size // (rows * 18)
+    b = np.ascontiguousarray(w).reshape(rows // 8, 8, nb, 18).transpose(0, 2, 1, 3)  # [G, nb, 8 rows, 18]
+    out = np.empty((rows // 8, nb, Q4_0X8_BYTES), np.uint8)
+    out[..., :16] = b[..., :2].reshape(rows // 8, nb, 16)
+    out[..., 16:] = (b[..., 2:].reshape(rows // 8, nb, 8, 2, 8).transpose(0, 1, 3, 2, 4) ^ xor).reshape(rows // 8, nb, 128)
+    return out.reshape(rows // 8, nb * Q4_0X8_BYTES)
+
+
 def mul_sum_i8(builder, w, x, acc=None, vnni: bool = True):
     """Codegen: ggml's mul_sum_i8_pairs: <32 x i8> w, x -> <8 x i32> (plus `acc`), each lane the sum of four w * x,
     |w| times sign(w) x. With AVX-512 VNNI and VL one 256-bit `vpdpbusd` (ggml's mul_sum_us8_pairs_float /

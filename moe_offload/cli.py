@@ -185,7 +185,7 @@ def _cmd_calibrate(a) -> int:
         print(f"fitted profile {hw.name} written to {a.out}")
         return 0
     hw = calibrate(quick=a.quick, out=a.out, hw_base=base, progress=sys.stderr.isatty(), store_path=a.store,
-                   typical_out=a.typical_out)
+                   typical_out=a.typical_out, ggml_lib=a.ggml_lib)
     print(f"calibrated profile {hw.name} written to {a.out}"
           + (f"; its typical state (median rounds) to {a.typical_out}" if a.typical_out else ""))
     return 0
@@ -411,6 +411,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fit overheads to the store's measured runs of --model (e.g. ingested llama.cpp runs)")
     p.add_argument("--from-trace", nargs="+", metavar="TRACE", help="fit host overheads from executor traces")
     p.add_argument("--model", help="with --from-trace: the GGUF the traces ran")
+    p.add_argument("--ggml-lib", metavar="PATH|auto",
+                   help="time llama.cpp's CPU expert kernels on a llama.cpp build's own (its libggml-cpu.so, or the "
+                   "folder holding it; 'auto': $MOE_OFFLOAD_GGML_LIB, beside llama-bench / llama-server / llama-cli on "
+                   "PATH, or llama-cpp-python's) instead of their rebuilds (the default)")
     p.add_argument("--gemm-int8", action="store_true",
                    help="measure the executor's int8 build (`execute --gemm-int8`'s kernels), so that the profile "
                    "predicts it; its figures name their activations")
@@ -434,6 +438,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", help="trace JSONL path (default runs/trace-*.jsonl)")
     p.add_argument("--hw", help="a profile of this machine: each tier's roof beside what it achieved, and "
                    "the simulator's prediction of the run")
+    p.add_argument("--ggml-lib", metavar="PATH|auto",
+                   help="time llama.cpp's CPU expert kernels on a llama.cpp build's own (its libggml-cpu.so, or the "
+                   "folder holding it; 'auto': $MOE_OFFLOAD_GGML_LIB, beside llama-bench / llama-server / llama-cli on "
+                   "PATH, or llama-cpp-python's) instead of their rebuilds (the default)")
     p.add_argument("--gemm-int8", action="store_true",
                    help="prefill's integer GEMM, and the Q4_0 / IQ4 / K-quant decode rows, on int8 activations, "
                    "llama.cpp's precision (~0.5%% of a product; the default int16 keeps the logits within 1e-3 of an "

@@ -47,6 +47,37 @@ def stored_rows(data: Path, sitting: str, profile: str, drop: str | None = None,
         mp.undo()
 
 
+# the profile tables of llama.cpp's CPU expert kernels: its decode rates, and its prefill rates on the paths that
+# run a vec_dot or a repacked gemv (the ones calibrate times on a llama.cpp build's own kernels, bench_ggml_own)
+KERNEL_TABLES = ("rowwise_gbs", "repacked_gbs")
+
+
+def _kernel_prefill_key(key: str) -> bool:
+    """A ggml_prefill_gflops key of the vecdot path ('Q8_0', 'Q8_0@1t': no path in it) or the repacked one."""
+    return ":" not in key or ":repacked" in key
+
+
+@lru_cache(maxsize=None)
+def rows_with_kernels_of(data: Path, sitting: str, profile: str, kernels_from: str) -> tuple[dict, ...]:
+    """regress's rows of that sitting on `profile` with its llama.cpp kernel rates (KERNEL_TABLES, and the prefill
+    rates of the vecdot and repacked paths) those of profile `kernels_from`: the same machine state but for the
+    kernels."""
+    d, src = stored_profile(data, profile), stored_profile(data, kernels_from)["cpu"]
+    for table in KERNEL_TABLES:
+        d["cpu"][table] = src[table]
+    g = {k: v for k, v in d["cpu"]["ggml_prefill_gflops"].items() if not _kernel_prefill_key(k)}
+    g.update({k: v for k, v in src["ggml_prefill_gflops"].items() if _kernel_prefill_key(k)})
+    d["cpu"]["ggml_prefill_gflops"] = g
+    path = _scratch() / f"{data.name}-{profile}-kernels-of-{kernels_from}.yaml"
+    path.write_text(yaml.safe_dump(d))
+    mp = pytest.MonkeyPatch()
+    mp.chdir(ROOT)
+    try:
+        return tuple(regress.local_rows(data / f"results-llamacpp-{sitting}.csv", str(path)))
+    finally:
+        mp.undo()
+
+
 def repacked_rows(data: Path, sittings, profile: str, fmt: str, own: bool) -> list[dict]:
     """The rows of those sittings on `profile`, with its rates for llama.cpp's repacked `fmt` (its own gemv's, prefill
     and decode) or without them (the rebuilt Q4_0 gemv stands in, specs.formats.LLAMACPP_REPACKED_STAND_IN)."""

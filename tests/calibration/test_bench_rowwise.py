@@ -19,16 +19,18 @@ from .test_bench_ggml_prefill import _q4_0x8_rows
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_rowwise_matvec_is_the_executors_product_bitwise(fmt):
     """The executor's single-row arithmetic, which the formats without a ggml rebuild run: 300 rows (not a multiple
-    of the 64-row chunk) x 512 of real `fmt` blocks, the rowwise product equal to kernels._matmul (8-row groups with
-    prefetch) bit for bit."""
+    of the 64-row chunk) x 512 of real `fmt` blocks, on 1 and 3 threads' chunks in turn, the rowwise product equal to
+    kernels._matmul (8-row groups with prefetch) bit for bit."""
     rng = np.random.default_rng(3)
     w = _synth_tensor(fmt, 1, 300, 512, rng)
     flat = w.data.reshape(1, -1)[0]
     x = rng.standard_normal((1, 512)).astype(np.float32)
-    a, b = np.zeros((1, 300), np.float32), np.zeros((1, 300), np.float32)
-    _rowwise_matvec(flat, w.code, 300, x, a)
+    b = np.zeros((1, 300), np.float32)
     K._matmul(flat, w.code, 300, x, b)
-    assert np.array_equal(a, b) and np.abs(b).max() > 0
+    for nthr in (1, 3):
+        a = np.zeros((1, 300), np.float32)
+        _rowwise_matvec(flat, w.code, 300, x, a, nthr)
+        assert np.array_equal(a, b) and np.abs(b).max() > 0
 
 
 def test_rowwise_job_times_like_an_expert_job():
@@ -56,16 +58,18 @@ def _q8_0_token(x: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "IQ4_NL"])
 def test_rowwise_matvec_of_a_rebuilt_format_is_ggml_arithmetic_for_every_expert(fmt):
     """Experts 2, 0, 3 of four, 300 rows (not a multiple of the 64-row chunk) x 512 of real `fmt` blocks, in one
-    parallel region: output j is expert es[j]'s dequantised rows . the token quantised to Q8_0, to float rounding."""
+    parallel region, the chunks handed to 1 and 3 threads in turn: output j is expert es[j]'s dequantised rows . the
+    token quantised to Q8_0, to float rounding."""
     from calibration.bench_rowwise import _ggml_matvec
     rng = np.random.default_rng(3)
     w = _synth_tensor(fmt, 4, 300, 512, rng)
     x = rng.standard_normal((1, 512)).astype(np.float32)
     es = np.array([2, 0, 3], np.int64)
-    out = np.full((3, 300), np.nan, np.float32)
-    _ggml_matvec(w.data.reshape(4, -1), es, w.code, 300, x, out)
     ref = np.stack([dequantize(w.data[e], w.qtype).reshape(300, 512) @ _q8_0_token(x) for e in es])
-    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    for nthr in (1, 3):
+        out = np.full((3, 300), np.nan, np.float32)
+        _ggml_matvec(w.data.reshape(4, -1), es, w.code, 300, x, out, nthr)
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
 @pytest.mark.skipif(not REPACKED_FORMATS, reason="no AVX2: llama.cpp repacks nothing 8 rows at a time here")

@@ -135,3 +135,15 @@ def test_more_slots_than_the_second_card_holds(capsys, tmp_path):
 def test_unknown_second_card(capsys):
     code, _, err = run(capsys, "plan", "--hw", "epyc8ch-3090+nosuch")
     assert code == 2 and "nosuch: no such file or built-in expert device (built-in: arc-pro-b70)" in one_line(err)
+
+
+def test_calibrate_with_a_missing_ggml_library_names_it_before_measuring(capsys, tmp_path):
+    """`calibrate --ggml-lib` at a place without libggml-cpu.so, or at a file that is no library: one line naming it,
+    exit 2, and no profile written (it is checked before any benchmark runs)."""
+    out = tmp_path / "p.yaml"
+    for lib, why in ((tmp_path / "nowhere", "no libggml-cpu.so there"), (tmp_path / "libggml-cpu.so", "cannot load it")):
+        (tmp_path / "libggml-cpu.so").write_bytes(b"not a library")
+        code, _, err = run(capsys, "calibrate", "--quick", "--out", str(out), "--store", str(tmp_path / "s.csv"),
+                           "--ggml-lib", str(lib))
+        assert code == 2 and one_line(err).startswith(f"moe-offload: {lib}: {why}"), err
+    assert not out.exists()

@@ -1,0 +1,208 @@
+"""bench_rowwise's decode jobs on ggml's own kernels (a llama.cpp build's libggml-cpu.so, calibration.ggml_library).
+
+The same token's job of k SwiGLU experts (gate, up, then down: three ops, each one parallel region over all k
+experts, as ggml's MUL_MAT_ID), the same pools of synthetic experts, the same structure; only the arithmetic is
+ggml's own, called through ctypes from numba:
+- in place (`own_rowwise_job`): the token quantised to the format's vec_dot type by ggml's quantize_row_q8_0 / _q8_K
+  (F16: ggml_cpu_fp32_to_fp16) once an op, then each expert's 64-row chunks handed to the threads in turn, expert
+  after expert (bench_rowwise.GGML_SCHEDULE), ggml's vec_dot a row (ggml-cpu.c ggml_compute_forward_mul_mat_id_one_chunk
+  with one token);
+- repacked (`own_repacked_job`): the pool copied into llama.cpp's 8-row layout (block_q4_0x8, block_q4_Kx8,
+  block_q2_Kx8, as llama.cpp copies it at load), then each thread one gemv call an expert over its contiguous
+  eighth-aligned share of the rows (repack.cpp forward_mul_mat_id).
+And bench_ggml_prefill's batch (`own_prefill_job`) on the same kernels: path 'vecdot', ggml's vec_dot a (row, token)
+pair in 16 x 16 blocks; path 'repacked', its gemv a token over each thread's share of an expert's rows.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from .bench_kernel import _synth_tensor, expert_pool
+from .bench_rowwise import CHUNK_ROWS, _flat, _routes, repacked_share
+from .ggml_library import TOKEN_BYTES, VEC_DOT_TYPE, GgmlCpu, vec_dot_name
+
+
+def _rowwise_matvec_of(vec_dot, quantize):
+    """A compiled matvec(w, es, rows, x, q, out, nthr) over ggml's `vec_dot`, the token quantised by `quantize` into
+    q."""
+    @njit(parallel=True, nogil=True)
+    def matvec(w, es, rows, x, q, out, nthr):
+        """out[j, r] = W_{es[j]}[r] . x[0] for one matrix of experts es (w [E, bytes], `rows` rows), each expert's
+        64-row chunks handed to the threads in turn (bench_rowwise.GGML_SCHEDULE)."""
+        n = x.shape[1]
+        quantize(x.ctypes.data, q.ctypes.data, n)
+        rb, wp, qp, op = w.shape[1] // rows, w.ctypes.data, q.ctypes.data, out.ctypes.data
+        nc = (rows + CHUNK_ROWS - 1) // CHUNK_ROWS
+        for t in prange(nthr):
+            for j in range(es.shape[0]):
+                base = wp + es[j] * w.shape[1]
+                for c in range(t, nc, nthr):
+                    for r in range(c * CHUNK_ROWS, min(rows, (c + 1) * CHUNK_ROWS)):
+                        vec_dot(n, op + 4 * (j * out.shape[1] + r), 0, base + r * rb, 0, qp, 0, 1)
+    return matvec
+
+
+def _repacked_matvec_of(gemv, quantize):
+    """A compiled matvec(w, es, rows, x, q, out, nthr) over ggml's repacked `gemv`."""
+    @njit(parallel=True, nogil=True)
+    def matvec(w, es, rows, x, q, out, nthr):
+        """out[j, r] = W_{es[j]}[r] . x[0] for one matrix of experts es (w [E, bytes] repacked, `rows` rows)."""
+        n = x.shape[1]
+        quantize(x.ctypes.data, q.ctypes.data, n)
+        rb, wp, qp, op = w.shape[1] // rows, w.ctypes.data, q.ctypes.data, out.ctypes.data
+        for t in prange(nthr):
+            r0, r1 = repacked_share(t, rows, nthr)
+            for j in range(es.shape[0]):
+                gemv(n, op + 4 * (j * out.shape[1] + r0), rows, wp + es[j] * w.shape[1] + r0 * rb, qp, 1, r1 - r0)
+    return matvec
+
+
+def _quantize_rows_of(quantize):
+    """A compiled quantize_rows(a, q): each row of a (float32 [R, n]) into q's row (uint8 [R, bytes]) by ggml's
+    own `quantize`, as MUL_MAT_ID converts its src1 a row at a time."""
+    @njit(nogil=True)
+    def quantize_rows(a, q):
+        for i in range(a.shape[0]):
+            quantize(a.ctypes.data + i * a.strides[0], q.ctypes.data + i * q.strides[0], a.shape[1])
+    return quantize_rows
+
+
+def _vecdot_matrix_of(vec_dot):
+    """A compiled matrix(w, rows, n, q, out): ggml's MUL_MAT_ID on a batch, in place, over its `vec_dot`."""
+    block = 16  # ggml's blck_0 x blck_1 (bench_ggml_prefill.BLOCK)
+
+    @njit(parallel=True, nogil=True)
+    def matrix(w, rows, n, q, out):
+        """out[e, t, r] = W_e[r] . the token in q[e, t] (w [E, bytes], q [E, T, bytes]), 16 x 16 blocks of
+        (row, token) pairs handed to the threads in turn, one parallel region over every expert's blocks."""
+        E, T = q.shape[0], q.shape[1]
+        rb, wp, qp, op = w.shape[1] // rows, w.ctypes.data, q.ctypes.data, out.ctypes.data
+        n0, n1 = (rows + block - 1) // block, (T + block - 1) // block
+        for i in prange(E * n0 * n1):
+            e, c = i // (n0 * n1), i % (n0 * n1)
+            r0, t0 = (c % n0) * block, (c // n0) * block
+            for t in range(t0, min(T, t0 + block)):
+                for r in range(r0, min(rows, r0 + block)):
+                    vec_dot(n, op + 4 * ((e * T + t) * rows + r), 0, wp + e * w.shape[1] + r * rb, 0,
+                            qp + (e * T + t) * q.shape[2], 0, 1)
+    return matrix
+
+
+def _repacked_matrix_of(gemv):
+    """A compiled matrix(w, rows, n, q, out, nthr): ggml's repacked MUL_MAT_ID on a batch over its `gemv`."""
+    @njit(parallel=True, nogil=True)
+    def matrix(w, rows, n, q, out, nthr):
+        """out[e, t, r] = W_e[r] . the token in q[e, t] (w [E, bytes] repacked): each thread its eighth-aligned
+        share of every expert's rows, one gemv call a token (repack.cpp forward_mul_mat_id)."""
+        E, T = q.shape[0], q.shape[1]
+        rb, wp, qp, op = w.shape[1] // rows, w.ctypes.data, q.ctypes.data, out.ctypes.data
+        for th in prange(nthr):
+            r0, r1 = repacked_share(th, rows, nthr)
+            for e in range(E):
+                for t in range(T):
+                    gemv(n, op + 4 * ((e * T + t) * rows + r0), rows, wp + e * w.shape[1] + r0 * rb,
+                         qp + (e * T + t) * q.shape[2], 1, r1 - r0)
+    return matrix
+
+
+def own_prefill_job(g: GgmlCpu, fmt: str, path: str, hidden: int = 2048, ffn: int = 768, n_experts: int = 32,
+                    top_k: int = 8, tokens: int = 64, seed: int = 0):
+    """(run, flops): bench_ggml_prefill.ggml_prefill_job's batch (gate, up and down of top_k of n_experts synthetic
+    experts a token, an even split) on ggml's own kernels, `path` 'vecdot' or 'repacked'. As there, each op first
+    converts its activations, by ggml's own quantiser: gate and up each the batch's rows, down each pair's row."""
+    kernels = {"vecdot": g.vec_dot, "repacked": g.gemv}.get(path, {})
+    if fmt not in kernels:
+        raise ValueError(f"{g.path} gives no verified kernel for {fmt}'s {path} path")
+    from .ggml_library import repack_x8
+    rng = np.random.default_rng(seed)
+    per = max(1, tokens * top_k // n_experts)  # tokens an expert
+    mats = [_synth_tensor(fmt, n_experts, r, c, rng) for r, c in ((ffn, hidden), (ffn, hidden), (hidden, ffn))]
+    ws = [m.data.reshape(n_experts, -1) for m in mats]
+    if path == "repacked":  # llama.cpp's load-time copy; the experts' rows are a multiple of 8 apart
+        ws = [np.ascontiguousarray(repack_x8(fmt)(w.reshape(-1), n_experts * m.rows)).reshape(n_experts, -1)
+              for w, m in zip(ws, mats)]
+    t = VEC_DOT_TYPE[fmt]
+    quantize_rows = _quantize_rows_of(g.quantize[t])
+    x = rng.standard_normal((n_experts, per, hidden)).astype(np.float32)  # the rows each expert reads
+    batch = np.ascontiguousarray(x.reshape(-1, hidden)[:tokens])  # the batch's own rows
+    h = (rng.standard_normal((n_experts * per, ffn)) * 0.1).astype(np.float32)
+    qx = np.zeros((n_experts, per, TOKEN_BYTES[t](hidden)), np.uint8)
+    quantize_rows(x.reshape(-1, hidden), qx.reshape(n_experts * per, -1))  # ggml: pointers into its converted batch
+    qb = np.zeros((tokens, qx.shape[2]), np.uint8)
+    qh = np.zeros((n_experts, per, TOKEN_BYTES[t](ffn)), np.uint8)
+    gout, yout = np.zeros((n_experts, per, ffn), np.float32), np.zeros((n_experts, per, hidden), np.float32)
+    if path == "vecdot":
+        matrix = _vecdot_matrix_of(kernels[fmt])
+        product = lambda w, rows, n, q, out: matrix(w, rows, n, q, out)  # noqa: E731
+    else:
+        matrix = _repacked_matrix_of(kernels[fmt])
+        product = lambda w, rows, n, q, out: matrix(w, rows, n, q, out, numba.get_num_threads())  # noqa: E731
+
+    def run():
+        for w in ws[:2]:  # gate, up: the batch converted, then the experts' products
+            quantize_rows(batch, qb)
+            product(w, ffn, hidden, qx, gout)
+        quantize_rows(h, qh.reshape(n_experts * per, -1))  # down: every pair's row converted
+        product(ws[2], hidden, ffn, qh, yout)
+    return run, 6.0 * hidden * ffn * per * n_experts
+
+
+def _decode_job(p, mats, matvec, t: str, hidden: int, ffn: int, max_k: int):
+    """run_job(k, first): a token's gate, up and down of experts first .. first + k - 1 (mod pool) of pool p, the
+    matrices `mats` ([E, bytes] each), each one `matvec` call on the token quantised to the vec_dot type t."""
+    routes = _routes(p.n)
+    tokens = [np.zeros(TOKEN_BYTES[t](v.shape[1]), np.uint8) for v in (p.x, p.h)]
+    g_out, y_out = np.zeros((max_k, ffn), np.float32), np.zeros((max_k, hidden), np.float32)
+
+    def run_job(k: int, first: int):
+        es = routes(k, first)
+        for m, rows, v, q, out in ((0, ffn, p.x, tokens[0], g_out), (1, ffn, p.x, tokens[0], g_out),
+                                   (2, hidden, p.h, tokens[1], y_out)):
+            matvec(mats[m], es, rows, v, q, out, numba.get_num_threads())
+    return run_job
+
+
+def own_rowwise_job(g: GgmlCpu, fmt: str, hidden: int = 2048, ffn: int = 768, pool_bytes: int = 256 << 20,
+                    max_k: int = 8, seed: int = 0):
+    """(run_job, expert_bytes): bench_rowwise.rowwise_expert_job's job on ggml's own vec_dot for `fmt`."""
+    if fmt not in g.vec_dot:
+        raise ValueError(f"{g.path} gives no verified {vec_dot_name(fmt)}")
+    p, t = expert_pool(fmt, hidden, ffn, pool_bytes, max_k, seed), VEC_DOT_TYPE[fmt]
+    matvec = _rowwise_matvec_of(g.vec_dot[fmt], g.quantize[t])
+    return _decode_job(p, _flat(p), matvec, t, hidden, ffn, max_k), p.expert_bytes
+
+
+def own_repacked_job(g: GgmlCpu, fmt: str, hidden: int = 2048, ffn: int = 768, pool_bytes: int = 256 << 20,
+                     max_k: int = 8, seed: int = 0):
+    """(run_job, expert_bytes): bench_rowwise.repacked_expert_job's job on ggml's own repacked gemv for `fmt`, the
+    pool copied into llama.cpp's layout."""
+    if fmt not in g.gemv:
+        raise ValueError(f"{g.path} gives no verified repacked gemv for {fmt}")
+    from .ggml_library import repack_x8
+    p, t = expert_pool(fmt, hidden, ffn, pool_bytes, max_k, seed), VEC_DOT_TYPE[fmt]
+    # every expert's rows are a multiple of 8 apart, so the whole pool repacks as one tensor of n x rows rows
+    packed = [np.ascontiguousarray(repack_x8(fmt)(f.reshape(-1), p.n * rows)).reshape(p.n, -1)
+              for f, rows in zip(_flat(p), (ffn, ffn, hidden))]
+    matvec = _repacked_matvec_of(g.gemv[fmt], g.quantize[t])
+    return _decode_job(p, packed, matvec, t, hidden, ffn, max_k), p.expert_bytes
+
+
+def own_prefill_label(g: GgmlCpu, fmt: str, path: str, hidden: int, ffn: int) -> str:
+    """The method line of a ggml prefill rate timed on its own kernels in a profile."""
+    from .ggml_library import GEMV
+    how = (f"ggml's own {vec_dot_name(fmt)} per (row, token) in 16 x 16 blocks" if path == "vecdot" else
+           f"each thread's share of rows token by token, ggml's own {GEMV[fmt]}")
+    return (f"ggml's MUL_MAT_ID structure for {fmt} ({path}: {how}, {g.path}; calibration.bench_ggml_own) "
+            f"SwiGLU {hidden}x{ffn}")
+
+
+def own_label(g: GgmlCpu, fmt: str, hidden: int, ffn: int, repacked: bool = False) -> str:
+    """The method line of a rate timed on ggml's own kernels in a profile."""
+    from .ggml_library import GEMV
+    if repacked:
+        return (f"ggml's own {GEMV[fmt]} ({g.path}), each thread one call an expert over a contiguous share of its "
+                f"rows (ggml's repacked MUL_MAT_ID; calibration.bench_ggml_own) {fmt} SwiGLU {hidden}x{ffn}, 1 token")
+    return (f"one row per dot product (ggml's own {vec_dot_name(fmt)}, {g.path}), {CHUNK_ROWS}-row chunks across "
+            f"threads (ggml's MUL_MAT_ID; calibration.bench_ggml_own) {fmt} SwiGLU {hidden}x{ffn}, 1 token")
