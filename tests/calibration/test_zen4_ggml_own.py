@@ -85,8 +85,8 @@ def test_decode_over_predicts_on_ggmls_own_kernels():
     repacked, two threads +15.6% and +14.2% (the rebuilt rates: -2.8%, +4.2%, +1.6%, +9.2%; median |error| 12.6 / 4.7 /
     10.1 / 11.2% against 8.0 / 6.5 / 16.3 / 14.2% on ggml's own), when recorded. The kernels are llama.cpp's own, so
     what is left is around them: in situ perf finds them ~10-30% slower than in calibrate's jobs (README, session
-    46). IQ4_XS repacked on two threads is left out: a slow spell in its runs (llama.cpp does not repack IQ4_XS, and
-    its in-place runs a minute apart measured 20% faster)."""
+    46). IQ4_XS `--repack 1` on two threads is left out: llama.cpp does not repack IQ4_XS, and one of its three runs
+    (14:45) measured 31.4 tok/s where the other two and its in-place runs measured 73.9-91.2, a slow spell."""
     own = _errors("own")
     own = {k: e for k, e in own.items() if not (k[3] == "small-iq4xs" and k[1:3] == ("t2", "rp"))}
     for threads in ("t1", "t2"):
@@ -138,3 +138,49 @@ def test_repacked_prefill_reads_ggmls_own_gemvs():
     assert reb[("pr", "t2", "rp", "small-q4k")] > own[("pr", "t2", "rp", "small-q4k")] + 0.15
     assert statistics.mean(_group(own, "pr", "t2", "rp")) < statistics.mean(_group(reb, "pr", "t2", "rp"))
     assert _group(reb, "pr", "t2", "norp", K_QUANT_FILES) == _group(own, "pr", "t2", "norp", K_QUANT_FILES)
+
+
+def _median_round_rows(sitting: str, profile: str) -> list[dict]:
+    """regress's rows of a sitting on `profile` with each CPU kernel rate (expert, rowwise, repacked) its median
+    rounds' figure, which its ref records: what `calibrate --typical-out` takes for the kernels (its layer loop's
+    median is not recorded)."""
+    import re
+
+    import pytest
+    import yaml
+
+    from calibration import regress
+    from stored_runs import ROOT, _scratch
+    d = stored_profile(DATA, profile)
+    for table in ("expert_gbs", "rowwise_gbs", "repacked_gbs"):
+        for v in d["cpu"][table].values():
+            m = re.search(r"median rounds: ([0-9.]+) GB/s", str(v.get("ref", "")).replace("\n", " "))
+            if m:
+                v["value"] = float(m.group(1))
+    path = _scratch() / f"{DATA.name}-{profile}-median-rounds.yaml"
+    path.write_text(yaml.safe_dump(d))
+    mp = pytest.MonkeyPatch()
+    mp.chdir(ROOT)
+    try:
+        return regress.local_rows(DATA / f"results-llamacpp-{sitting}.csv", str(path))
+    finally:
+        mp.undo()
+
+
+def test_on_the_kernels_median_rounds_the_over_prediction_is_even():
+    """The own-kernel profiles with each kernel at its median rounds (llama-bench averages over a run's rounds; the
+    profile takes each kernel's fastest): every tg64 group over-predicts by 5-8% on average (+7.6 / +7.0% on one
+    thread in place / repacked, +7.4 / +5.3% on two), median |error| 5.3 / 4.0 / 8.4 / 5.0%; the rebuild profiles as
+    they are: -6.2 / -0.3 / -3.6 / +1.2%, median |error| 15.3 / 1.9 / 11.5 / 3.8%, when recorded. One error the same
+    sign and size everywhere points to one mechanism still missing, the kernels' slowdown in situ."""
+    acc: dict[tuple, list[float]] = {}
+    for s in SITTINGS:
+        for own, _ in PAIRS:
+            for r in _median_round_rows(s, own):
+                acc.setdefault(_case(r), []).append(r["error"])
+    typical = {k: statistics.mean(v) for k, v in acc.items()
+               if not (k[3] == "small-iq4xs" and k[1:3] == ("t2", "rp"))}
+    for threads in ("t1", "t2"):
+        for layout in ("norp", "rp"):
+            v = _group(typical, "de", threads, layout)
+            assert 0.03 < statistics.mean(v) < 0.10 and _med_abs(v) < 0.10, (threads, layout)
