@@ -260,7 +260,8 @@ def _ggml_prefill(s: Settings, r: Results, formats, maxt: int, pg, bud: _Budget,
     isa = cpu_info()["isa"]
     dense = BG.dense_job(isa) if s.dense_prefill_tokens else None  # F16 on llamafile's tinyBLAS, at a prompt's batch
     weighting = BG.WEIGHTING if s.dense_prefill_tokens else None  # the expert outputs times their weights, any CPU
-    own = ({(f, "vecdot") for f in ggml.vec_dot} | {(f, "repacked") for f in ggml.gemv}) if ggml else frozenset()
+    own = (({(f, "vecdot") for f in ggml.vec_dot} | {(f, "repacked") for f in ggml.gemv if "avx2" in isa})
+           if ggml else frozenset())  # ggml's x86 8x8 gemvs: llama.cpp's ARM layouts are 4 wide
     jobs = BG.profile_jobs(formats, isa, own) + ([dense] if dense else []) + ([weighting] if weighting else [])
     for fmt, path in jobs:
         label = None
@@ -352,7 +353,7 @@ def _decode_jobs(formats, isa: list[str], ggml=None) -> list[tuple]:
     for fmt in formats:
         if not llamacpp_repacks(parse_format(fmt), isa):
             continue
-        if ggml is not None and fmt in ggml.gemv:
+        if ggml is not None and fmt in ggml.gemv and "avx2" in isa:  # its x86 8x8 layouts (ARM's are 4 wide)
             jobs.append(("repacked", fmt, partial(own_repacked_job, ggml), "ggml's own repacked rows"))
         elif fmt in BR.REPACKED_FORMATS:
             jobs.append(("repacked", fmt, BR.repacked_expert_job, "repacked rows"))

@@ -17,13 +17,16 @@ AVX512 = ["avx2", "avx512f"]
 
 def test_the_decode_jobs_take_ggmls_own_kernels_where_the_build_has_them():
     """A build with Q4_K's vec_dot and gemv: Q4_K's in place and repacked jobs are its own; Q8_0 keeps the rebuild;
-    Q2_K is repacked only where llama.cpp repacks it (AVX-512 F), on the rebuild here."""
+    Q2_K is repacked only where llama.cpp repacks it (AVX-512 F), on the rebuild here; on ARM no 8x8 gemv is timed."""
     g = GgmlCpu(path=Path("/b/libggml-cpu.so"), vec_dot={"Q4_K": None}, gemv={"Q4_K": None})
     jobs = {(kind, fmt): (what, make) for kind, fmt, make, what in _decode_jobs(("Q8_0", "Q4_K", "Q2_K"), AVX512, g)}
     assert jobs[("rowwise", "Q4_K")][0] == "ggml's own rows" and jobs[("repacked", "Q4_K")][0] == "ggml's own repacked rows"
     assert jobs[("rowwise", "Q8_0")] == ("rows without prefetch", BR.rowwise_expert_job)
     assert jobs[("repacked", "Q2_K")][1] is BR.repacked_expert_job
     assert ("repacked", "Q2_K") not in {(k, f) for k, f, _, _ in _decode_jobs(("Q2_K",), ["avx2"], g)}
+    # on ARM llama.cpp repacks Q4_K 4 rows wide (with dotprod): not the 8x8 gemv the library's check covers
+    arm = {(k, f): w for k, f, _, w in _decode_jobs(("Q4_K",), ["asimddp"], g)}
+    assert arm[("rowwise", "Q4_K")] == "ggml's own rows" and arm.get(("repacked", "Q4_K")) != "ggml's own repacked rows"
     assert "ggml_gemv_q4_K_8x8_q8_K (/b/libggml-cpu.so)" in _decode_label(g, "repacked", "Q4_K", 2048, 768)
     assert "ggml_vec_dot_q4_K_q8_K" in _decode_label(g, "rowwise", "Q4_K", 2048, 768)
     assert _decode_label(None, "rowwise", "Q4_K", 2048, 768) == BR.label("Q4_K", 2048, 768)
