@@ -12,8 +12,12 @@ ggml's own, called through ctypes from numba:
   eighth-aligned share of the rows (repack.cpp forward_mul_mat_id).
 And bench_ggml_prefill's batch (`own_prefill_job`) on the same kernels: path 'vecdot', ggml's vec_dot a (row, token)
 pair in 16 x 16 blocks; path 'repacked', its gemv a token over each thread's share of an expert's rows.
+The kernels are arguments of the compiled loops: numba passes C functions of one signature as values, so each loop
+compiles once for every format (a loop a kernel took ~20 s of `calibrate --quick --ggml-lib`'s 71, session 46).
 """
 from __future__ import annotations
+
+from functools import partial
 
 import numba
 import numpy as np
@@ -24,87 +28,97 @@ from .bench_rowwise import CHUNK_ROWS, _flat, _routes, repacked_share
 from .ggml_library import TOKEN_BYTES, VEC_DOT_TYPE, GgmlCpu, vec_dot_name
 
 
+@njit(parallel=True, nogil=True)
+def _rowwise_matvec(vec_dot, quantize, w, es, rows, x, q, out, nthr):
+    """out[j, r] = W_{es[j]}[r] . x[0] for one matrix of experts es (w [E, bytes], `rows` rows) by ggml's `vec_dot`,
+    the token quantised by `quantize` into q, each expert's 64-row chunks handed to the threads in turn
+    (bench_rowwise.GGML_SCHEDULE)."""
+    n = x.shape[1]
+    quantize(x.ctypes.data, q.ctypes.data, n)
+    rb, wp, qp, op = w.shape[1] // rows, w.ctypes.data, q.ctypes.data, out.ctypes.data
+    nc = (rows + CHUNK_ROWS - 1) // CHUNK_ROWS
+    for t in prange(nthr):
+        for j in range(es.shape[0]):
+            base = wp + es[j] * w.shape[1]
+            for c in range(t, nc, nthr):
+                for r in range(c * CHUNK_ROWS, min(rows, (c + 1) * CHUNK_ROWS)):
+                    vec_dot(n, op + 4 * (j * out.shape[1] + r), 0, base + r * rb, 0, qp, 0, 1)
+
+
 def _rowwise_matvec_of(vec_dot, quantize):
-    """A compiled matvec(w, es, rows, x, q, out, nthr) over ggml's `vec_dot`, the token quantised by `quantize` into
-    q."""
-    @njit(parallel=True, nogil=True)
-    def matvec(w, es, rows, x, q, out, nthr):
-        """out[j, r] = W_{es[j]}[r] . x[0] for one matrix of experts es (w [E, bytes], `rows` rows), each expert's
-        64-row chunks handed to the threads in turn (bench_rowwise.GGML_SCHEDULE)."""
-        n = x.shape[1]
-        quantize(x.ctypes.data, q.ctypes.data, n)
-        rb, wp, qp, op = w.shape[1] // rows, w.ctypes.data, q.ctypes.data, out.ctypes.data
-        nc = (rows + CHUNK_ROWS - 1) // CHUNK_ROWS
-        for t in prange(nthr):
-            for j in range(es.shape[0]):
-                base = wp + es[j] * w.shape[1]
-                for c in range(t, nc, nthr):
-                    for r in range(c * CHUNK_ROWS, min(rows, (c + 1) * CHUNK_ROWS)):
-                        vec_dot(n, op + 4 * (j * out.shape[1] + r), 0, base + r * rb, 0, qp, 0, 1)
-    return matvec
+    """matvec(w, es, rows, x, q, out, nthr) over ggml's `vec_dot` and `quantize` (_rowwise_matvec)."""
+    return partial(_rowwise_matvec, vec_dot, quantize)
+
+
+@njit(parallel=True, nogil=True)
+def _repacked_matvec(gemv, quantize, w, es, rows, x, q, out, nthr):
+    """out[j, r] = W_{es[j]}[r] . x[0] for one matrix of experts es (w [E, bytes] repacked, `rows` rows) by ggml's
+    `gemv`: each thread one call an expert over its eighth-aligned share of the rows."""
+    n = x.shape[1]
+    quantize(x.ctypes.data, q.ctypes.data, n)
+    rb, wp, qp, op = w.shape[1] // rows, w.ctypes.data, q.ctypes.data, out.ctypes.data
+    for t in prange(nthr):
+        r0, r1 = repacked_share(t, rows, nthr)
+        for j in range(es.shape[0]):
+            gemv(n, op + 4 * (j * out.shape[1] + r0), rows, wp + es[j] * w.shape[1] + r0 * rb, qp, 1, r1 - r0)
 
 
 def _repacked_matvec_of(gemv, quantize):
-    """A compiled matvec(w, es, rows, x, q, out, nthr) over ggml's repacked `gemv`."""
-    @njit(parallel=True, nogil=True)
-    def matvec(w, es, rows, x, q, out, nthr):
-        """out[j, r] = W_{es[j]}[r] . x[0] for one matrix of experts es (w [E, bytes] repacked, `rows` rows)."""
-        n = x.shape[1]
-        quantize(x.ctypes.data, q.ctypes.data, n)
-        rb, wp, qp, op = w.shape[1] // rows, w.ctypes.data, q.ctypes.data, out.ctypes.data
-        for t in prange(nthr):
-            r0, r1 = repacked_share(t, rows, nthr)
-            for j in range(es.shape[0]):
-                gemv(n, op + 4 * (j * out.shape[1] + r0), rows, wp + es[j] * w.shape[1] + r0 * rb, qp, 1, r1 - r0)
-    return matvec
+    """matvec(w, es, rows, x, q, out, nthr) over ggml's repacked `gemv` (_repacked_matvec)."""
+    return partial(_repacked_matvec, gemv, quantize)
+
+
+def _quantize_rows(quantize, a, q):
+    """Each row of a (float32 [R, n]) into q's row (uint8 [R, bytes]) by ggml's own `quantize`, as MUL_MAT_ID converts
+    its src1 a row at a time."""
+    for i in range(a.shape[0]):
+        quantize(a.ctypes.data + i * a.strides[0], q.ctypes.data + i * q.strides[0], a.shape[1])
 
 
 def _quantize_rows_of(quantize):
-    """A compiled quantize_rows(a, q): each row of a (float32 [R, n]) into q's row (uint8 [R, bytes]) by ggml's
-    own `quantize`, as MUL_MAT_ID converts its src1 a row at a time."""
-    @njit(nogil=True)
-    def quantize_rows(a, q):
-        for i in range(a.shape[0]):
-            quantize(a.ctypes.data + i * a.strides[0], q.ctypes.data + i * q.strides[0], a.shape[1])
-    return quantize_rows
+    """quantize_rows(a, q) by ggml's own `quantize` (_quantize_rows)."""
+    return partial(_quantize_rows, quantize)
+
+
+@njit(parallel=True, nogil=True)
+def _vecdot_matrix(vec_dot, w, rows, n, q, out):
+    """out[e, t, r] = W_e[r] . the token in q[e, t] (w [E, bytes], q [E, T, bytes]) by ggml's `vec_dot`: ggml's
+    MUL_MAT_ID on a batch, in place, 16 x 16 blocks of (row, token) pairs (blck_0 x blck_1) handed to the threads in
+    turn, one parallel region over every expert's blocks."""
+    E, T = q.shape[0], q.shape[1]
+    rb, wp, qp, op = w.shape[1] // rows, w.ctypes.data, q.ctypes.data, out.ctypes.data
+    n0, n1 = (rows + 15) // 16, (T + 15) // 16
+    for i in prange(E * n0 * n1):
+        e, c = i // (n0 * n1), i % (n0 * n1)
+        r0, t0 = (c % n0) * 16, (c // n0) * 16
+        for t in range(t0, min(T, t0 + 16)):
+            for r in range(r0, min(rows, r0 + 16)):
+                vec_dot(n, op + 4 * ((e * T + t) * rows + r), 0, wp + e * w.shape[1] + r * rb, 0,
+                        qp + (e * T + t) * q.shape[2], 0, 1)
 
 
 def _vecdot_matrix_of(vec_dot):
-    """A compiled matrix(w, rows, n, q, out): ggml's MUL_MAT_ID on a batch, in place, over its `vec_dot`."""
-    block = 16  # ggml's blck_0 x blck_1 (bench_ggml_prefill.BLOCK)
+    """matrix(w, rows, n, q, out) over ggml's `vec_dot` (_vecdot_matrix)."""
+    return partial(_vecdot_matrix, vec_dot)
 
-    @njit(parallel=True, nogil=True)
-    def matrix(w, rows, n, q, out):
-        """out[e, t, r] = W_e[r] . the token in q[e, t] (w [E, bytes], q [E, T, bytes]), 16 x 16 blocks of
-        (row, token) pairs handed to the threads in turn, one parallel region over every expert's blocks."""
-        E, T = q.shape[0], q.shape[1]
-        rb, wp, qp, op = w.shape[1] // rows, w.ctypes.data, q.ctypes.data, out.ctypes.data
-        n0, n1 = (rows + block - 1) // block, (T + block - 1) // block
-        for i in prange(E * n0 * n1):
-            e, c = i // (n0 * n1), i % (n0 * n1)
-            r0, t0 = (c % n0) * block, (c // n0) * block
-            for t in range(t0, min(T, t0 + block)):
-                for r in range(r0, min(rows, r0 + block)):
-                    vec_dot(n, op + 4 * ((e * T + t) * rows + r), 0, wp + e * w.shape[1] + r * rb, 0,
-                            qp + (e * T + t) * q.shape[2], 0, 1)
-    return matrix
+
+@njit(parallel=True, nogil=True)
+def _repacked_matrix(gemv, w, rows, n, q, out, nthr):
+    """out[e, t, r] = W_e[r] . the token in q[e, t] (w [E, bytes] repacked) by ggml's `gemv`: each thread its
+    eighth-aligned share of every expert's rows, one gemv call a token (repack.cpp forward_mul_mat_id)."""
+    E, T = q.shape[0], q.shape[1]
+    rb, wp, qp, op = w.shape[1] // rows, w.ctypes.data, q.ctypes.data, out.ctypes.data
+    for th in prange(nthr):
+        r0, r1 = repacked_share(th, rows, nthr)
+        for e in range(E):
+            for t in range(T):
+                gemv(n, op + 4 * ((e * T + t) * rows + r0), rows, wp + e * w.shape[1] + r0 * rb,
+                     qp + (e * T + t) * q.shape[2], 1, r1 - r0)
 
 
 def _repacked_matrix_of(gemv):
-    """A compiled matrix(w, rows, n, q, out, nthr): ggml's repacked MUL_MAT_ID on a batch over its `gemv`."""
-    @njit(parallel=True, nogil=True)
-    def matrix(w, rows, n, q, out, nthr):
-        """out[e, t, r] = W_e[r] . the token in q[e, t] (w [E, bytes] repacked): each thread its eighth-aligned
-        share of every expert's rows, one gemv call a token (repack.cpp forward_mul_mat_id)."""
-        E, T = q.shape[0], q.shape[1]
-        rb, wp, qp, op = w.shape[1] // rows, w.ctypes.data, q.ctypes.data, out.ctypes.data
-        for th in prange(nthr):
-            r0, r1 = repacked_share(th, rows, nthr)
-            for e in range(E):
-                for t in range(T):
-                    gemv(n, op + 4 * ((e * T + t) * rows + r0), rows, wp + e * w.shape[1] + r0 * rb,
-                         qp + (e * T + t) * q.shape[2], 1, r1 - r0)
-    return matrix
+    """matrix(w, rows, n, q, out, nthr) over ggml's `gemv` (_repacked_matrix)."""
+    return partial(_repacked_matrix, gemv)
 
 
 def own_prefill_job(g: GgmlCpu, fmt: str, path: str, hidden: int = 2048, ffn: int = 768, n_experts: int = 32,
