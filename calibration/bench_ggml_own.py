@@ -13,11 +13,10 @@ ggml's own, called through ctypes from numba:
 And bench_ggml_prefill's batch (`own_prefill_job`) on the same kernels: path 'vecdot', ggml's vec_dot a (row, token)
 pair in 16 x 16 blocks; path 'repacked', its gemv a token over each thread's share of an expert's rows.
 The kernels are arguments of the compiled loops: numba passes C functions of one signature as values, so each loop
-compiles once for every format (a loop a kernel took ~20 s of `calibrate --quick --ggml-lib`'s 71, session 46).
+compiles once for every format (a loop a kernel took ~15 s of `calibrate --quick --ggml-lib`'s 71, session 46), and a
+small closure a kernel holds them as constants (_bound_matvec).
 """
 from __future__ import annotations
-
-from functools import partial
 
 import numba
 import numpy as np
@@ -45,9 +44,19 @@ def _rowwise_matvec(vec_dot, quantize, w, es, rows, x, q, out, nthr):
                     vec_dot(n, op + 4 * (j * out.shape[1] + r), 0, base + r * rb, 0, qp, 0, 1)
 
 
+def _bound_matvec(loop, kernel, quantize):
+    """loop(kernel, quantize, *args) as a compiled closure matvec(*args). Calling a compiled function with C functions
+    as arguments costs ~260 us a call here (numba types each ctypes argument), against ~7 us for a closure that holds
+    them as constants; the closure compiles in ~0.1 s, the loop it calls once for all kernels of one signature."""
+    @njit(nogil=True)
+    def matvec(w, es, rows, x, q, out, nthr):
+        loop(kernel, quantize, w, es, rows, x, q, out, nthr)
+    return matvec
+
+
 def _rowwise_matvec_of(vec_dot, quantize):
     """matvec(w, es, rows, x, q, out, nthr) over ggml's `vec_dot` and `quantize` (_rowwise_matvec)."""
-    return partial(_rowwise_matvec, vec_dot, quantize)
+    return _bound_matvec(_rowwise_matvec, vec_dot, quantize)
 
 
 @njit(parallel=True, nogil=True)
@@ -65,9 +74,10 @@ def _repacked_matvec(gemv, quantize, w, es, rows, x, q, out, nthr):
 
 def _repacked_matvec_of(gemv, quantize):
     """matvec(w, es, rows, x, q, out, nthr) over ggml's repacked `gemv` (_repacked_matvec)."""
-    return partial(_repacked_matvec, gemv, quantize)
+    return _bound_matvec(_repacked_matvec, gemv, quantize)
 
 
+@njit(nogil=True)
 def _quantize_rows(quantize, a, q):
     """Each row of a (float32 [R, n]) into q's row (uint8 [R, bytes]) by ggml's own `quantize`, as MUL_MAT_ID converts
     its src1 a row at a time."""
@@ -76,8 +86,11 @@ def _quantize_rows(quantize, a, q):
 
 
 def _quantize_rows_of(quantize):
-    """quantize_rows(a, q) by ggml's own `quantize` (_quantize_rows)."""
-    return partial(_quantize_rows, quantize)
+    """quantize_rows(a, q) by ggml's own `quantize` (_quantize_rows; a compiled closure, see _bound_matvec)."""
+    @njit(nogil=True)
+    def quantize_rows(a, q):
+        _quantize_rows(quantize, a, q)
+    return quantize_rows
 
 
 @njit(parallel=True, nogil=True)
@@ -98,8 +111,11 @@ def _vecdot_matrix(vec_dot, w, rows, n, q, out):
 
 
 def _vecdot_matrix_of(vec_dot):
-    """matrix(w, rows, n, q, out) over ggml's `vec_dot` (_vecdot_matrix)."""
-    return partial(_vecdot_matrix, vec_dot)
+    """matrix(w, rows, n, q, out) over ggml's `vec_dot` (_vecdot_matrix; a compiled closure, see _bound_matvec)."""
+    @njit(nogil=True)
+    def matrix(w, rows, n, q, out):
+        _vecdot_matrix(vec_dot, w, rows, n, q, out)
+    return matrix
 
 
 @njit(parallel=True, nogil=True)
@@ -117,8 +133,11 @@ def _repacked_matrix(gemv, w, rows, n, q, out, nthr):
 
 
 def _repacked_matrix_of(gemv):
-    """matrix(w, rows, n, q, out, nthr) over ggml's `gemv` (_repacked_matrix)."""
-    return partial(_repacked_matrix, gemv)
+    """matrix(w, rows, n, q, out, nthr) over ggml's `gemv` (_repacked_matrix; a compiled closure, see _bound_matvec)."""
+    @njit(nogil=True)
+    def matrix(w, rows, n, q, out, nthr):
+        _repacked_matrix(gemv, w, rows, n, q, out, nthr)
+    return matrix
 
 
 def own_prefill_job(g: GgmlCpu, fmt: str, path: str, hidden: int = 2048, ffn: int = 768, n_experts: int = 32,
