@@ -62,7 +62,7 @@ def vec_dot_name(fmt: str) -> str:
 def find_ggml_cpu(hint: str | os.PathLike | None = None) -> Path | None:
     """The libggml-cpu.so to time: `hint` (the file or a folder holding it, 'none' for none), else $MOE_OFFLOAD_GGML_LIB,
     else next to a llama.cpp program on PATH (or in its ../lib), else llama-cpp-python's; None when there is none."""
-    for given in (hint, os.environ.get(ENV)):
+    for given, where in ((hint, None), (os.environ.get(ENV), f"${ENV}")):
         if given is None or str(given) == "auto":
             continue
         if str(given) == "none":
@@ -71,7 +71,7 @@ def find_ggml_cpu(hint: str | os.PathLike | None = None) -> Path | None:
         for cand in (p, p / LIB_NAME, p / "bin" / LIB_NAME, p / "lib" / LIB_NAME):
             if cand.is_file():
                 return cand
-        raise SpecError(str(p), None, f"no {LIB_NAME} there (a llama.cpp build's, or 'none')")
+        raise SpecError(str(p), where, f"no {LIB_NAME} there (a llama.cpp build's, or 'none')")
     for prog in PROGRAMS:
         exe = shutil.which(prog)
         if exe:

@@ -53,9 +53,14 @@ def test_a_llama_bench_on_path_brings_its_library(tmp_path, monkeypatch):
 
 
 def test_a_named_place_without_the_library_is_one_clear_error(tmp_path, monkeypatch):
+    """Named on the command line, or by the environment (the line says which)."""
     monkeypatch.delenv(L.ENV, raising=False)
     with pytest.raises(SpecError, match=f"no {L.LIB_NAME} there"):
         L.find_ggml_cpu(tmp_path / "nowhere")
+    monkeypatch.setenv(L.ENV, str(tmp_path / "elsewhere"))
+    with pytest.raises(SpecError) as e:
+        L.find_ggml_cpu("auto")
+    assert e.value.line().startswith(f"{tmp_path / 'elsewhere'}: ${L.ENV}: no {L.LIB_NAME} there")
 
 
 def test_a_file_that_is_no_library_does_not_load(tmp_path):
