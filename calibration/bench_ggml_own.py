@@ -24,7 +24,7 @@ from numba import njit, prange
 
 from .bench_kernel import _synth_tensor, expert_pool
 from .bench_rowwise import CHUNK_ROWS, _flat, _routes, repacked_share
-from .ggml_library import TOKEN_BYTES, VEC_DOT_TYPE, GgmlCpu, vec_dot_name
+from .ggml_library import GEMV, TOKEN_BYTES, VEC_DOT_TYPE, GgmlCpu, repack_x8, vec_dot_name
 
 
 @njit(parallel=True, nogil=True)
@@ -111,9 +111,10 @@ def _vecdot_matrix(vec_dot, w, rows, n, q, out):
 
 
 def _vecdot_matrix_of(vec_dot):
-    """matrix(w, rows, n, q, out) over ggml's `vec_dot` (_vecdot_matrix; a compiled closure, see _bound_matvec)."""
+    """matrix(w, rows, n, q, out, nthr) over ggml's `vec_dot` (_vecdot_matrix, whose blocks numba's threads share
+    out: nthr only matches _repacked_matrix_of's call; a compiled closure, see _bound_matvec)."""
     @njit(nogil=True)
-    def matrix(w, rows, n, q, out):
+    def matrix(w, rows, n, q, out, nthr):
         _vecdot_matrix(vec_dot, w, rows, n, q, out)
     return matrix
 
@@ -148,7 +149,6 @@ def own_prefill_job(g: GgmlCpu, fmt: str, path: str, hidden: int = 2048, ffn: in
     kernels = {"vecdot": g.vec_dot, "repacked": g.gemv}.get(path, {})
     if fmt not in kernels:
         raise ValueError(f"{g.path} gives no verified kernel for {fmt}'s {path} path")
-    from .ggml_library import repack_x8
     rng = np.random.default_rng(seed)
     per = max(1, tokens * top_k // n_experts)  # tokens an expert
     mats = [_synth_tensor(fmt, n_experts, r, c, rng) for r, c in ((ffn, hidden), (ffn, hidden), (hidden, ffn))]
@@ -166,19 +166,14 @@ def own_prefill_job(g: GgmlCpu, fmt: str, path: str, hidden: int = 2048, ffn: in
     qb = np.zeros((tokens, qx.shape[2]), np.uint8)
     qh = np.zeros((n_experts, per, TOKEN_BYTES[t](ffn)), np.uint8)
     gout, yout = np.zeros((n_experts, per, ffn), np.float32), np.zeros((n_experts, per, hidden), np.float32)
-    if path == "vecdot":
-        matrix = _vecdot_matrix_of(kernels[fmt])
-        product = lambda w, rows, n, q, out: matrix(w, rows, n, q, out)  # noqa: E731
-    else:
-        matrix = _repacked_matrix_of(kernels[fmt])
-        product = lambda w, rows, n, q, out: matrix(w, rows, n, q, out, numba.get_num_threads())  # noqa: E731
+    matrix = (_vecdot_matrix_of if path == "vecdot" else _repacked_matrix_of)(kernels[fmt])
 
     def run():
         for w in ws[:2]:  # gate, up: the batch converted, then the experts' products
             quantize_rows(batch, qb)
-            product(w, ffn, hidden, qx, gout)
+            matrix(w, ffn, hidden, qx, gout, numba.get_num_threads())
         quantize_rows(h, qh.reshape(n_experts * per, -1))  # down: every pair's row converted
-        product(ws[2], hidden, ffn, qh, yout)
+        matrix(ws[2], hidden, ffn, qh, yout, numba.get_num_threads())
     return run, 6.0 * hidden * ffn * per * n_experts
 
 
@@ -213,7 +208,6 @@ def own_repacked_job(g: GgmlCpu, fmt: str, hidden: int = 2048, ffn: int = 768, p
     pool copied into llama.cpp's layout."""
     if fmt not in g.gemv:
         raise ValueError(f"{g.path} gives no verified repacked gemv for {fmt}")
-    from .ggml_library import repack_x8
     p, t = expert_pool(fmt, hidden, ffn, pool_bytes, max_k, seed), VEC_DOT_TYPE[fmt]
     # every expert's rows are a multiple of 8 apart, so the whole pool repacks as one tensor of n x rows rows
     packed = [np.ascontiguousarray(repack_x8(fmt)(f.reshape(-1), p.n * rows)).reshape(p.n, -1)
@@ -224,7 +218,6 @@ def own_repacked_job(g: GgmlCpu, fmt: str, hidden: int = 2048, ffn: int = 768, p
 
 def own_prefill_label(g: GgmlCpu, fmt: str, path: str, hidden: int, ffn: int) -> str:
     """The method line of a ggml prefill rate timed on its own kernels in a profile."""
-    from .ggml_library import GEMV
     how = (f"ggml's own {vec_dot_name(fmt)} per (row, token) in 16 x 16 blocks" if path == "vecdot" else
            f"each thread's share of rows token by token, ggml's own {GEMV[fmt]}")
     return (f"ggml's MUL_MAT_ID structure for {fmt} ({path}: {how}, {g.path}; calibration.bench_ggml_own) "
@@ -233,7 +226,6 @@ def own_prefill_label(g: GgmlCpu, fmt: str, path: str, hidden: int, ffn: int) ->
 
 def own_label(g: GgmlCpu, fmt: str, hidden: int, ffn: int, repacked: bool = False) -> str:
     """The method line of a rate timed on ggml's own kernels in a profile."""
-    from .ggml_library import GEMV
     if repacked:
         return (f"ggml's own {GEMV[fmt]} ({g.path}), each thread one call an expert over a contiguous share of its "
                 f"rows (ggml's repacked MUL_MAT_ID; calibration.bench_ggml_own) {fmt} SwiGLU {hidden}x{ffn}, 1 token")

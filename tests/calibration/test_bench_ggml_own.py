@@ -115,7 +115,7 @@ def test_ggmls_own_prefill_products_cover_every_expert_token_and_row(ggml, fmt, 
     _quantize_rows_of(ggml.quantize[t])(x.reshape(E * T, n), q.reshape(E * T, -1))
     out = np.zeros((E, T, rows), np.float32)
     if path == "vecdot":
-        _vecdot_matrix_of(ggml.vec_dot[fmt])(w, rows, n, q, out)
+        _vecdot_matrix_of(ggml.vec_dot[fmt])(w, rows, n, q, out, 2)
     else:
         packed = np.ascontiguousarray(L.repack_x8(fmt)(w.reshape(-1), E * rows)).reshape(E, -1)
         _repacked_matrix_of(ggml.gemv[fmt])(packed, rows, n, q, out, 2)
