@@ -68,8 +68,14 @@ def rows_with_kernels_of(data: Path, sitting: str, profile: str, kernels_from: s
     g = {k: v for k, v in d["cpu"]["ggml_prefill_gflops"].items() if not _kernel_prefill_key(k)}
     g.update({k: v for k, v in src["ggml_prefill_gflops"].items() if _kernel_prefill_key(k)})
     d["cpu"]["ggml_prefill_gflops"] = g
-    path = _scratch() / f"{data.name}-{profile}-kernels-of-{kernels_from}.yaml"
-    path.write_text(yaml.safe_dump(d))
+    return rows_on(data, sitting, d, f"{profile}-kernels-of-{kernels_from}")
+
+
+def rows_on(data: Path, sitting: str, profile: dict, name: str) -> tuple[dict, ...]:
+    """regress's rows of data/results-llamacpp-<sitting>.csv on the profile `profile` (a parsed, changed copy of a
+    stored one, written to the scratch folder as <data>-<name>.yaml), run from the repo root."""
+    path = _scratch() / f"{data.name}-{name}.yaml"
+    path.write_text(yaml.safe_dump(profile))
     mp = pytest.MonkeyPatch()
     mp.chdir(ROOT)
     try:

@@ -10,10 +10,11 @@ ms/MB), so the comparison is paired: each own-kernel profile as it is, and with 
 profile taken next to it (stored_runs.rows_with_kernels_of). No constant is fitted on llama.cpp."""
 from __future__ import annotations
 
+import re
 import statistics
 from pathlib import Path
 
-from stored_runs import rows_with_kernels_of, stored_profile, stored_rows
+from stored_runs import rows_on, rows_with_kernels_of, stored_profile, stored_rows
 
 DATA = Path("tests/calibration/data/zen4-2026-12-06f")
 SITTINGS = ("1440", "1445", "1450")
@@ -100,26 +101,14 @@ def test_on_one_thread_the_f16_dense_rate_holds_most_of_it():
     32.6-32.9 GB/s on one thread, the rebuild 20.4-23.6, perf of llama-bench in situ 26. With the rebuild's F16 rate
     and every other kernel ggml's own, one-thread decode's median |error| is 2.7% in place and 1.3% repacked (8.0 and
     6.5% all own), when recorded."""
-    import yaml
-
-    from calibration import regress
-    from stored_runs import ROOT, _scratch
-    import pytest
     acc: dict[tuple, list[float]] = {}
     for own, reb in PAIRS:
         d, src = stored_profile(DATA, own), stored_profile(DATA, reb)["cpu"]
         for k in ("F16", "F16@1t"):
             d["cpu"]["rowwise_gbs"][k] = src["rowwise_gbs"][k]
-        path = _scratch() / f"{DATA.name}-{own}-f16-of-{reb}.yaml"
-        path.write_text(yaml.safe_dump(d))
-        mp = pytest.MonkeyPatch()
-        mp.chdir(ROOT)
-        try:
-            for s in SITTINGS:
-                for r in regress.local_rows(DATA / f"results-llamacpp-{s}.csv", str(path)):
-                    acc.setdefault(_case(r), []).append(r["error"])
-        finally:
-            mp.undo()
+        for s in SITTINGS:
+            for r in rows_on(DATA, s, d, f"{own}-f16-of-{reb}"):
+                acc.setdefault(_case(r), []).append(r["error"])
     mixed = {k: statistics.mean(v) for k, v in acc.items()}
     own = _errors("own")
     for layout in ("norp", "rp"):
@@ -140,31 +129,17 @@ def test_repacked_prefill_reads_ggmls_own_gemvs():
     assert _group(reb, "pr", "t2", "norp", K_QUANT_FILES) == _group(own, "pr", "t2", "norp", K_QUANT_FILES)
 
 
-def _median_round_rows(sitting: str, profile: str) -> list[dict]:
+def _median_round_rows(sitting: str, profile: str) -> tuple[dict, ...]:
     """regress's rows of a sitting on `profile` with each CPU kernel rate (expert, rowwise, repacked) its median
     rounds' figure, which its ref records: what `calibrate --typical-out` takes for the kernels (its layer loop's
     median is not recorded)."""
-    import re
-
-    import pytest
-    import yaml
-
-    from calibration import regress
-    from stored_runs import ROOT, _scratch
     d = stored_profile(DATA, profile)
     for table in ("expert_gbs", "rowwise_gbs", "repacked_gbs"):
         for v in d["cpu"][table].values():
             m = re.search(r"median rounds: ([0-9.]+) GB/s", str(v.get("ref", "")).replace("\n", " "))
             if m:
                 v["value"] = float(m.group(1))
-    path = _scratch() / f"{DATA.name}-{profile}-median-rounds.yaml"
-    path.write_text(yaml.safe_dump(d))
-    mp = pytest.MonkeyPatch()
-    mp.chdir(ROOT)
-    try:
-        return regress.local_rows(DATA / f"results-llamacpp-{sitting}.csv", str(path))
-    finally:
-        mp.undo()
+    return rows_on(DATA, sitting, d, f"{profile}-median-rounds")
 
 
 def test_on_the_kernels_median_rounds_the_over_prediction_is_even():
