@@ -12,9 +12,11 @@ one, over what `detect_hardware` reads off this machine. Constants for the simul
                     `cpu_prefill_ref_tokens` tokens an expert; `cpu_prefill_fixed_tokens` from the same batch at
                     512 tokens: an expert product's cost beyond its multiply-adds, in tokens' worth of them
     cpu_layer_ms    a CPU-only decode layer (attention block, then the experts) timed in a loop, less
-                    its bytes at the kernels' rates and its two job costs: what alternating costs; on
-                    two layer sizes, split into a fixed part and `cpu_layer_ms_per_mb` (per MB the
-                    layer reads: the kernels run slower between attention blocks than back to back)
+                    its bytes at the kernels' rates and its two job costs; on two layer sizes, split
+                    into a fixed part and `cpu_layer_ms_per_mb` (per MB the layer reads). Each round is
+                    paired with the kernel benchmark's jobs: alternating itself costs next to nothing, and
+                    the per-MB part is mostly the kernels' median rounds beyond their fastest
+                    (bench_layer_loop.py)
     dense_gbs       the dense path's matrix-vector bandwidth on the torch device
     pagecache_4k_us a 4 KiB read served from the page cache
     t_miss_ms       (CUDA) copy one expert from pinned RAM and compute it
@@ -62,9 +64,10 @@ from . import store
 from .bench_device import DenseResult, H2DResult, HitResult, bench_dense, bench_h2d, bench_hit, torch_device
 from .bench_disk import DiskResult, bench_disk
 from .bench_handover import HandoverResult, bench_handover
-from .bench_kernel import (KernelBench, KernelFit, LayerLoop, LayerLoopBench, PrefillResult,
+from .bench_kernel import (KernelBench, KernelFit, PrefillResult,
                            bench_prefill, executor_dense_prefill_jobs, executor_expert_job, executor_kernel_available,
                            executor_prefill_jobs, kernel_version, toy_expert_job)
+from .bench_layer_loop import LayerLoop, LayerLoopBench
 from .bench_memory import MemBandwidth, MemoryBench, default_thread_counts
 from .profile import DEFAULT_FORMAT, build_profile, noise_of, store_rows, typical_state  # noqa: F401  (noise_of: re-exported)
 
@@ -500,12 +503,15 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                 t0 = time.perf_counter()
                 lf = "Q8_0" if "Q8_0" in formats else fmt
                 ticks["layers"] = pg.stage(f"CPU decode layer loop {lf}", s.prefill_repeats)
-                loop = LayerLoopBench(lf, threads=numba.get_num_threads(), hidden=s.kernel_hidden,
+                # each token next to jobs of the kernel benchmark's own pool: the kernels' rate at that moment
+                job = (kbenches[lf].run_job, kbenches[lf].expert_bytes)
+                loop = LayerLoopBench(lf, threads=numba.get_num_threads(), job=job, hidden=s.kernel_hidden,
                                       ffn=s.kernel_ffn, n_experts=s.prefill_experts, top_k=s.prefill_top_k)
                 # and on a layer about a twentieth of the bytes: what a layer costs beyond its bytes has a fixed part
                 # and a part that grows with them (the kernels run slower between attention blocks)
-                small = LayerLoopBench(lf, threads=numba.get_num_threads(), hidden=max(32, s.kernel_hidden // 4),
-                                       ffn=max(32, s.kernel_ffn // 3), n_experts=s.prefill_experts,
+                small = LayerLoopBench(lf, threads=numba.get_num_threads(), job=job,
+                                       hidden=max(32, s.kernel_hidden // 4), ffn=max(32, s.kernel_ffn // 3),
+                                       n_experts=s.prefill_experts,
                                        top_k=max(1, s.prefill_top_k // 2))
                 budgets["layers"] = bud.take("layers", s.prefill_budget_s)
                 loop.sample(l_first, budgets["layers"] * l_first / s.prefill_repeats, ticks["layers"])

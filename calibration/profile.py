@@ -95,7 +95,8 @@ def typical_state(r: Results) -> Results:
                 for k, f in fits.items()}
 
     def loop(ll):  # the layer loop's median round too: its cost beyond the kernels' rates, both typical
-        return dataclasses.replace(ll, t_layer_ms=ll.t_layer_ms_median) if ll and ll.t_layer_ms_median else ll
+        return dataclasses.replace(ll, t_layer_ms=ll.t_layer_ms_median, typical=True) if ll and ll.t_layer_ms_median \
+            else ll
     return dataclasses.replace(r, layer_loop=loop(r.layer_loop), layer_loop_small=loop(r.layer_loop_small),
                                **{name: med(getattr(r, name)) for name in (
                                    "kernels", "kernels_1t", "rowwise", "rowwise_1t", "repacked", "repacked_1t",
@@ -214,9 +215,14 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
         f, fd = r.kernels[r.layer_loop.fmt], r.kernels["F16"]
 
         def rest(ll) -> tuple[float, float]:  # (MB the layer reads, ms beyond its bytes and job costs)
-            roof = ll.dense_bytes / (fd.expert_gbs * 1e6) + ll.expert_bytes / (f.expert_gbs * 1e6) + fd.c_a_ms + f.c_a_ms
-            return (ll.dense_bytes + ll.expert_bytes) / 1e6, ll.t_layer_ms - roof
+            return (ll.dense_bytes + ll.expert_bytes) / 1e6, ll.rest_ms(f, fd)
         (mb, ms), how = rest(r.layer_loop), r.layer_loop.method()
+        paired = r.layer_loop.paired_rest_ms(f, fd)
+        if paired is not None:  # what the loop's constant stands for (bench_layer_loop)
+            gap = r.layer_loop.bytes_ms(f, fd, median=True) - r.layer_loop.bytes_ms(f, fd)
+            how += (f"; at the kernels' rate of each round {paired:.3f} ms a layer beyond its bytes and job costs "
+                    f"(median of the paired rounds), and the kernels' median rounds {gap:.3f} ms beyond the rates "
+                    f"given here" + (": the paired figure is taken" if r.layer_loop.typical else ""))
         per_mb = 0.0
         if r.layer_loop_small is not None:
             mb0, ms0 = rest(r.layer_loop_small)

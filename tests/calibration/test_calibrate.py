@@ -407,7 +407,7 @@ def test_memory_is_at_least_what_a_kernel_read_from_dram(pool, llc, usable):
 def test_layer_cost_splits_into_a_fixed_part_and_one_per_mb():
     """Two layer loops (46.4 MB and 2.1 MB a layer) left 0.412 and 0.025 ms beyond their bytes:
     cpu_layer_ms_per_mb = 0.387 / 44.3 MB, cpu_layer_ms the rest of the big layer's."""
-    from calibration.bench_kernel import LayerLoop
+    from calibration.bench_layer_loop import LayerLoop
     r = cal.Results(settings=cal.QUICK)
     r.kernels = {"Q8_0": _fit(30.0), "F16": _fit(30.0)}  # 30 GB/s = 0.0333 ms/MB, no job cost
     mb = lambda ms, dense, expert: ms + (dense + expert) / 30e6  # noqa: E731  (layer time = rest + bytes at 30 GB/s)
