@@ -15,7 +15,8 @@ from which the mean of a run is predicted, and why the per-MB constant swung 0-0
 of 2026-12-06 (0-0.0091 in those five runs). Replacing it by the paired figure plus that gap, on the profiles and
 llama-bench sittings of tests/calibration/data/zen4-2026-12-06f, moved llama.cpp's tg64 errors from -6.2 / -0.3 /
 -3.6 / +1.2% to -2.5 / +4.5 / +1.8 / +9.0% (one / two threads, in place / repacked): no better, so it was not
-taken. `python benchmarks/bench_layer_loop.py --runs 5` gives each run's figures.
+taken, as on 2026-11-30 (README, "Tried and not kept: the layer loop timed paired"). `python
+benchmarks/bench_layer_loop.py --runs 5` gives each run's figures.
 """
 from __future__ import annotations
 
