@@ -18,8 +18,9 @@ interleaved block by block, computed 8 rows a pass; rows a multiple of 8, as lla
 repack): the rates of llama.cpp plans that repack (`cpu.repacked_gbs`).
 
 Where ggml's own arithmetic is rebuilt (calibration.ggml_vec_dot, AVX2: Q8_0's, Q4_0's and IQ4_NL's int8 vec_dot,
-the q4_0 8x8 gemv), these jobs run it, on the token quantised to Q8_0 as ggml does, in ggml's MUL_MAT_ID structure:
-one parallel region a matrix for all k experts. The other formats keep the executor's int16 single-row arithmetic.
+the q4_0 8x8 gemv; calibration.ggml_vec_dot_k: Q4_K's and Q6_K's), these jobs run it, on the token quantised to
+Q8_0 (Q8_K for the K-quants) as ggml does, in ggml's MUL_MAT_ID structure: one parallel region a matrix for all k
+experts. The other formats keep the executor's int16 single-row arithmetic.
 On Zen 3 and Zen 4 the int16 rows predicted llama.cpp's decode closely (median |error| 2.8%, session 34). On a
 2-core Emerald Rapids Xeon VM (2026-12-05) they read Q8_0 from DRAM at 9.8-11.9 GB/s on two threads and the rebuilt
 vec_dot at 13.8-14.8 (Q4_0 7.9-8.9 and 9.7-10.1; medians, a 1 GiB pool, a `/tmp` loop), where llama-bench's `small`
@@ -71,8 +72,10 @@ def repacked_share(th, rows, nthr):
     forward_mul_mat_id): an even split, each bound rounded up to a multiple of REPACK_ROWS."""
     r0 = (th * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS
     return r0, min(rows, ((th + 1) * rows // nthr + REPACK_ROWS - 1) // REPACK_ROWS * REPACK_ROWS)
-# the formats whose ggml vec_dot is rebuilt: their rowwise job runs it (int8 activations), not the executor's rows
+# the formats whose ggml vec_dot is rebuilt: their rowwise job runs it (int8 activations), not the executor's rows;
+# a Q8_0 token (GGML_INT8_FORMATS) or a Q8_K one (GGML_K_FORMATS)
 GGML_INT8_FORMATS = ("Q8_0", "Q4_0", "IQ4_NL") if HAVE_AVX2 else ()
+GGML_K_FORMATS = ("Q4_K", "Q6_K") if HAVE_AVX2 else ()
 
 
 @njit(nogil=True, fastmath=True, inline="always")
@@ -124,6 +127,7 @@ if HAVE_AVX2:
     from .ggml_gemv_q4_k import gemv_q4_kx8
     from .ggml_tiled import quantize_row_q8_k
     from .ggml_vec_dot import gemv_q4_0x8, quantize_row_q8_0, vec_dot
+    from .ggml_vec_dot_k import vec_dot_q4_k, vec_dot_q6_k
 
     @njit(parallel=True, nogil=True, fastmath=True, cache=True)
     def _ggml_matvec(w, es, code, rows, x, out, nthr):
@@ -141,6 +145,25 @@ if HAVE_AVX2:
                 for c in range(t, nc, nthr):
                     for r in range(c * CHUNK_ROWS, min(rows, (c + 1) * CHUNK_ROWS)):
                         vec_dot(code, w[es[j]], np.int64(r * rb), rb, x8, dx, nb, out[j], np.int64(r))
+
+    @njit(parallel=True, nogil=True, fastmath=True, cache=True)
+    def _ggml_k_matvec(w, es, code, rows, x, out, nthr):
+        """_ggml_matvec for Q4_K and Q6_K (GGML_K_FORMATS, `code`): x quantised to Q8_K (ggml's vec_dot type for
+        K-quants), ggml's ggml_vec_dot_q4_K_q8_K / ggml_vec_dot_q6_K_q8_K a row."""
+        n = x.shape[1]
+        x8, dx, bs = np.empty(n, np.int8), np.empty(n // 256, np.float32), np.empty(n // 16, np.int32)
+        quantize_row_q8_k(x[0], x8, dx, bs)
+        bs16 = bs.astype(np.int16)  # block_q8_K's int16 sums
+        rb, nb = np.int64(w.shape[1] // rows), np.int64(n // 256)
+        nc = (rows + CHUNK_ROWS - 1) // CHUNK_ROWS
+        for t in prange(nthr):
+            for j in range(es.shape[0]):
+                for c in range(t, nc, nthr):
+                    for r in range(c * CHUNK_ROWS, min(rows, (c + 1) * CHUNK_ROWS)):
+                        if code == Q6_K:
+                            vec_dot_q6_k(w[es[j]], np.int64(r * rb), x8, dx, bs16, nb, out[j], np.int64(r))
+                        else:
+                            vec_dot_q4_k(w[es[j]], np.int64(r * rb), x8, dx, bs16, nb, out[j], np.int64(r))
 
     @njit(parallel=True, nogil=True, fastmath=True, cache=True)
     def _repacked_matvec(w, es, rows, x, out, nthr):
@@ -221,14 +244,17 @@ def rowwise_expert_job(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, po
         raise ValueError(f"no single-row kernel for {fmt} (have {', '.join(FORMATS)})")
     p = expert_pool(fmt, hidden, ffn, pool_bytes, max_k, seed)  # shared with the other jobs on these experts
     flat, code = _flat(p), p.gate.code
-    if fmt in GGML_INT8_FORMATS:  # ggml's own arithmetic and MUL_MAT_ID structure: three ops a token
+    if fmt in GGML_INT8_FORMATS or fmt in GGML_K_FORMATS:  # ggml's own arithmetic and MUL_MAT_ID structure
         routes = _routes(p.n)
         gk, yk = np.zeros((max_k, ffn), np.float32), np.zeros((max_k, hidden), np.float32)
 
         def run_ggml(k: int, first: int):
             es = routes(k, first)
-            for m, rows, v, out in ((0, ffn, p.x, gk), (1, ffn, p.x, gk), (2, hidden, p.h, yk)):
-                _ggml_matvec(flat[m], es, code, rows, v, out, numba.get_num_threads())
+            for m, rows, v, out in ((0, ffn, p.x, gk), (1, ffn, p.x, gk), (2, hidden, p.h, yk)):  # three ops a token
+                if fmt in GGML_K_FORMATS:
+                    _ggml_k_matvec(flat[m], es, code, rows, v, out, numba.get_num_threads())
+                else:
+                    _ggml_matvec(flat[m], es, code, rows, v, out, numba.get_num_threads())
         return run_ggml, p.expert_bytes
     g, u, y = np.zeros((1, ffn), np.float32), np.zeros((1, ffn), np.float32), np.zeros((1, hidden), np.float32)
 
@@ -248,6 +274,7 @@ def label(fmt: str, hidden: int, ffn: int, repacked: bool = False) -> str:
         return (f"{REPACK_ROWS} interleaved rows a pass by ggml's {gemv}, each thread a contiguous share "
                 f"of every expert's rows, no software prefetch (ggml's repacked MUL_MAT_ID; calibration.bench_rowwise) "
                 f"{fmt} SwiGLU {hidden}x{ffn}, 1 token")
-    how = ("ggml's int8 vec_dot" if fmt in GGML_INT8_FORMATS else "the executor's int16 single-row arithmetic")
+    how = ("ggml's int8 vec_dot" if fmt in GGML_INT8_FORMATS else "ggml's int8 vec_dot, Q8_K token"
+           if fmt in GGML_K_FORMATS else "the executor's int16 single-row arithmetic")
     return (f"one row per dot product ({how}), {CHUNK_ROWS}-row chunks across threads, no software prefetch "
             f"(ggml's structure; calibration.bench_rowwise) {fmt} SwiGLU {hidden}x{ffn}, 1 token")

@@ -72,6 +72,27 @@ def test_rowwise_matvec_of_a_rebuilt_format_is_ggml_arithmetic_for_every_expert(
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
+@pytest.mark.skipif(not GGML_INT8_FORMATS, reason="ggml's vec_dot is rebuilt for AVX2 only")
+@pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K"])
+def test_rowwise_matvec_of_a_rebuilt_k_quant_is_ggml_arithmetic_on_a_q8_k_token(fmt):
+    """Experts 2, 0, 3 of four, 300 rows x 512 of Q4_K / Q6_K, the chunks handed to 1 and 3 threads in turn: output j
+    is expert es[j]'s dequantised rows . the token quantised to Q8_K, to float rounding (ggml_vec_dot_q4_K_q8_K /
+    ggml_vec_dot_q6_K_q8_K, calibration.ggml_vec_dot_k)."""
+    from calibration.bench_rowwise import _ggml_k_matvec
+    from calibration.ggml_tiled import quantize_q8_k
+    rng = np.random.default_rng(4)
+    w = _synth_tensor(fmt, 4, 300, 512, rng)
+    x = rng.standard_normal((1, 512)).astype(np.float32)
+    es = np.array([2, 0, 3], np.int64)
+    x8, dx, _ = quantize_q8_k(x[None])
+    xq = (x8[0, 0].astype(np.float64).reshape(-1, 256) * dx[0, 0][:, None]).reshape(512)
+    ref = np.stack([dequantize(w.data[e], w.qtype).reshape(300, 512) @ xq for e in es])
+    for nthr in (1, 3):
+        out = np.full((3, 300), np.nan, np.float32)
+        _ggml_k_matvec(w.data.reshape(4, -1), es, w.code, 300, x, out, nthr)
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
 @pytest.mark.skipif(not REPACKED_FORMATS, reason="no AVX2: llama.cpp repacks nothing 8 rows at a time here")
 def test_repacked_matvec_is_ggml_gemv_arithmetic_for_every_expert():
     """Experts 1 and 0 of two, 96 rows x 256 in llama.cpp's block_q4_0x8 layout, on 3 threads' eighth-aligned shares
@@ -115,12 +136,14 @@ def test_repacked_k_quant_matvec_is_its_ggml_gemv_arithmetic_for_every_expert(fm
 @pytest.mark.skipif(not GGML_INT8_FORMATS, reason="ggml's vec_dot is rebuilt for AVX2 only")
 def test_a_rebuilt_formats_job_times_like_an_expert_job_and_says_its_arithmetic():
     """Q8_0's rowwise job (ggml's vec_dot, three ops a token): bytes per expert as Q8_0's rows, a positive rate; its
-    label names ggml's int8 vec_dot, a K-quant's the executor's int16 rows."""
+    label names ggml's int8 vec_dot, Q4_K's and Q6_K's ggml's with a Q8_K token, Q5_K's the executor's int16 rows."""
     run, eb = rowwise_expert_job("Q8_0", hidden=256, ffn=256, pool_bytes=1 << 20, max_k=4)
     assert eb == 3 * 256 * 8 * 34  # 256 rows of 8 blocks (34 bytes), three matrices
     kf = bench_expert_kernel(run, [1, 2, 4], eb, repeats=3, threads=1, budget_s=1.0)
     assert kf.expert_gbs > 0 and len(kf.t_ms) == 3
-    assert "ggml's int8 vec_dot" in label("Q8_0", 256, 256) and "int16" in label("Q4_K", 256, 256)
+    assert "ggml's int8 vec_dot" in label("Q8_0", 256, 256) and "int16" in label("Q5_K", 256, 256)
+    for fmt in ("Q4_K", "Q6_K"):
+        assert "ggml's int8 vec_dot, Q8_K token" in label(fmt, 256, 256)
 
 
 @pytest.mark.skipif(not REPACKED_FORMATS, reason="no AVX2")

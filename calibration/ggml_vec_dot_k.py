@@ -1,0 +1,212 @@
+"""ggml's AVX2 products of a Q4_K or Q6_K row with a Q8_K token (llama.cpp 0.3.36's ggml-cpu arch/x86/quants.c
+`ggml_vec_dot_q4_K_q8_K`, `ggml_vec_dot_q6_K_q8_K`), rebuilt as numba intrinsics, for the simulator's llama.cpp plans
+that keep these types in place (calibration.bench_rowwise).
+
+llama.cpp's MUL_MAT_ID quantises the token to Q8_K (int8 codes, one float scale and sixteen int16 16-code sums a
+256-value super-block) and dots each row with it. Q4_K, per super-block: the 12 bytes of 6-bit scales and mins
+unpacked (the `utmp` shuffle) and widened to 16 bits; the mins times the token's 32-code sums (`vpmaddwd` on 128
+bits) into a 4-lane accumulator with -dmin times the token's scale; four passes of 32 bytes of nibbles, the low and
+high nibbles against 32 codes each by `vpmaddubsw`, each times its sub-block's scale (`vpshufb`) by `vpmaddwd`,
+summed in 32-bit lanes; one convert and fused multiply-add with d times the token's scale into 8 lanes. Q6_K: the
+6-bit values (0-63) built from ql's nibbles and qh's bit pairs, two passes of four 32-value products, each times its
+sign-extended int8 scale, less 32 x the scales times the token's 16-code sums (the values' -32 offset). ggml compiles
+these loops for every CPU with AVX2 (there is no AVX-512 or VNNI form of them); the sums at the end are ggml's
+(hsum_float_8, then Q4_K's 4 lanes of mins), so the products are ggml's to the bit
+(tests/calibration/test_ggml_vec_dot_k.py, against a llama.cpp build where one is found).
+
+In L2 on the Zen 4 VM (one thread, 96 rows of 2048, 2026-12-06) the rebuilds take 54-57 ns a Q4_K row where ggml's
+own, called from numba, takes 54-56, and 54-60 a Q6_K row against 56-57. Three things had to match ggml's code for
+that: the token's sums read as int16 (narrowed from int32 in the loop, each super-block paid a 512-bit `vpmovdw`),
+the scales broadcast by `vpshufb` (LLVM had made a shift and a `vpbroadcastw` of each), and each `vpmaddwd` kept
+apart from the add after it (`_freeze`). Before this rebuild llama.cpp's in-place Q4_K and Q6_K rows took the
+executor's int16 rows' rate: in calibrate's decode job on one thread 14.4 GB/s of Q4_K and 15.4 of Q6_K, where ggml's
+own kernels read 17.5-17.8 and 24.4-24.9 and the rebuilds 17.7-18.1 and 24.8 (17:26-17:31, `python
+benchmarks/bench_ggml_own.py --threads 1 --rounds 7 --formats Q4_K Q6_K`, medians of alternating rounds). AVX2 only.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from executor.nbcache import drop_stale_cache
+from executor.simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fn, _splat
+
+from .ggml_gemv_kx8 import Ops, load_vec, shift_bytes, v32
+
+drop_stale_cache(__file__)
+
+Q4_K_BYTES = 144  # block_q4_K: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
+Q6_K_BYTES = 210  # block_q6_K: 128 bytes of low nibbles (ql), 64 of high bit pairs (qh), 16 int8 scales, fp16 d
+KMASK1, KMASK2, KMASK3 = 0x3F3F3F3F, 0x0F0F0F0F, 0x03030303
+
+
+def _scales_mins(builder, p):
+    """Codegen: the 12 bytes at p+4 -> <16 x i16>: the 8 sub-blocks' scales, then their mins (ggml's utmp shuffle,
+    then _mm256_cvtepu8_epi16)."""
+    i32 = lambda v: ir.Constant(I32, v)  # noqa: E731
+    u0, u1, u2 = (load_vec(builder, p, ir.Constant(I64, 4 + 4 * i), I32) for i in range(3))
+    t3 = builder.or_(builder.and_(builder.lshr(u2, i32(4)), i32(KMASK2)),
+                     builder.shl(builder.and_(builder.lshr(u1, i32(6)), i32(KMASK3)), i32(4)))
+    t1 = builder.or_(builder.and_(u2, i32(KMASK2)), builder.shl(builder.and_(builder.lshr(u0, i32(6)), i32(KMASK3)),
+                                                                 i32(4)))
+    t2, t0 = builder.and_(u1, i32(KMASK1)), builder.and_(u0, i32(KMASK1))
+    v = ir.Constant(V(I32, 4), ir.Undefined)
+    for i, t in enumerate((t0, t1, t2, t3)):
+        v = builder.insert_element(v, t, i32(i))
+    return builder.zext(builder.bitcast(v, V(I8, 16)), V(I16, 16))
+
+
+def _freeze(builder, v):
+    """Codegen: `freeze v`, the same value, which instruction selection does not look through. Without it, on a VNNI
+    CPU LLVM fuses each vpmaddwd with the add after it into a vpdpwssd, eight in one dependent chain a super-block,
+    where ggml's GCC build keeps its vpmaddwd and a chain of vpaddd."""
+    instr = ir.instructions.Instruction(builder.block, v.type, "freeze", [v])
+    builder._insert(instr)
+    return instr
+
+
+class _Tools:
+    """What a super-block's codegen uses: the builder, ggml's integer intrinsics and the token's pointers."""
+
+    def __init__(self, builder, xd, bd):
+        self.b, self.xd, self.bd = builder, xd, bd
+        ops = Ops(builder)
+        self.maddubs, self.pmaddwd = ops.maddubs, ops.pmaddwd
+        self.pshufb = _fn(builder, "llvm.x86.avx2.pshuf.b", V(I8, 32), [V(I8, 32)] * 2)
+        self.pshufb128 = _fn(builder, "llvm.x86.ssse3.pshuf.b.128", V(I8, 16), [V(I8, 16)] * 2)
+        self.madd128 = _fn(builder, "llvm.x86.sse2.pmadd.wd", V(I32, 4), [V(I16, 8)] * 2)
+
+    def i64(self, v):
+        return ir.Constant(I64, v)
+
+    def half(self, q, at):
+        """The fp16 at byte `at` of q, as float."""
+        b = self.b
+        return b.fpext(b.bitcast(load_vec(b, q, self.i64(at), I16), ir.HalfType()), F32)
+
+    def scaled(self, scale, vals, codes):
+        """vpmaddwd(scale, vpmaddubsw(vals, codes)), frozen (_freeze)."""
+        return _freeze(self.b, self.b.call(self.pmaddwd, [scale, self.b.call(self.maddubs, [vals, codes])]))
+
+    def codes(self, b, at):
+        """The token's 32 codes at value `at` of super-block b."""
+        return load_vec(self.b, self.xd, self.b.add(self.b.mul(b, self.i64(256)), self.i64(at)), V(I8, 32))
+
+    def sums(self, b):
+        """The token's sixteen int16 16-code sums of super-block b."""
+        return load_vec(self.b, self.bd, self.b.mul(b, self.i64(16)), V(I16, 16), 2)
+
+
+def _q4_k_block(t: _Tools, p, b, dy):
+    """Codegen: (d, <8 x i32> sums, (dmin, <4 x i32> mins x code sums)) of Q4_K super-block b at p (ggml's AVX2
+    loop)."""
+    bld = t.b
+    d, dmin = bld.fmul(dy, t.half(p, 0)), bld.fmul(bld.fneg(dy), t.half(p, 2))
+    sm = _scales_mins(bld, p)
+    sc = bld.bitcast(bld.shuffle_vector(sm, sm, v32(list(range(8)) * 2)), V(I8, 32))  # MM256_SET_M128I
+
+    def scale(s):  # _mm256_shuffle_epi8(scales, get_scale_shuffle_k4(s)): scale s in every 16-bit lane
+        return bld.bitcast(bld.call(t.pshufb, [sc, ir.Constant(V(I8, 32), [2 * s, 2 * s + 1] * 16)]), V(I16, 16))
+    bs = t.sums(b)
+    q8s = bld.add(bld.shuffle_vector(bs, bs, v32(range(0, 16, 2))),  # _mm_hadd_epi16 of the two halves
+                  bld.shuffle_vector(bs, bs, v32(range(1, 16, 2))))
+    prod = bld.call(t.madd128, [bld.shuffle_vector(sm, sm, v32(range(8, 16))), q8s])
+    low = ir.Constant(V(I8, 32), [0x0F] * 32)
+    sumi = ir.Constant(V(I32, 8), [0] * 8)
+    for j in range(4):  # 64 values a pass: sub-block 2j in the low nibbles, 2j + 1 in the high
+        q4 = load_vec(bld, p, t.i64(16 + 32 * j), V(I8, 32))
+        q4l, q4h = bld.and_(q4, low), bld.and_(shift_bytes(bld, q4, 4), low)
+        p16 = [t.scaled(scale(s), vals, t.codes(b, 64 * j + 32 * h))
+               for h, (vals, s) in enumerate(((q4l, 2 * j), (q4h, 2 * j + 1)))]
+        sumi = bld.add(sumi, bld.add(p16[0], p16[1]))
+    return d, sumi, (dmin, prod)
+
+
+def _shift16(bld, v, bits):
+    """_mm256_slli_epi16 (bits > 0) / _mm256_srli_epi16 (bits < 0) of a <32 x i8>."""
+    w = bld.bitcast(v, V(I16, 16))
+    k = ir.Constant(V(I16, 16), [abs(bits)] * 16)
+    return bld.bitcast(bld.shl(w, k) if bits > 0 else bld.lshr(w, k), V(I8, 32))
+
+
+def _q6_k_block(t: _Tools, p, b, dy):
+    """Codegen: (d, <8 x i32> sums, None) of Q6_K super-block b at p (ggml's AVX2 loop: 6-bit values 0-63 from ql
+    and qh, the -32 offset taken off at the end as 32 x the scales times the token's 16-code sums)."""
+    bld = t.b
+    byte = lambda v: ir.Constant(V(I8, 32), [v] * 32)  # noqa: E731
+    d = bld.fmul(dy, t.half(p, 208))
+    scales = load_vec(bld, p, t.i64(192), V(I8, 16))
+    sc16 = bld.sext(scales, V(I16, 16))
+    q8sclsub = bld.shl(bld.call(t.pmaddwd, [t.sums(b), sc16]), ir.Constant(V(I32, 8), [5] * 8))
+    sumi = ir.Constant(V(I32, 8), [0] * 8)
+    for j in range(2):  # 128 values a pass
+        q4bits1, q4bits2 = (load_vec(bld, p, t.i64(64 * j + 32 * i), V(I8, 32)) for i in range(2))
+        qh = load_vec(bld, p, t.i64(128 + 32 * j), V(I8, 32))
+        q4h = (_shift16(bld, bld.and_(qh, byte(3)), 4), _shift16(bld, bld.and_(qh, byte(12)), 2),
+               bld.and_(qh, byte(48)), _shift16(bld, bld.and_(qh, byte(-64)), -2))
+        q4 = (bld.or_(bld.and_(q4bits1, byte(15)), q4h[0]), bld.or_(bld.and_(q4bits2, byte(15)), q4h[1]),
+              bld.or_(bld.and_(_shift16(bld, q4bits1, -4), byte(15)), q4h[2]),
+              bld.or_(bld.and_(_shift16(bld, q4bits2, -4), byte(15)), q4h[3]))
+        p16 = []
+        for i in range(4):
+            k = 4 * j + i  # get_scale_shuffle(k): scale 2k in the first 8 lanes, 2k + 1 in the last 8
+            sc = bld.call(t.pshufb128, [scales, ir.Constant(V(I8, 16), [2 * k] * 8 + [2 * k + 1] * 8)])
+            p16.append(t.scaled(bld.sext(sc, V(I16, 16)), q4[i], t.codes(b, 128 * j + 32 * i)))
+        sumi = bld.add(sumi, bld.add(p16[0], p16[1]))
+        sumi = bld.add(sumi, bld.add(p16[2], p16[3]))
+    return d, bld.sub(sumi, q8sclsub), None
+
+
+def _vec_dot_k_codegen(context, builder, sig, args, block_bytes: int, block):
+    """Codegen: res[ro] = the row of nb super-blocks of block_bytes at byte woff of w . the Q8_K token (x8 codes, dx
+    scales, bs int16 16-code sums, as block_q8_K holds them): per super-block `block` -> (d, integer sums, mins or
+    None), d times the sums fused-added into 8 lanes, -dmin times the mins' into 4; ggml's sums at the end."""
+    wa, woff, xa, da, ba, nb, ra, roff = args
+    data = lambda i, v: cgutils.create_struct_proxy(sig.args[i])(context, builder, value=v).data  # noqa: E731
+    wd, xd, dd, bd, rd = data(0, wa), data(2, xa), data(3, da), data(4, ba), data(6, ra)
+    t = _Tools(builder, xd, bd)
+    fma8 = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
+    fma4 = _fn(builder, "llvm.fma.v4f32", V(F32, 4), [V(F32, 4)] * 3)
+    acc = cgutils.alloca_once_value(builder, ir.Constant(V(F32, 8), [0.0] * 8))
+    acc_m = cgutils.alloca_once_value(builder, ir.Constant(V(F32, 4), [0.0] * 4))
+    has_mins = False
+    with cgutils.for_range(builder, nb) as loop:
+        b = loop.index
+        p = builder.gep(wd, [builder.add(woff, builder.mul(b, t.i64(block_bytes)))])
+        d, sumi, mins = block(t, p, b, builder.load(builder.gep(dd, [b])))
+        if mins is not None:
+            has_mins = True
+            dmin, prod = mins
+            builder.store(builder.call(fma4, [_splat(builder, dmin, 4), builder.sitofp(prod, V(F32, 4)),
+                                              builder.load(acc_m)]), acc_m)
+        builder.store(builder.call(fma8, [_splat(builder, d, 8), builder.sitofp(sumi, V(F32, 8)), builder.load(acc)]),
+                      acc)
+    a = builder.load(acc)
+    h = builder.fadd(builder.shuffle_vector(a, a, v32(range(4, 8))), builder.shuffle_vector(a, a, v32(range(4))))
+    e = lambda v, i: builder.extract_element(v, ir.Constant(I32, i))  # noqa: E731
+    s = builder.fadd(builder.fadd(e(h, 0), e(h, 2)), builder.fadd(e(h, 1), e(h, 3)))  # hsum_float_8
+    if has_mins:  # Q4_K's 4 lanes of mins: (m0 + m2) + (m1 + m3)
+        m = builder.load(acc_m)
+        s = builder.fadd(s, builder.fadd(builder.fadd(e(m, 0), e(m, 2)), builder.fadd(e(m, 1), e(m, 3))))
+    builder.store(s, builder.gep(rd, [roff]))
+    return context.get_dummy_value()
+
+
+def _vec_dot(block_bytes: int, block, name: str):
+    """The numba intrinsic vec_dot(w, wo, x8, dx, bs, nb, res, ro) of _vec_dot_k_codegen with `block`."""
+    def codegen(context, builder, sig, args):
+        return _vec_dot_k_codegen(context, builder, sig, args, block_bytes, block)
+
+    def vec_dot(typingctx, w, wo, x8, dx, bs, nb, res, ro):
+        return types.none(w, wo, x8, dx, bs, nb, res, ro), codegen
+    vec_dot.__name__ = vec_dot.__qualname__ = name
+    return intrinsic(vec_dot)
+
+
+# vec_dot_q4_k / vec_dot_q6_k(w, wo, x8, dx, bs, nb, res, ro): res[ro] = the row at byte wo of w (nb super-blocks) .
+# the Q8_K token (x8 int8 codes, dx float32 scales, bs int16 16-code sums), as ggml's AVX2 ggml_vec_dot_q4_K_q8_K /
+# ggml_vec_dot_q6_K_q8_K
+if HAVE_AVX2:
+    vec_dot_q4_k = _vec_dot(Q4_K_BYTES, _q4_k_block, "vec_dot_q4_k")
+    vec_dot_q6_k = _vec_dot(Q6_K_BYTES, _q6_k_block, "vec_dot_q6_k")
