@@ -131,30 +131,21 @@ if HAVE_AVX2:
 
     @njit(parallel=True, nogil=True, fastmath=True, cache=True)
     def _ggml_matvec(w, es, code, rows, x, out, nthr):
-        """out[j, r] = W_{es[j]}[r] . x[0] for one matrix of experts es (w [E, bytes] of the type `code`: Q8_0,
-        Q4_0 or IQ4_NL; `rows` rows), as ggml's MUL_MAT_ID runs one token: x quantised to Q8_0 once (ggml's
-        vec_dot type), then each expert's 64-row chunks handed to the threads in turn, expert after expert, in one
-        parallel region (GGML_SCHEDULE), ggml's int8 vec_dot a row. nthr: numba's thread count, passed in."""
+        """out[j, r] = W_{es[j]}[r] . x[0] for one matrix of experts es (w [E, bytes] of the type `code`: a
+        GGML_INT8_FORMATS or GGML_K_FORMATS one; `rows` rows), as ggml's MUL_MAT_ID runs one token: x quantised once
+        to ggml's vec_dot type (Q8_0; Q8_K for the K-quants), then each expert's 64-row chunks handed to the threads
+        in turn, expert after expert, in one parallel region (GGML_SCHEDULE), ggml's int8 vec_dot a row. nthr:
+        numba's thread count, passed in."""
         n = x.shape[1]
-        x8, dx = np.empty(n, np.int8), np.empty(n // 32, np.float32)
-        quantize_row_q8_0(x[0], x8, dx)
-        rb, nb = np.int64(w.shape[1] // rows), np.int64(n // 32)
-        nc = (rows + CHUNK_ROWS - 1) // CHUNK_ROWS
-        for t in prange(nthr):
-            for j in range(es.shape[0]):
-                for c in range(t, nc, nthr):
-                    for r in range(c * CHUNK_ROWS, min(rows, (c + 1) * CHUNK_ROWS)):
-                        vec_dot(code, w[es[j]], np.int64(r * rb), rb, x8, dx, nb, out[j], np.int64(r))
-
-    @njit(parallel=True, nogil=True, fastmath=True, cache=True)
-    def _ggml_k_matvec(w, es, code, rows, x, out, nthr):
-        """_ggml_matvec for Q4_K and Q6_K (GGML_K_FORMATS, `code`): x quantised to Q8_K (ggml's vec_dot type for
-        K-quants), ggml's ggml_vec_dot_q4_K_q8_K / ggml_vec_dot_q6_K_q8_K a row."""
-        n = x.shape[1]
-        x8, dx, bs = np.empty(n, np.int8), np.empty(n // 256, np.float32), np.empty(n // 16, np.int32)
-        quantize_row_q8_k(x[0], x8, dx, bs)
+        k = code == Q4_K or code == Q6_K
+        x8, bs = np.empty(n, np.int8), np.empty(n // 16, np.int32)
+        dx = np.empty(n // 256 if k else n // 32, np.float32)
+        if k:
+            quantize_row_q8_k(x[0], x8, dx, bs)
+        else:
+            quantize_row_q8_0(x[0], x8, dx)
         bs16 = bs.astype(np.int16)  # block_q8_K's int16 sums
-        rb, nb = np.int64(w.shape[1] // rows), np.int64(n // 256)
+        rb, nb = np.int64(w.shape[1] // rows), np.int64(n // 256 if k else n // 32)
         nc = (rows + CHUNK_ROWS - 1) // CHUNK_ROWS
         for t in prange(nthr):
             for j in range(es.shape[0]):
@@ -162,8 +153,10 @@ if HAVE_AVX2:
                     for r in range(c * CHUNK_ROWS, min(rows, (c + 1) * CHUNK_ROWS)):
                         if code == Q6_K:
                             vec_dot_q6_k(w[es[j]], np.int64(r * rb), x8, dx, bs16, nb, out[j], np.int64(r))
-                        else:
+                        elif code == Q4_K:
                             vec_dot_q4_k(w[es[j]], np.int64(r * rb), x8, dx, bs16, nb, out[j], np.int64(r))
+                        else:
+                            vec_dot(code, w[es[j]], np.int64(r * rb), rb, x8, dx, nb, out[j], np.int64(r))
 
     @njit(parallel=True, nogil=True, fastmath=True, cache=True)
     def _repacked_matvec(w, es, rows, x, out, nthr):
@@ -251,10 +244,7 @@ def rowwise_expert_job(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, po
         def run_ggml(k: int, first: int):
             es = routes(k, first)
             for m, rows, v, out in ((0, ffn, p.x, gk), (1, ffn, p.x, gk), (2, hidden, p.h, yk)):  # three ops a token
-                if fmt in GGML_K_FORMATS:
-                    _ggml_k_matvec(flat[m], es, code, rows, v, out, numba.get_num_threads())
-                else:
-                    _ggml_matvec(flat[m], es, code, rows, v, out, numba.get_num_threads())
+                _ggml_matvec(flat[m], es, code, rows, v, out, numba.get_num_threads())
         return run_ggml, p.expert_bytes
     g, u, y = np.zeros((1, ffn), np.float32), np.zeros((1, ffn), np.float32), np.zeros((1, hidden), np.float32)
 

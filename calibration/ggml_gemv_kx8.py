@@ -11,6 +11,8 @@ with d and dmin times the token's scale, and at the end the rows put in order an
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 from llvmlite import ir
 from numba.core import cgutils, types
@@ -128,14 +130,18 @@ def gemv_kx8_codegen(context, builder, sig, args, block_bytes: int, integer_sums
     return context.get_dummy_value()
 
 
+def q8_k_intrinsic(codegen, name: str):
+    """The numba intrinsic f(w, wo, x8, dx, bs, nb, res, ro) whose body is `codegen(context, builder, sig, args)`: a
+    product of rows of super-blocks at byte wo of w (nb of them) with a Q8_K token (x8 codes, dx scales, bs 16-code
+    sums) into res from ro."""
+    def f(typingctx, w, wo, x8, dx, bs, nb, res, ro):
+        return types.none(w, wo, x8, dx, bs, nb, res, ro), codegen
+    f.__name__ = f.__qualname__ = name
+    return intrinsic(f)
+
+
 def kx8_gemv(block_bytes: int, integer_sums, name: str):
     """The numba intrinsic gemv(w, wo, x8, dx, bs, nb, res, ro): res[ro:ro + 8] = the 8 rows of super-blocks of
     block_bytes at byte wo of w (nb of them) . the Q8_K token (x8 codes, dx scales, bs 16-code sums), as
     gemv_kx8_codegen with integer_sums."""
-    def codegen(context, builder, sig, args):
-        return gemv_kx8_codegen(context, builder, sig, args, block_bytes, integer_sums)
-
-    def gemv(typingctx, w, wo, x8, dx, bs, nb, res, ro):
-        return types.none(w, wo, x8, dx, bs, nb, res, ro), codegen
-    gemv.__name__ = gemv.__qualname__ = name
-    return intrinsic(gemv)
+    return q8_k_intrinsic(partial(gemv_kx8_codegen, block_bytes=block_bytes, integer_sums=integer_sums), name)

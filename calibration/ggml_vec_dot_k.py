@@ -25,14 +25,15 @@ benchmarks/bench_ggml_own.py --threads 1 --rounds 7 --formats Q4_K Q6_K`, median
 """
 from __future__ import annotations
 
+from functools import partial
+
 from llvmlite import ir
-from numba.core import cgutils, types
-from numba.extending import intrinsic
+from numba.core import cgutils
 
 from executor.nbcache import drop_stale_cache
 from executor.simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fn, _splat
 
-from .ggml_gemv_kx8 import Ops, load_vec, shift_bytes, v32
+from .ggml_gemv_kx8 import Ops, load_vec, q8_k_intrinsic, shift_bytes, v32
 
 drop_stale_cache(__file__)
 
@@ -193,20 +194,11 @@ def _vec_dot_k_codegen(context, builder, sig, args, block_bytes: int, block):
     return context.get_dummy_value()
 
 
-def _vec_dot(block_bytes: int, block, name: str):
-    """The numba intrinsic vec_dot(w, wo, x8, dx, bs, nb, res, ro) of _vec_dot_k_codegen with `block`."""
-    def codegen(context, builder, sig, args):
-        return _vec_dot_k_codegen(context, builder, sig, args, block_bytes, block)
-
-    def vec_dot(typingctx, w, wo, x8, dx, bs, nb, res, ro):
-        return types.none(w, wo, x8, dx, bs, nb, res, ro), codegen
-    vec_dot.__name__ = vec_dot.__qualname__ = name
-    return intrinsic(vec_dot)
-
-
 # vec_dot_q4_k / vec_dot_q6_k(w, wo, x8, dx, bs, nb, res, ro): res[ro] = the row at byte wo of w (nb super-blocks) .
 # the Q8_K token (x8 int8 codes, dx float32 scales, bs int16 16-code sums), as ggml's AVX2 ggml_vec_dot_q4_K_q8_K /
 # ggml_vec_dot_q6_K_q8_K
 if HAVE_AVX2:
-    vec_dot_q4_k = _vec_dot(Q4_K_BYTES, _q4_k_block, "vec_dot_q4_k")
-    vec_dot_q6_k = _vec_dot(Q6_K_BYTES, _q6_k_block, "vec_dot_q6_k")
+    vec_dot_q4_k = q8_k_intrinsic(partial(_vec_dot_k_codegen, block_bytes=Q4_K_BYTES, block=_q4_k_block),
+                                  "vec_dot_q4_k")
+    vec_dot_q6_k = q8_k_intrinsic(partial(_vec_dot_k_codegen, block_bytes=Q6_K_BYTES, block=_q6_k_block),
+                                  "vec_dot_q6_k")

@@ -78,7 +78,7 @@ def test_rowwise_matvec_of_a_rebuilt_k_quant_is_ggml_arithmetic_on_a_q8_k_token(
     """Experts 2, 0, 3 of four, 300 rows x 512 of Q4_K / Q6_K, the chunks handed to 1 and 3 threads in turn: output j
     is expert es[j]'s dequantised rows . the token quantised to Q8_K, to float rounding (ggml_vec_dot_q4_K_q8_K /
     ggml_vec_dot_q6_K_q8_K, calibration.ggml_vec_dot_k)."""
-    from calibration.bench_rowwise import _ggml_k_matvec
+    from calibration.bench_rowwise import _ggml_matvec
     from calibration.ggml_tiled import quantize_q8_k
     rng = np.random.default_rng(4)
     w = _synth_tensor(fmt, 4, 300, 512, rng)
@@ -89,7 +89,7 @@ def test_rowwise_matvec_of_a_rebuilt_k_quant_is_ggml_arithmetic_on_a_q8_k_token(
     ref = np.stack([dequantize(w.data[e], w.qtype).reshape(300, 512) @ xq for e in es])
     for nthr in (1, 3):
         out = np.full((3, 300), np.nan, np.float32)
-        _ggml_k_matvec(w.data.reshape(4, -1), es, w.code, 300, x, out, nthr)
+        _ggml_matvec(w.data.reshape(4, -1), es, w.code, 300, x, out, nthr)
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
