@@ -1,27 +1,33 @@
-"""ggml's AVX2 products of a Q4_K or Q6_K row with a Q8_K token (llama.cpp 0.3.36's ggml-cpu arch/x86/quants.c
-`ggml_vec_dot_q4_K_q8_K`, `ggml_vec_dot_q6_K_q8_K`), rebuilt as numba intrinsics, for the simulator's llama.cpp plans
-that keep these types in place (calibration.bench_rowwise).
+"""ggml's AVX2 products of a Q4_K, Q5_K, Q6_K or IQ4_XS row with a Q8_K token (llama.cpp 0.3.36's ggml-cpu
+arch/x86/quants.c `ggml_vec_dot_<type>_q8_K`), rebuilt as numba intrinsics, for the simulator's llama.cpp plans that
+keep these types in place (calibration.bench_rowwise).
 
 llama.cpp's MUL_MAT_ID quantises the token to Q8_K (int8 codes, one float scale and sixteen int16 16-code sums a
-256-value super-block) and dots each row with it. Q4_K, per super-block: the 12 bytes of 6-bit scales and mins
-unpacked (the `utmp` shuffle) and widened to 16 bits; the mins times the token's 32-code sums (`vpmaddwd` on 128
-bits) into a 4-lane accumulator with -dmin times the token's scale; four passes of 32 bytes of nibbles, the low and
-high nibbles against 32 codes each by `vpmaddubsw`, each times its sub-block's scale (`vpshufb`) by `vpmaddwd`,
-summed in 32-bit lanes; one convert and fused multiply-add with d times the token's scale into 8 lanes. Q6_K: the
-6-bit values (0-63) built from ql's nibbles and qh's bit pairs, two passes of four 32-value products, each times its
-sign-extended int8 scale, less 32 x the scales times the token's 16-code sums (the values' -32 offset). ggml compiles
-these loops for every CPU with AVX2 (there is no AVX-512 or VNNI form of them); the sums at the end are ggml's
-(hsum_float_8, then Q4_K's 4 lanes of mins), so the products are ggml's to the bit
-(tests/calibration/test_ggml_vec_dot_k.py, against a llama.cpp build where one is found).
+256-value super-block) and dots each row with it. Per super-block:
+- Q4_K: the 12 bytes of 6-bit scales and mins unpacked (the `utmp` shuffle) and widened to 16 bits; the mins times the
+  token's 32-code sums (`vpmaddwd` on 128 bits) into a 4-lane accumulator with -dmin times the token's scale; four
+  passes of 32 bytes of nibbles, the low and high nibbles against 32 codes each by `vpmaddubsw`, each times its
+  sub-block's scale (`vpshufb`) by `vpmaddwd`, summed in 32-bit lanes; one convert and fused multiply-add with d times
+  the token's scale into 8 lanes.
+- Q5_K: Q4_K's, each value's fifth bit from qh added, and the mins' sum fused-added in one scalar float.
+- Q6_K: the 6-bit values (0-63) built from ql's nibbles and qh's bit pairs, two passes of four 32-value products, each
+  times its sign-extended int8 scale, less 32 x the scales times the token's 16-code sums (the values' -32 offset).
+- IQ4_XS: each nibble looked up in the IQ4_NL codebook by `vpshufb`, the int8 products by `vpsignb` / `vpmaddubsw`,
+  each 32 values times its 6-bit scale less 32, even and odd sub-blocks in two sums.
+ggml compiles these loops for every CPU with AVX2 (there is no AVX-512 or VNNI form of them); the sums at the end are
+ggml's (hsum_float_8, then the mins), so the products are ggml's to the bit (tests/calibration/test_ggml_vec_dot_k.py,
+against a llama.cpp build where one is found).
 
-In L2 on the Zen 4 VM (one thread, 96 rows of 2048, 2026-12-06) the rebuilds take 54-57 ns a Q4_K row where ggml's
-own, called from numba, takes 54-56, and 54-60 a Q6_K row against 56-57. Three things had to match ggml's code for
-that: the token's sums read as int16 (narrowed from int32 in the loop, each super-block paid a 512-bit `vpmovdw`),
-the scales broadcast by `vpshufb` (LLVM had made a shift and a `vpbroadcastw` of each), and each `vpmaddwd` kept
-apart from the add after it (`_freeze`). Before this rebuild llama.cpp's in-place Q4_K and Q6_K rows took the
-executor's int16 rows' rate: in calibrate's decode job on one thread 14.4 GB/s of Q4_K and 15.4 of Q6_K, where ggml's
-own kernels read 17.5-17.8 and 24.4-24.9 and the rebuilds 17.7-18.1 and 24.8 (17:26-17:31, `python
-benchmarks/bench_ggml_own.py --threads 1 --rounds 7 --formats Q4_K Q6_K`, medians of alternating rounds). AVX2 only.
+In L2 on the Zen 4 VM (one thread, 96 rows of 2048, ggml's own kernels called from numba beside them, 2026-12-06) a
+row takes, rebuilt against ggml's own: Q4_K 54-57 ns against 54-56, Q6_K 54-60 against 56-57, IQ4_XS 75 against 84,
+Q5_K 67-73 against 81-83. For Q4_K and Q6_K three things had to match ggml's code: the token's sums read as int16
+(narrowed from int32 in the loop, each super-block paid a 512-bit `vpmovdw`), the scales broadcast by `vpshufb` (LLVM
+had made a shift and a `vpbroadcastw` of each), and each `vpmaddwd` kept apart from the add after it (`_freeze`).
+Q5_K's stays faster: LLVM merges its fifth bit's two shifts and folds the add of disjoint bits and the mask into one
+`vpternlogq`, which GCC does not. Before these rebuilds llama.cpp's in-place rows of these types took the executor's
+int16 rows' rate: in calibrate's decode job on one thread 14.4 GB/s of Q4_K and 15.4 of Q6_K, where ggml's own kernels
+read 17.5-17.8 and 24.4-24.9 and the rebuilds 17.7-18.1 and 24.8 (17:26-17:31, `python benchmarks/bench_ggml_own.py
+--threads 1 --rounds 7 --formats Q4_K Q6_K`, medians of alternating rounds). AVX2 only.
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ from llvmlite import ir
 from numba.core import cgutils
 
 from executor.nbcache import drop_stale_cache
+from executor.iquants import KVALUES
 from executor.simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fn, _splat
 
 from .ggml_gemv_kx8 import Ops, load_vec, q8_k_intrinsic, shift_bytes, v32
@@ -39,6 +46,8 @@ drop_stale_cache(__file__)
 
 Q4_K_BYTES = 144  # block_q4_K: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
 Q6_K_BYTES = 210  # block_q6_K: 128 bytes of low nibbles (ql), 64 of high bit pairs (qh), 16 int8 scales, fp16 d
+Q5_K_BYTES = 176  # block_q5_K: fp16 d, fp16 dmin, 12 bytes of scales and mins, 32 of fifth bits (qh), 128 of nibbles
+IQ4_XS_BYTES = 136  # block_iq4_xs: fp16 d, uint16 scales_h, 4 bytes scales_l, 128 of nibbles
 KMASK1, KMASK2, KMASK3 = 0x3F3F3F3F, 0x0F0F0F0F, 0x03030303
 
 
@@ -77,6 +86,7 @@ class _Tools:
         self.pshufb = _fn(builder, "llvm.x86.avx2.pshuf.b", V(I8, 32), [V(I8, 32)] * 2)
         self.pshufb128 = _fn(builder, "llvm.x86.ssse3.pshuf.b.128", V(I8, 16), [V(I8, 16)] * 2)
         self.madd128 = _fn(builder, "llvm.x86.sse2.pmadd.wd", V(I32, 4), [V(I16, 8)] * 2)
+        self.psign = _fn(builder, "llvm.x86.avx2.psign.b", V(I8, 32), [V(I8, 32)] * 2)
 
     def i64(self, v):
         return ir.Constant(I64, v)
@@ -121,7 +131,7 @@ def _q4_k_block(t: _Tools, p, b, dy):
         p16 = [t.scaled(scale(s), vals, t.codes(b, 64 * j + 32 * h))
                for h, (vals, s) in enumerate(((q4l, 2 * j), (q4h, 2 * j + 1)))]
         sumi = bld.add(sumi, bld.add(p16[0], p16[1]))
-    return d, sumi, (dmin, prod)
+    return d, sumi, ("lanes", dmin, prod)
 
 
 def _shift16(bld, v, bits):
@@ -159,6 +169,72 @@ def _q6_k_block(t: _Tools, p, b, dy):
     return d, bld.sub(sumi, q8sclsub), None
 
 
+def _q5_k_block(t: _Tools, p, b, dy):
+    """Codegen: (d, <8 x i32> sums, ('scalar', dmin, i32 mins x code sums)) of Q5_K super-block b at p (ggml's AVX2
+    loop: Q4_K's, each value's fifth bit from qh, the mins' sum added in scalar floats)."""
+    bld = t.b
+    d, dmin = bld.fmul(dy, t.half(p, 0)), bld.fmul(bld.fneg(dy), t.half(p, 2))
+    sm = _scales_mins(bld, p)
+    sc = bld.bitcast(bld.shuffle_vector(sm, sm, v32(list(range(8)) * 2)), V(I8, 32))
+
+    def scale(s):  # _mm256_shuffle_epi8(scales, get_scale_shuffle_k4(s))
+        return bld.bitcast(bld.call(t.pshufb, [sc, ir.Constant(V(I8, 32), [2 * s, 2 * s + 1] * 16)]), V(I16, 16))
+    bs = t.sums(b)
+    q8s = bld.add(bld.shuffle_vector(bs, bs, v32(range(0, 16, 2))), bld.shuffle_vector(bs, bs, v32(range(1, 16, 2))))
+    prod = bld.call(t.madd128, [bld.shuffle_vector(sm, sm, v32(range(8, 16))), q8s])
+    e = lambda i: bld.extract_element(prod, ir.Constant(I32, i))  # noqa: E731
+    mins = bld.add(bld.add(e(0), e(1)), bld.add(e(2), e(3)))  # two _mm_hadd_epi32
+    low = ir.Constant(V(I8, 32), [0x0F] * 32)
+    hbits = load_vec(bld, p, t.i64(16), V(I8, 32))
+    sumi = ir.Constant(V(I32, 8), [0] * 8)
+    for j in range(4):
+        q5 = load_vec(bld, p, t.i64(48 + 32 * j), V(I8, 32))
+        p16 = []
+        for h, vals in enumerate((bld.and_(q5, low), bld.and_(shift_bytes(bld, q5, 4), low))):
+            bit = 2 * j + h  # the fifth bit of every value of sub-block 2j + h, at bit `bit` of hbits' bytes
+            hb = bld.and_(hbits, ir.Constant(V(I8, 32), [1 << bit] * 32))
+            # ggml's shifts right by `bit`, left by 4 and add; LLVM merges the shifts and makes the add of disjoint bits
+            # an `or` folded with the mask into a `vpternlogq` (freezing the steps does not stop it)
+            q5v = bld.add(vals, _shift16(bld, _shift16(bld, hb, -bit) if bit else hb, 4))
+            p16.append(t.scaled(scale(2 * j + h), q5v, t.codes(b, 64 * j + 32 * h)))
+        sumi = bld.add(sumi, bld.add(p16[0], p16[1]))
+    return d, sumi, ("scalar", dmin, mins)
+
+
+def _iq4_xs_block(t: _Tools, p, b, dy):
+    """Codegen: (d, <8 x i32> sums, None) of IQ4_XS super-block b at p (ggml's AVX2 loop: each nibble looked up in
+    the IQ4_NL codebook by `vpshufb`, the int8 products by `vpsignb` / `vpmaddubsw`, each 32 values times its 6-bit
+    scale less 32, even and odd sub-blocks in two sums)."""
+    bld = t.b
+    d = bld.fmul(t.half(p, 0), dy)
+    sh = bld.zext(load_vec(bld, p, t.i64(2), I16), I32)
+    book = ir.Constant(V(I8, 16), [int(v) for v in KVALUES])
+    m4 = ir.Constant(V(I8, 16), [0x0F] * 16)
+    sums = [ir.Constant(V(I32, 8), [0] * 8)] * 2
+    i32 = lambda v: ir.Constant(I32, v)  # noqa: E731
+    for ib in range(0, 8, 2):
+        sl = bld.zext(bld.load(bld.gep(p, [t.i64(4 + ib // 2)])), I32)
+        shb = bld.lshr(sh, i32(2 * ib))  # sh >>= 4 a pass
+        ls = (bld.sub(bld.or_(bld.and_(sl, i32(0xF)), bld.and_(bld.shl(shb, i32(4)), i32(0x30))), i32(32)),
+              bld.sub(bld.or_(bld.lshr(sl, i32(4)), bld.and_(bld.shl(shb, i32(2)), i32(0x30))), i32(32)))
+        for h in range(2):
+            q4 = load_vec(bld, p, t.i64(8 + 16 * (ib + h)), V(I8, 16))
+            lo = bld.call(t.pshufb128, [book, bld.and_(q4, m4)])
+            hi = bld.call(t.pshufb128, [book, bld.and_(_shift16_128(bld, q4, -4), m4)])
+            w = bld.shuffle_vector(lo, hi, v32(range(32)))  # MM256_SET_M128I(hi, lo)
+            x = t.codes(b, 32 * (ib + h))
+            p16 = bld.call(t.maddubs, [bld.call(t.psign, [w, w]), bld.call(t.psign, [x, w])])  # mul_add_epi8
+            scale = _splat(bld, bld.trunc(ls[h], I16), 16)
+            sums[h] = bld.add(_freeze(bld, bld.call(t.pmaddwd, [p16, scale])), sums[h])
+    return d, bld.add(sums[0], sums[1]), None
+
+
+def _shift16_128(bld, v, bits):
+    """_mm_srli_epi16 (bits < 0) of a <16 x i8>."""
+    w = bld.bitcast(v, V(I16, 8))
+    return bld.bitcast(bld.lshr(w, ir.Constant(V(I16, 8), [-bits] * 8)), V(I8, 16))
+
+
 def _vec_dot_k_codegen(context, builder, sig, args, block_bytes: int, block):
     """Codegen: res[ro] = the row of nb super-blocks of block_bytes at byte woff of w . the Q8_K token (x8 codes, dx
     scales, bs int16 16-code sums, as block_q8_K holds them): per super-block `block` -> (d, integer sums, mins or
@@ -169,27 +245,33 @@ def _vec_dot_k_codegen(context, builder, sig, args, block_bytes: int, block):
     t = _Tools(builder, xd, bd)
     fma8 = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
     fma4 = _fn(builder, "llvm.fma.v4f32", V(F32, 4), [V(F32, 4)] * 3)
+    fma1 = _fn(builder, "llvm.fma.f32", F32, [F32] * 3)
     acc = cgutils.alloca_once_value(builder, ir.Constant(V(F32, 8), [0.0] * 8))
     acc_m = cgutils.alloca_once_value(builder, ir.Constant(V(F32, 4), [0.0] * 4))
-    has_mins = False
+    summs = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
+    mins_kind = None
     with cgutils.for_range(builder, nb) as loop:
         b = loop.index
         p = builder.gep(wd, [builder.add(woff, builder.mul(b, t.i64(block_bytes)))])
         d, sumi, mins = block(t, p, b, builder.load(builder.gep(dd, [b])))
         if mins is not None:
-            has_mins = True
-            dmin, prod = mins
-            builder.store(builder.call(fma4, [_splat(builder, dmin, 4), builder.sitofp(prod, V(F32, 4)),
-                                              builder.load(acc_m)]), acc_m)
+            mins_kind, dmin, prod = mins
+            if mins_kind == "lanes":  # Q4_K: 4 lanes, fused
+                builder.store(builder.call(fma4, [_splat(builder, dmin, 4), builder.sitofp(prod, V(F32, 4)),
+                                                  builder.load(acc_m)]), acc_m)
+            else:  # Q5_K: summs += dmin * (float)sum, which GCC contracts into one fused multiply-add
+                builder.store(builder.call(fma1, [dmin, builder.sitofp(prod, F32), builder.load(summs)]), summs)
         builder.store(builder.call(fma8, [_splat(builder, d, 8), builder.sitofp(sumi, V(F32, 8)), builder.load(acc)]),
                       acc)
     a = builder.load(acc)
     h = builder.fadd(builder.shuffle_vector(a, a, v32(range(4, 8))), builder.shuffle_vector(a, a, v32(range(4))))
     e = lambda v, i: builder.extract_element(v, ir.Constant(I32, i))  # noqa: E731
     s = builder.fadd(builder.fadd(e(h, 0), e(h, 2)), builder.fadd(e(h, 1), e(h, 3)))  # hsum_float_8
-    if has_mins:  # Q4_K's 4 lanes of mins: (m0 + m2) + (m1 + m3)
+    if mins_kind == "lanes":  # Q4_K's 4 lanes of mins: (m0 + m2) + (m1 + m3)
         m = builder.load(acc_m)
         s = builder.fadd(s, builder.fadd(builder.fadd(e(m, 0), e(m, 2)), builder.fadd(e(m, 1), e(m, 3))))
+    elif mins_kind == "scalar":
+        s = builder.fadd(s, builder.load(summs))
     builder.store(s, builder.gep(rd, [roff]))
     return context.get_dummy_value()
 
@@ -202,3 +284,7 @@ if HAVE_AVX2:
                                   "vec_dot_q4_k")
     vec_dot_q6_k = q8_k_intrinsic(partial(_vec_dot_k_codegen, block_bytes=Q6_K_BYTES, block=_q6_k_block),
                                   "vec_dot_q6_k")
+    vec_dot_q5_k = q8_k_intrinsic(partial(_vec_dot_k_codegen, block_bytes=Q5_K_BYTES, block=_q5_k_block),
+                                  "vec_dot_q5_k")
+    vec_dot_iq4_xs = q8_k_intrinsic(partial(_vec_dot_k_codegen, block_bytes=IQ4_XS_BYTES, block=_iq4_xs_block),
+                                    "vec_dot_iq4_xs")
