@@ -23,7 +23,7 @@ one, over what `detect_hardware` reads off this machine. Constants for the simul
 
 and, beside `cpu.expert_gbs` (the executor's kernel), `cpu.rowwise_gbs`: the same expert jobs one weight
 row per dot product without software prefetch, as llama.cpp's ggml runs them (bench_rowwise.py; ggml's own int8
-arithmetic where it is rebuilt: Q8_0, Q4_0, IQ4_NL, Q4_K, Q6_K), the rates of the simulator's llama.cpp plans; and `cpu.repacked_gbs`:
+arithmetic where it is rebuilt: Q8_0, Q4_0, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS), the rates of the simulator's llama.cpp plans; and `cpu.repacked_gbs`:
 the formats llama.cpp repacks on this CPU (Q4_0 and Q4_K on AVX2, Q2_K on AVX-512 F) in its layout, 8 rows a pass by
 ggml's q4_0 / q4_K / q2_K 8x8 gemv, the rates of llama.cpp plans that repack. With `--ggml-lib` (a llama.cpp
 build's libggml-cpu.so) both, and ggml's vecdot and repacked prefill products, time ggml's own kernels instead
