@@ -109,20 +109,27 @@ class _Tools:
         return load_vec(self.b, self.bd, self.b.mul(b, self.i64(16)), V(I16, 16), 2)
 
 
-def _q4_k_block(t: _Tools, p, b, dy):
-    """Codegen: (d, <8 x i32> sums, (dmin, <4 x i32> mins x code sums)) of Q4_K super-block b at p (ggml's AVX2
-    loop)."""
+def _k4_header(t: _Tools, p, b, dy):
+    """Codegen: what Q4_K's and Q5_K's loops take from a super-block's head: (d, dmin, scale(s) -> sub-block s's scale
+    in every 16-bit lane, <4 x i32> mins x the token's 32-code sums)."""
     bld = t.b
     d, dmin = bld.fmul(dy, t.half(p, 0)), bld.fmul(bld.fneg(dy), t.half(p, 2))
     sm = _scales_mins(bld, p)
     sc = bld.bitcast(bld.shuffle_vector(sm, sm, v32(list(range(8)) * 2)), V(I8, 32))  # MM256_SET_M128I
 
-    def scale(s):  # _mm256_shuffle_epi8(scales, get_scale_shuffle_k4(s)): scale s in every 16-bit lane
+    def scale(s):  # _mm256_shuffle_epi8(scales, get_scale_shuffle_k4(s))
         return bld.bitcast(bld.call(t.pshufb, [sc, ir.Constant(V(I8, 32), [2 * s, 2 * s + 1] * 16)]), V(I16, 16))
     bs = t.sums(b)
     q8s = bld.add(bld.shuffle_vector(bs, bs, v32(range(0, 16, 2))),  # _mm_hadd_epi16 of the two halves
                   bld.shuffle_vector(bs, bs, v32(range(1, 16, 2))))
-    prod = bld.call(t.madd128, [bld.shuffle_vector(sm, sm, v32(range(8, 16))), q8s])
+    return d, dmin, scale, bld.call(t.madd128, [bld.shuffle_vector(sm, sm, v32(range(8, 16))), q8s])
+
+
+def _q4_k_block(t: _Tools, p, b, dy):
+    """Codegen: (d, <8 x i32> sums, ('lanes', dmin, <4 x i32> mins x code sums)) of Q4_K super-block b at p (ggml's
+    AVX2 loop)."""
+    bld = t.b
+    d, dmin, scale, prod = _k4_header(t, p, b, dy)
     low = ir.Constant(V(I8, 32), [0x0F] * 32)
     sumi = ir.Constant(V(I32, 8), [0] * 8)
     for j in range(4):  # 64 values a pass: sub-block 2j in the low nibbles, 2j + 1 in the high
@@ -173,15 +180,7 @@ def _q5_k_block(t: _Tools, p, b, dy):
     """Codegen: (d, <8 x i32> sums, ('scalar', dmin, i32 mins x code sums)) of Q5_K super-block b at p (ggml's AVX2
     loop: Q4_K's, each value's fifth bit from qh, the mins' sum added in scalar floats)."""
     bld = t.b
-    d, dmin = bld.fmul(dy, t.half(p, 0)), bld.fmul(bld.fneg(dy), t.half(p, 2))
-    sm = _scales_mins(bld, p)
-    sc = bld.bitcast(bld.shuffle_vector(sm, sm, v32(list(range(8)) * 2)), V(I8, 32))
-
-    def scale(s):  # _mm256_shuffle_epi8(scales, get_scale_shuffle_k4(s))
-        return bld.bitcast(bld.call(t.pshufb, [sc, ir.Constant(V(I8, 32), [2 * s, 2 * s + 1] * 16)]), V(I16, 16))
-    bs = t.sums(b)
-    q8s = bld.add(bld.shuffle_vector(bs, bs, v32(range(0, 16, 2))), bld.shuffle_vector(bs, bs, v32(range(1, 16, 2))))
-    prod = bld.call(t.madd128, [bld.shuffle_vector(sm, sm, v32(range(8, 16))), q8s])
+    d, dmin, scale, prod = _k4_header(t, p, b, dy)
     e = lambda i: bld.extract_element(prod, ir.Constant(I32, i))  # noqa: E731
     mins = bld.add(bld.add(e(0), e(1)), bld.add(e(2), e(3)))  # two _mm_hadd_epi32
     low = ir.Constant(V(I8, 32), [0x0F] * 32)
@@ -276,9 +275,9 @@ def _vec_dot_k_codegen(context, builder, sig, args, block_bytes: int, block):
     return context.get_dummy_value()
 
 
-# vec_dot_q4_k / vec_dot_q6_k(w, wo, x8, dx, bs, nb, res, ro): res[ro] = the row at byte wo of w (nb super-blocks) .
-# the Q8_K token (x8 int8 codes, dx float32 scales, bs int16 16-code sums), as ggml's AVX2 ggml_vec_dot_q4_K_q8_K /
-# ggml_vec_dot_q6_K_q8_K
+# vec_dot_q4_k / _q6_k / _q5_k / _iq4_xs(w, wo, x8, dx, bs, nb, res, ro): res[ro] = the row at byte wo of w (nb
+# super-blocks) . the Q8_K token (x8 int8 codes, dx float32 scales, bs int16 16-code sums), as ggml's AVX2
+# ggml_vec_dot_<type>_q8_K
 if HAVE_AVX2:
     vec_dot_q4_k = q8_k_intrinsic(partial(_vec_dot_k_codegen, block_bytes=Q4_K_BYTES, block=_q4_k_block),
                                   "vec_dot_q4_k")
