@@ -181,11 +181,3 @@ class LayerLoopBench:
                          round_layer_ms=per_layer if paired else [],
                          round_job_ms=[t * 1e3 / self.job_n for t in p.times["jobs"]] if paired else [],
                          job_k=self.job_k if paired else 0, job_n=self.job_n if paired else 0)
-
-
-def bench_layer_loop(fmt: str = "Q8_0", repeats: int = 9, threads: int | None = None, tick: Tick = None,
-                     budget_s: float = 3.0, job=None, **shape) -> LayerLoop:
-    """`LayerLoopBench` in one pass; per-layer time."""
-    lb = LayerLoopBench(fmt, threads, job=job, **shape)
-    lb.sample(repeats, budget_s, tick)
-    return lb.result()

@@ -89,6 +89,22 @@ def token_codes(builder, xd, off):
     return builder.shuffle_vector(h, h, v32(list(range(16)) * 2))
 
 
+def utmp_scales_mins(builder, q):
+    """Codegen: Q4_K's / Q5_K's 12 bytes of 6-bit scales and mins at q -> <16 x i8>: the 8 scales, then the 8 mins
+    (ggml's `utmp` shuffle, get_scale_min_k4 for all eight at once)."""
+    i32 = lambda v: ir.Constant(I32, v)  # noqa: E731
+    u = [load_vec(builder, q, ir.Constant(I64, 4 * i), I32) for i in range(3)]
+    k1, k2, k3 = i32(0x3F3F3F3F), i32(0x0F0F0F0F), i32(0x03030303)
+    t3 = builder.or_(builder.and_(builder.lshr(u[2], i32(4)), k2),
+                     builder.shl(builder.and_(builder.lshr(u[1], i32(6)), k3), i32(4)))
+    t1 = builder.or_(builder.and_(u[2], k2), builder.shl(builder.and_(builder.lshr(u[0], i32(6)), k3), i32(4)))
+    t2, t0 = builder.and_(u[1], k1), builder.and_(u[0], k1)
+    v = ir.Constant(V(I32, 4), ir.Undefined)
+    for i, t in enumerate((t0, t1, t2, t3)):
+        v = builder.insert_element(v, t, i32(i))
+    return builder.bitcast(v, V(I8, 16))
+
+
 class Ops:
     """The intrinsics of one codegen: maddubs (vpmaddubsw), pmaddwd (vpmaddwd)."""
 

@@ -29,7 +29,7 @@ from executor.nbcache import drop_stale_cache
 from executor.simd import HAVE_AVX2, I8, I16, I32, I64, V, _splat
 
 from .ggml_gemv_kx8 import (LANE_ROWS, ROWS, interleave_bytes, interleave_rows, kx8_gemv, lane_dword, load_vec,
-                           pair_rows, shift_bytes, token_codes, v32)
+                           pair_rows, shift_bytes, token_codes, utmp_scales_mins, v32)
 
 drop_stale_cache(__file__)
 
@@ -63,21 +63,7 @@ def repack_q4_k_x8(w: np.ndarray, rows: int) -> np.ndarray:
 def _q4_k_sums(builder, ops, p, xd, bd, b):
     """Codegen: (scaled products, mins x code sums) of block_q4_Kx8 super-block b at p (calibration.ggml_gemv_kx8)."""
     i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
-    i32 = lambda v: ir.Constant(I32, v)  # noqa: E731
     low = ir.Constant(V(I8, 32), [0x0F] * 32)
-
-    def scales_mins(q):  # the 12 bytes at q -> <16 x i8>: 8 rows' scales, then their mins (the utmp shuffle)
-        u = [load_vec(builder, q, i64(4 * i), I32) for i in range(3)]
-        k1, k2, k3 = i32(0x3F3F3F3F), i32(0x0F0F0F0F), i32(0x03030303)
-        t3 = builder.or_(builder.and_(builder.lshr(u[2], i32(4)), k2),
-                         builder.shl(builder.and_(builder.lshr(u[1], i32(6)), k3), i32(4)))
-        t1 = builder.or_(builder.and_(u[2], k2), builder.shl(builder.and_(builder.lshr(u[0], i32(6)), k3), i32(4)))
-        t2, t0 = builder.and_(u[1], k1), builder.and_(u[0], k1)
-        v = ir.Constant(V(I32, 4), ir.Undefined)
-        for i, t in enumerate((t0, t1, t2, t3)):
-            v = builder.insert_element(v, t, i32(i))
-        return builder.bitcast(v, V(I8, 16))
-
     bs = builder.trunc(load_vec(builder, bd, builder.mul(b, i64(16)), V(I32, 16), 4), V(I16, 16))
     q8s = builder.add(builder.shuffle_vector(bs, bs, v32(range(0, 16, 2))),  # hadd: each 32 codes' sum
                       builder.shuffle_vector(bs, bs, v32(range(1, 16, 2))))
@@ -88,7 +74,7 @@ def _q4_k_sums(builder, ops, p, xd, bd, b):
         raw = [load_vec(builder, p, i64(128 + sb * 256 + 32 * i), V(I8, 32)) for i in range(8)]  # 0123_0, 4567_0, ..
         lo = [builder.and_(r, low) for r in raw]
         hi = [builder.and_(shift_bytes(builder, r, 4), low) for r in raw]
-        ms = [scales_mins(builder.gep(p, [i64(32 + 24 * sb + 12 * h)])) for h in range(2)]
+        ms = [utmp_scales_mins(builder, builder.gep(p, [i64(32 + 24 * sb + 12 * h)])) for h in range(2)]
         order = [r for r in LANE_ROWS for _ in (0, 1)]  # each row's scale under both its 16-bit products
         scales = [builder.zext(builder.shuffle_vector(m, m, v32(order)), V(I16, 16)) for m in ms]
         mins = builder.zext(builder.shuffle_vector(ms[0], ms[1], v32([i for j in range(8, 16) for i in (j, 16 + j)])),
@@ -104,7 +90,7 @@ def _q4_k_sums(builder, ops, p, xd, bd, b):
                                                       lane_dword(builder, x, 2 * (k % 2) + (0 if first else 1))])
                     iacc = builder.add(iacc, prod)
             iacc_b = builder.add(iacc_b, builder.call(ops.pmaddwd, [iacc, scales[half]]))
-        q8s_sb = builder.bitcast(_splat(builder, builder.extract_element(q8s, i32(sb)), 8), V(I16, 16))
+        q8s_sb = builder.bitcast(_splat(builder, builder.extract_element(q8s, ir.Constant(I32, sb)), 8), V(I16, 16))
         iacc_min_b = builder.add(iacc_min_b, builder.call(ops.pmaddwd, [q8s_sb, mins]))
     return iacc_b, iacc_min_b
 

@@ -40,7 +40,7 @@ from executor.nbcache import drop_stale_cache
 from executor.iquants import KVALUES
 from executor.simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fn, _splat
 
-from .ggml_gemv_kx8 import Ops, load_vec, q8_k_intrinsic, shift_bytes, v32
+from .ggml_gemv_kx8 import Ops, load_vec, q8_k_intrinsic, shift_bytes, utmp_scales_mins, v32
 
 drop_stale_cache(__file__)
 
@@ -48,23 +48,12 @@ Q4_K_BYTES = 144  # block_q4_K: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and 
 Q6_K_BYTES = 210  # block_q6_K: 128 bytes of low nibbles (ql), 64 of high bit pairs (qh), 16 int8 scales, fp16 d
 Q5_K_BYTES = 176  # block_q5_K: fp16 d, fp16 dmin, 12 bytes of scales and mins, 32 of fifth bits (qh), 128 of nibbles
 IQ4_XS_BYTES = 136  # block_iq4_xs: fp16 d, uint16 scales_h, 4 bytes scales_l, 128 of nibbles
-KMASK1, KMASK2, KMASK3 = 0x3F3F3F3F, 0x0F0F0F0F, 0x03030303
 
 
 def _scales_mins(builder, p):
     """Codegen: the 12 bytes at p+4 -> <16 x i16>: the 8 sub-blocks' scales, then their mins (ggml's utmp shuffle,
     then _mm256_cvtepu8_epi16)."""
-    i32 = lambda v: ir.Constant(I32, v)  # noqa: E731
-    u0, u1, u2 = (load_vec(builder, p, ir.Constant(I64, 4 + 4 * i), I32) for i in range(3))
-    t3 = builder.or_(builder.and_(builder.lshr(u2, i32(4)), i32(KMASK2)),
-                     builder.shl(builder.and_(builder.lshr(u1, i32(6)), i32(KMASK3)), i32(4)))
-    t1 = builder.or_(builder.and_(u2, i32(KMASK2)), builder.shl(builder.and_(builder.lshr(u0, i32(6)), i32(KMASK3)),
-                                                                 i32(4)))
-    t2, t0 = builder.and_(u1, i32(KMASK1)), builder.and_(u0, i32(KMASK1))
-    v = ir.Constant(V(I32, 4), ir.Undefined)
-    for i, t in enumerate((t0, t1, t2, t3)):
-        v = builder.insert_element(v, t, i32(i))
-    return builder.zext(builder.bitcast(v, V(I8, 16)), V(I16, 16))
+    return builder.zext(utmp_scales_mins(builder, builder.gep(p, [ir.Constant(I64, 4)])), V(I16, 16))
 
 
 def _freeze(builder, v):

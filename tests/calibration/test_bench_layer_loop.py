@@ -19,13 +19,13 @@ def _fit(gbs: float, median_gbs: float, c_a_ms: float = 0.01) -> KernelFit:
                      t_ms_median=[c_a_ms + c_b_med, c_a_ms + 8 * c_b_med], c_b_ms_median=c_b_med)
 
 
-def _loop(dense: int, expert: int, extra_ms: float, states=(1.0, 1.25, 1.1, 1.4), t_layer_ms: float = 0.0):
+def _loop(dense: int, expert: int, extra_ms: float, states=(1.0, 1.25, 1.1, 1.4)):
     """A loop whose every round took `extra_ms` beyond its bytes at 30 GB/s times the round's state (the factor
     by which that round's kernels ran slower than the fits' 30 GB/s) plus both job costs (0.01 ms each)."""
     f = _fit(30.0, 25.0)
     rounds = [s * (dense + expert) / 30e6 + 0.02 + extra_ms for s in states]
     jobs = [f.c_a_ms + s * 8 * f.c_b_ms for s in states]
-    return LayerLoop(t_layer_ms=t_layer_ms or min(rounds), dense_bytes=dense, expert_bytes=expert, fmt="Q8_0",
+    return LayerLoop(t_layer_ms=min(rounds), dense_bytes=dense, expert_bytes=expert, fmt="Q8_0",
                      threads=2, repeats=len(states), t_layer_ms_median=sorted(rounds)[len(rounds) // 2],
                      round_layer_ms=rounds, round_job_ms=jobs, job_k=8, job_n=9)
 
@@ -86,6 +86,8 @@ def test_each_token_runs_next_to_jobs_of_the_kernel_benchmarks_pool():
                         top_k=2, layers=2)
     lb.sample(3, 1.0)
     ll = lb.result()
-    assert ll.job_k == 2 and ll.job_n == max(1, round(2 * (ll.dense_bytes + ll.expert_bytes) / (2 * eb)))
+    # a token reads 2 layers x (32,768 B of attention + 13,056 of experts) = 91,648 B; a job 2 x 6,528: 7 jobs
+    assert (ll.dense_bytes, ll.expert_bytes, eb) == (32_768, 13_056, 6_528)
+    assert ll.job_k == 2 and ll.job_n == 7
     assert len(ll.round_layer_ms) == len(ll.round_job_ms) >= 3
     assert min(ll.round_job_ms) > 0 and 0 < ll.t_layer_ms <= ll.t_layer_ms_median
