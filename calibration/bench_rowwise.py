@@ -18,9 +18,9 @@ interleaved block by block, computed 8 rows a pass; rows a multiple of 8, as lla
 repack): the rates of llama.cpp plans that repack (`cpu.repacked_gbs`).
 
 Where ggml's own arithmetic is rebuilt (calibration.ggml_vec_dot, AVX2: Q8_0's, Q4_0's and IQ4_NL's int8 vec_dot,
-the q4_0 8x8 gemv; calibration.ggml_vec_dot_k: Q4_K's, Q5_K's, Q6_K's and IQ4_XS's), these jobs run it, on the
-token quantised to Q8_0 (Q8_K for those four) as ggml does, in ggml's MUL_MAT_ID structure: one parallel region a
-matrix for all k experts. The other formats (Q2_K, Q3_K) keep the executor's int16 single-row arithmetic.
+the q4_0 8x8 gemv; calibration.ggml_vec_dot_k: the K-quants' Q2_K-Q6_K and IQ4_XS's), these jobs run it, on the
+token quantised to Q8_0 (Q8_K for those six) as ggml does, in ggml's MUL_MAT_ID structure: one parallel region a
+matrix for all k experts. F16 keeps the executor's single-row arithmetic (`--ggml-lib` times ggml's own).
 On Zen 3 and Zen 4 the int16 rows predicted llama.cpp's decode closely (median |error| 2.8%, session 34). On a
 2-core Emerald Rapids Xeon VM (2026-12-05) they read Q8_0 from DRAM at 9.8-11.9 GB/s on two threads and the rebuilt
 vec_dot at 13.8-14.8 (Q4_0 7.9-8.9 and 9.7-10.1; medians, a 1 GiB pool, a `/tmp` loop), where llama-bench's `small`
@@ -75,7 +75,7 @@ def repacked_share(th, rows, nthr):
 # the formats whose ggml vec_dot is rebuilt: their rowwise job runs it (int8 activations), not the executor's rows;
 # a Q8_0 token (GGML_INT8_FORMATS) or a Q8_K one (GGML_K_FORMATS)
 GGML_INT8_FORMATS = ("Q8_0", "Q4_0", "IQ4_NL") if HAVE_AVX2 else ()
-GGML_K_FORMATS = ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS") if HAVE_AVX2 else ()
+GGML_K_FORMATS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS") if HAVE_AVX2 else ()
 
 
 @njit(nogil=True, fastmath=True, inline="always")
@@ -127,7 +127,7 @@ if HAVE_AVX2:
     from .ggml_gemv_q4_k import gemv_q4_kx8
     from .ggml_tiled import quantize_row_q8_k
     from .ggml_vec_dot import gemv_q4_0x8, quantize_row_q8_0, vec_dot
-    from .ggml_vec_dot_k import vec_dot_iq4_xs, vec_dot_q4_k, vec_dot_q5_k, vec_dot_q6_k
+    from .ggml_vec_dot_k import vec_dot_iq4_xs, vec_dot_q2_k, vec_dot_q3_k, vec_dot_q4_k, vec_dot_q5_k, vec_dot_q6_k
 
     @njit(parallel=True, nogil=True, fastmath=True, cache=True)
     def _ggml_matvec(w, es, code, rows, x, out, nthr):
@@ -137,7 +137,7 @@ if HAVE_AVX2:
         in turn, expert after expert, in one parallel region (GGML_SCHEDULE), ggml's int8 vec_dot a row. nthr:
         numba's thread count, passed in."""
         n = x.shape[1]
-        k = code == Q4_K or code == Q5_K or code == Q6_K or code == IQ4_XS
+        k = code == Q2_K or code == Q3_K or code == Q4_K or code == Q5_K or code == Q6_K or code == IQ4_XS
         x8, bs = np.empty(n, np.int8), np.empty(n // 16, np.int32)
         dx = np.empty(n // 256 if k else n // 32, np.float32)
         if k:
@@ -147,20 +147,34 @@ if HAVE_AVX2:
         bs16 = bs.astype(np.int16)  # block_q8_K's int16 sums
         rb, nb = np.int64(w.shape[1] // rows), np.int64(n // 256 if k else n // 32)
         nc = (rows + CHUNK_ROWS - 1) // CHUNK_ROWS
+        # a chunk's rows in a loop of their own for each format: with one loop over rows around every format's
+        # inlined vec_dot, LLVM's registers spread over all of them and Q2_K's rows ran 11% under ggml's own
         for t in prange(nthr):
             for j in range(es.shape[0]):
+                we, oe = w[es[j]], out[j]
                 for c in range(t, nc, nthr):
-                    for r in range(c * CHUNK_ROWS, min(rows, (c + 1) * CHUNK_ROWS)):
-                        if code == Q6_K:
-                            vec_dot_q6_k(w[es[j]], np.int64(r * rb), x8, dx, bs16, nb, out[j], np.int64(r))
-                        elif code == Q4_K:
-                            vec_dot_q4_k(w[es[j]], np.int64(r * rb), x8, dx, bs16, nb, out[j], np.int64(r))
-                        elif code == Q5_K:
-                            vec_dot_q5_k(w[es[j]], np.int64(r * rb), x8, dx, bs16, nb, out[j], np.int64(r))
-                        elif code == IQ4_XS:
-                            vec_dot_iq4_xs(w[es[j]], np.int64(r * rb), x8, dx, bs16, nb, out[j], np.int64(r))
-                        else:
-                            vec_dot(code, w[es[j]], np.int64(r * rb), rb, x8, dx, nb, out[j], np.int64(r))
+                    r0, r1 = c * CHUNK_ROWS, min(rows, (c + 1) * CHUNK_ROWS)
+                    if code == Q6_K:
+                        for r in range(r0, r1):
+                            vec_dot_q6_k(we, np.int64(r * rb), x8, dx, bs16, nb, oe, np.int64(r))
+                    elif code == Q4_K:
+                        for r in range(r0, r1):
+                            vec_dot_q4_k(we, np.int64(r * rb), x8, dx, bs16, nb, oe, np.int64(r))
+                    elif code == Q5_K:
+                        for r in range(r0, r1):
+                            vec_dot_q5_k(we, np.int64(r * rb), x8, dx, bs16, nb, oe, np.int64(r))
+                    elif code == IQ4_XS:
+                        for r in range(r0, r1):
+                            vec_dot_iq4_xs(we, np.int64(r * rb), x8, dx, bs16, nb, oe, np.int64(r))
+                    elif code == Q2_K:
+                        for r in range(r0, r1):
+                            vec_dot_q2_k(we, np.int64(r * rb), x8, dx, bs16, nb, oe, np.int64(r))
+                    elif code == Q3_K:
+                        for r in range(r0, r1):
+                            vec_dot_q3_k(we, np.int64(r * rb), x8, dx, bs16, nb, oe, np.int64(r))
+                    else:
+                        for r in range(r0, r1):
+                            vec_dot(code, we, np.int64(r * rb), rb, x8, dx, nb, oe, np.int64(r))
 
     @njit(parallel=True, nogil=True, fastmath=True, cache=True)
     def _repacked_matvec(w, es, rows, x, out, nthr):
@@ -269,6 +283,7 @@ def label(fmt: str, hidden: int, ffn: int, repacked: bool = False) -> str:
                 f"of every expert's rows, no software prefetch (ggml's repacked MUL_MAT_ID; calibration.bench_rowwise) "
                 f"{fmt} SwiGLU {hidden}x{ffn}, 1 token")
     how = ("ggml's int8 vec_dot" if fmt in GGML_INT8_FORMATS else "ggml's int8 vec_dot, Q8_K token"
-           if fmt in GGML_K_FORMATS else "the executor's int16 single-row arithmetic")
+           if fmt in GGML_K_FORMATS else "the executor's float single-row arithmetic" if fmt == "F16"
+           else "the executor's int16 single-row arithmetic")
     return (f"one row per dot product ({how}), {CHUNK_ROWS}-row chunks across threads, no software prefetch "
             f"(ggml's structure; calibration.bench_rowwise) {fmt} SwiGLU {hidden}x{ffn}, 1 token")

@@ -48,6 +48,8 @@ Q4_K_BYTES = 144  # block_q4_K: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and 
 Q6_K_BYTES = 210  # block_q6_K: 128 bytes of low nibbles (ql), 64 of high bit pairs (qh), 16 int8 scales, fp16 d
 Q5_K_BYTES = 176  # block_q5_K: fp16 d, fp16 dmin, 12 bytes of scales and mins, 32 of fifth bits (qh), 128 of nibbles
 IQ4_XS_BYTES = 136  # block_iq4_xs: fp16 d, uint16 scales_h, 4 bytes scales_l, 128 of nibbles
+Q2_K_BYTES = 84  # block_q2_K: 16 bytes of 4-bit scales (low) and mins (high), 64 of 2-bit values, fp16 d, fp16 dmin
+Q3_K_BYTES = 110  # block_q3_K: 32 bytes of high bits (hmask), 64 of 2-bit low bits, 12 of 6-bit scales, fp16 d
 
 
 def _scales_mins(builder, p):
@@ -63,6 +65,13 @@ def _freeze(builder, v):
     instr = ir.instructions.Instruction(builder.block, v.type, "freeze", [v])
     builder._insert(instr)
     return instr
+
+
+def _opaque(builder, v):
+    """Codegen: v through an empty inline assembly statement, in the same register: a value LLVM cannot see into, so
+    it keeps the steps on either side apart (it would merge two shifts into one, as GCC does not)."""
+    asm = ir.InlineAsm(ir.FunctionType(v.type, [v.type]), "", "=x,0", side_effect=False)
+    return builder.call(asm, [v])
 
 
 class _Tools:
@@ -181,9 +190,9 @@ def _q5_k_block(t: _Tools, p, b, dy):
         for h, vals in enumerate((bld.and_(q5, low), bld.and_(shift_bytes(bld, q5, 4), low))):
             bit = 2 * j + h  # the fifth bit of every value of sub-block 2j + h, at bit `bit` of hbits' bytes
             hb = bld.and_(hbits, ir.Constant(V(I8, 32), [1 << bit] * 32))
-            # ggml's shifts right by `bit`, left by 4 and add; LLVM merges the shifts and makes the add of disjoint bits
-            # an `or` folded with the mask into a `vpternlogq` (freezing the steps does not stop it)
-            q5v = bld.add(vals, _shift16(bld, _shift16(bld, hb, -bit) if bit else hb, 4))
+            # ggml's shifts right by `bit`, left by 4 and add; left to itself LLVM merges the shifts and makes the add of
+            # disjoint bits an `or` folded with the mask into a `vpternlogq` (_freeze does not stop it, _opaque does)
+            q5v = bld.add(vals, _opaque(bld, _shift16(bld, _opaque(bld, _shift16(bld, hb, -bit)) if bit else hb, 4)))
             p16.append(t.scaled(scale(2 * j + h), q5v, t.codes(b, 64 * j + 32 * h)))
         sumi = bld.add(sumi, bld.add(p16[0], p16[1]))
     return d, sumi, ("scalar", dmin, mins)
@@ -223,6 +232,69 @@ def _shift16_128(bld, v, bits):
     return bld.bitcast(bld.lshr(w, ir.Constant(V(I16, 8), [-bits] * 8)), V(I8, 16))
 
 
+def _q2_k_block(t: _Tools, p, b, dy):
+    """Codegen: (d, <8 x i32> sums, ('acc', dmin, <8 x i32> mins x code sums)) of Q2_K super-block b at p (ggml's AVX2
+    loop: sixteen 4-bit scales and mins a byte, the 2-bit values four to a byte across 32-byte passes, each 16 values
+    times its scale (`vpshufb` of the scales widened)."""
+    bld = t.b
+    d, dmin = bld.fmul(dy, t.half(p, 80)), bld.fmul(bld.fneg(dy), t.half(p, 82))
+    ms = load_vec(bld, p, t.i64(0), V(I8, 16))
+    m4 = ir.Constant(V(I8, 16), [0x0F] * 16)
+    scales8, mins8 = bld.and_(ms, m4), bld.and_(_shift16_128(bld, ms, -4), m4)
+    prod = bld.call(t.pmaddwd, [bld.sext(mins8, V(I16, 16)), t.sums(b)])
+    return d, _two_bit_passes(t, p, b, bld.sext(scales8, V(I16, 16)), 16, None), ("acc", dmin, prod)
+
+
+def _two_bit_passes(t: _Tools, p, b, all_scales, qs_at: int, hbits):
+    """Codegen: Q2_K's and Q3_K's two passes of 128 values: 32 bytes of 2-bit values at qs_at (+ 32 a pass), value i of
+    byte c at bits 2i, against the token's codes 128 j + 32 i; Q3_K's values less 4 where their bit 4 j + i of hbits
+    is clear (a second `vpmaddubsw`, subtracted); each 16 values times its scale of all_scales (<16 x i16>)."""
+    bld = t.b
+    byte = lambda v: ir.Constant(V(I8, 32), [v] * 32)  # noqa: E731
+    sumi = ir.Constant(V(I32, 8), [0] * 8)
+    for j in range(2):
+        half = bld.shuffle_vector(all_scales, all_scales, v32(list(range(8 * j, 8 * j + 8)) * 2))  # MM256_SET_M128I
+        sc = bld.bitcast(half, V(I8, 32))
+        qbits = load_vec(bld, p, t.i64(qs_at + 32 * j), V(I8, 32))
+        p32 = []
+        for i in range(4):
+            vals = bld.and_(shift_bytes(bld, qbits, 2 * i), byte(3))
+            codes = t.codes(b, 128 * j + 32 * i)
+            p16 = bld.call(t.maddubs, [vals, codes])
+            if hbits is not None:  # q3h: 4 where the high bit is clear (andnot, shift down, shift up by 2)
+                bit = 4 * j + i
+                q3h = bld.and_(bld.xor(hbits, byte(-1)), byte(1 << bit))
+                q3h = _shift16(bld, _opaque(bld, _shift16(bld, q3h, -bit)) if bit else q3h, 2)
+                p16 = bld.sub(p16, bld.call(t.maddubs, [q3h, codes]))
+            # get_scale_shuffle_q3k(i): scale 2i of the half in the low 128 bits, 2i + 1 in the high
+            shuf = ir.Constant(V(I8, 32), [4 * i, 4 * i + 1] * 8 + [4 * i + 2, 4 * i + 3] * 8)
+            scale = bld.bitcast(bld.call(t.pshufb, [sc, shuf]), V(I16, 16))
+            p32.append(_freeze(bld, bld.call(t.pmaddwd, [scale, p16])))
+        sumi = bld.add(sumi, bld.add(bld.add(p32[0], p32[1]), bld.add(p32[2], p32[3])))
+    return sumi
+
+
+def _q3_k_block(t: _Tools, p, b, dy):
+    """Codegen: (d, <8 x i32> sums, None) of Q3_K super-block b at p (ggml's AVX2 loop: the 12 bytes of 6-bit scales
+    unpacked to sixteen int8s less 32, each value's 2 low bits and its high bit from hmask; Q2_K's passes)."""
+    bld = t.b
+    d = bld.fmul(dy, t.half(p, 108))
+    aux = [bld.load(bld.bitcast(bld.gep(p, [t.i64(96 + 4 * k)]), I32.as_pointer()), align=1) for k in range(3)]
+    c = lambda v: ir.Constant(I32, v)  # noqa: E731
+    km1, km2 = c(0x03030303), c(0x0F0F0F0F)
+
+    def lane(lo, sh_lo, sh_hi):  # ((lo >> sh_lo) & kmask2) | (((aux[2] >> sh_hi) & kmask1) << 4)
+        low = bld.and_(bld.lshr(lo, c(sh_lo)) if sh_lo else lo, km2)
+        high = bld.and_(bld.lshr(aux[2], c(sh_hi)) if sh_hi else aux[2], km1)
+        return bld.or_(low, bld.shl(high, c(4)))
+    v = ir.Constant(V(I32, 4), ir.Undefined)
+    for k, args in enumerate(((aux[0], 0, 0), (aux[1], 0, 2), (aux[0], 4, 4), (aux[1], 4, 6))):
+        v = bld.insert_element(v, lane(*args), c(k))
+    sc8 = bld.sub(bld.bitcast(v, V(I8, 16)), ir.Constant(V(I8, 16), [32] * 16))
+    hbits = load_vec(bld, p, t.i64(0), V(I8, 32))
+    return d, _two_bit_passes(t, p, b, bld.sext(sc8, V(I16, 16)), 32, hbits), None
+
+
 def _vec_dot_k_codegen(context, builder, sig, args, block_bytes: int, block):
     """Codegen: res[ro] = the row of nb super-blocks of block_bytes at byte woff of w . the Q8_K token (x8 codes, dx
     scales, bs int16 16-code sums, as block_q8_K holds them): per super-block `block` -> (d, integer sums, mins or
@@ -244,7 +316,10 @@ def _vec_dot_k_codegen(context, builder, sig, args, block_bytes: int, block):
         d, sumi, mins = block(t, p, b, builder.load(builder.gep(dd, [b])))
         if mins is not None:
             mins_kind, dmin, prod = mins
-            if mins_kind == "lanes":  # Q4_K: 4 lanes, fused
+            if mins_kind == "acc":  # Q2_K: into the 8 lanes, fused, before d's
+                builder.store(builder.call(fma8, [_splat(builder, dmin, 8), builder.sitofp(prod, V(F32, 8)),
+                                                  builder.load(acc)]), acc)
+            elif mins_kind == "lanes":  # Q4_K: 4 lanes, fused
                 builder.store(builder.call(fma4, [_splat(builder, dmin, 4), builder.sitofp(prod, V(F32, 4)),
                                                   builder.load(acc_m)]), acc_m)
             else:  # Q5_K: summs += dmin * (float)sum, which GCC contracts into one fused multiply-add
@@ -264,7 +339,7 @@ def _vec_dot_k_codegen(context, builder, sig, args, block_bytes: int, block):
     return context.get_dummy_value()
 
 
-# vec_dot_q4_k / _q6_k / _q5_k / _iq4_xs(w, wo, x8, dx, bs, nb, res, ro): res[ro] = the row at byte wo of w (nb
+# vec_dot_q4_k / _q6_k / _q5_k / _iq4_xs / _q2_k / _q3_k(w, wo, x8, dx, bs, nb, res, ro): res[ro] = the row at byte wo of w (nb
 # super-blocks) . the Q8_K token (x8 int8 codes, dx float32 scales, bs int16 16-code sums), as ggml's AVX2
 # ggml_vec_dot_<type>_q8_K
 if HAVE_AVX2:
@@ -276,3 +351,7 @@ if HAVE_AVX2:
                                   "vec_dot_q5_k")
     vec_dot_iq4_xs = q8_k_intrinsic(partial(_vec_dot_k_codegen, block_bytes=IQ4_XS_BYTES, block=_iq4_xs_block),
                                     "vec_dot_iq4_xs")
+    vec_dot_q2_k = q8_k_intrinsic(partial(_vec_dot_k_codegen, block_bytes=Q2_K_BYTES, block=_q2_k_block),
+                                  "vec_dot_q2_k")
+    vec_dot_q3_k = q8_k_intrinsic(partial(_vec_dot_k_codegen, block_bytes=Q3_K_BYTES, block=_q3_k_block),
+                                  "vec_dot_q3_k")

@@ -1,6 +1,6 @@
 """llama.cpp's structure on this machine (calibration.bench_rowwise): one row per dot product in 64-row
 chunks, no software prefetch; and its repacked Q4_0, 8 interleaved rows a pass. Where ggml's arithmetic is rebuilt
-(Q8_0, Q4_0, IQ4_NL: int8 vec_dot, the q4_0 8x8 gemv) the jobs run it and must compute ggml's product (the weights . the
+(Q8_0, Q4_0, IQ4_NL: int8 vec_dot, the q4_0 8x8 gemv; the K-quants and IQ4_XS on a Q8_K token) the jobs run it and must compute ggml's product (the weights . the
 token quantised to Q8_0); the other formats run the executor's rows (same arithmetic, only the access pattern
 differs) and must compute what they compute. Each job must time like the executor's job does."""
 import numpy as np
@@ -73,9 +73,9 @@ def test_rowwise_matvec_of_a_rebuilt_format_is_ggml_arithmetic_for_every_expert(
 
 
 @pytest.mark.skipif(not GGML_INT8_FORMATS, reason="ggml's vec_dot is rebuilt for AVX2 only")
-@pytest.mark.parametrize("fmt", ["Q4_K", "Q5_K", "Q6_K", "IQ4_XS"])
+@pytest.mark.parametrize("fmt", ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"])
 def test_rowwise_matvec_of_a_rebuilt_k_quant_is_ggml_arithmetic_on_a_q8_k_token(fmt):
-    """Experts 2, 0, 3 of four, 300 rows x 512 of Q4_K / Q5_K / Q6_K / IQ4_XS, the chunks handed to 1 and 3 threads
+    """Experts 2, 0, 3 of four, 300 rows x 512 of Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS, the chunks handed to 1 and 3 threads
     in turn: output j is expert es[j]'s dequantised rows . the token quantised to Q8_K, to float rounding
     (ggml_vec_dot_<type>_q8_K, calibration.ggml_vec_dot_k)."""
     from calibration.bench_rowwise import _ggml_matvec
@@ -136,14 +136,14 @@ def test_repacked_k_quant_matvec_is_its_ggml_gemv_arithmetic_for_every_expert(fm
 @pytest.mark.skipif(not GGML_INT8_FORMATS, reason="ggml's vec_dot is rebuilt for AVX2 only")
 def test_a_rebuilt_formats_job_times_like_an_expert_job_and_says_its_arithmetic():
     """Q8_0's rowwise job (ggml's vec_dot, three ops a token): bytes per expert as Q8_0's rows, a positive rate; its
-    label names ggml's int8 vec_dot, the rebuilt K-quants' ggml's with a Q8_K token, Q3_K's the executor's int16
+    label names ggml's int8 vec_dot, the rebuilt K-quants' ggml's with a Q8_K token, F16's the executor's float
     rows."""
     run, eb = rowwise_expert_job("Q8_0", hidden=256, ffn=256, pool_bytes=1 << 20, max_k=4)
     assert eb == 3 * 256 * 8 * 34  # 256 rows of 8 blocks (34 bytes), three matrices
     kf = bench_expert_kernel(run, [1, 2, 4], eb, repeats=3, threads=1, budget_s=1.0)
     assert kf.expert_gbs > 0 and len(kf.t_ms) == 3
-    assert "ggml's int8 vec_dot" in label("Q8_0", 256, 256) and "int16" in label("Q3_K", 256, 256)
-    for fmt in ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS"):
+    assert "ggml's int8 vec_dot" in label("Q8_0", 256, 256) and "float single-row" in label("F16", 256, 256)
+    for fmt in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"):
         assert "ggml's int8 vec_dot, Q8_K token" in label(fmt, 256, 256)
 
 

@@ -1,4 +1,4 @@
-"""ggml's AVX2 vec_dots of Q4_K, Q5_K, Q6_K and IQ4_XS rows with a Q8_K token, rebuilt (calibration.ggml_vec_dot_k):
+"""ggml's AVX2 vec_dots of Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS rows with a Q8_K token, rebuilt (calibration.ggml_vec_dot_k):
 their products are the dequantised weights times the token to float rounding, and, where a llama.cpp build is at hand,
 ggml's own to the bit."""
 from __future__ import annotations
@@ -16,10 +16,11 @@ from executor.simd import HAVE_AVX2
 
 pytestmark = pytest.mark.skipif(not HAVE_AVX2, reason="ggml's K-quant vec_dots are its AVX2 loops")
 
-FORMATS = ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
+FORMATS = ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q2_K", "Q3_K")
 
 if HAVE_AVX2:
-    from calibration.ggml_vec_dot_k import vec_dot_iq4_xs, vec_dot_q4_k, vec_dot_q5_k, vec_dot_q6_k
+    from calibration.ggml_vec_dot_k import (vec_dot_iq4_xs, vec_dot_q2_k, vec_dot_q3_k, vec_dot_q4_k, vec_dot_q5_k,
+                                            vec_dot_q6_k)
 
     @njit  # not cached: numba would not see a change to the intrinsics it inlines
     def matvec(kind, w, x8, dx, bs, out):
@@ -32,8 +33,12 @@ if HAVE_AVX2:
                 vec_dot_q5_k(w[r], np.int64(0), x8, dx, bs, nb, out, np.int64(r))
             elif kind == 2:
                 vec_dot_q6_k(w[r], np.int64(0), x8, dx, bs, nb, out, np.int64(r))
-            else:
+            elif kind == 3:
                 vec_dot_iq4_xs(w[r], np.int64(0), x8, dx, bs, nb, out, np.int64(r))
+            elif kind == 4:
+                vec_dot_q2_k(w[r], np.int64(0), x8, dx, bs, nb, out, np.int64(r))
+            else:
+                vec_dot_q3_k(w[r], np.int64(0), x8, dx, bs, nb, out, np.int64(r))
 
 
 def _case(fmt: str, cols: int, rows: int = 32, seed: int = 0):
