@@ -1,4 +1,4 @@
-"""ggml's AVX2 products of a Q4_K, Q5_K, Q6_K or IQ4_XS row with a Q8_K token (llama.cpp 0.3.36's ggml-cpu
+"""ggml's AVX2 products of a Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS row with a Q8_K token (llama.cpp 0.3.36's ggml-cpu
 arch/x86/quants.c `ggml_vec_dot_<type>_q8_K`), rebuilt as numba intrinsics, for the simulator's llama.cpp plans that
 keep these types in place (calibration.bench_rowwise).
 
@@ -14,6 +14,10 @@ llama.cpp's MUL_MAT_ID quantises the token to Q8_K (int8 codes, one float scale 
   times its sign-extended int8 scale, less 32 x the scales times the token's 16-code sums (the values' -32 offset).
 - IQ4_XS: each nibble looked up in the IQ4_NL codebook by `vpshufb`, the int8 products by `vpsignb` / `vpmaddubsw`,
   each 32 values times its 6-bit scale less 32, even and odd sub-blocks in two sums.
+- Q2_K: the 4-bit mins times the token's 16-code sums into the 8 float lanes first (with -dmin); then two passes of
+  32 bytes, each byte four 2-bit values, each 16 values times its 4-bit scale.
+- Q3_K: Q2_K's passes on the low 2 bits, less a second product of 4 where a value's high bit (hmask) is clear; the
+  scales 6-bit, less 32; no mins.
 ggml compiles these loops for every CPU with AVX2 (there is no AVX-512 or VNNI form of them); the sums at the end are
 ggml's (hsum_float_8, then the mins), so the products are ggml's to the bit (tests/calibration/test_ggml_vec_dot_k.py,
 against a llama.cpp build where one is found).
@@ -23,11 +27,15 @@ row takes, rebuilt against ggml's own: Q4_K 54-57 ns against 54-56, Q6_K 54-60 a
 Q5_K 67-73 against 81-83. For Q4_K and Q6_K three things had to match ggml's code: the token's sums read as int16
 (narrowed from int32 in the loop, each super-block paid a 512-bit `vpmovdw`), the scales broadcast by `vpshufb` (LLVM
 had made a shift and a `vpbroadcastw` of each), and each `vpmaddwd` kept apart from the add after it (`_freeze`).
-Q5_K's stays faster: LLVM merges its fifth bit's two shifts and folds the add of disjoint bits and the mask into one
-`vpternlogq`, which GCC does not. Before these rebuilds llama.cpp's in-place rows of these types took the executor's
+Q5_K's ran faster: LLVM merged its fifth bit's two shifts and folded the add of disjoint bits and the mask into one
+`vpternlogq`, which GCC does not; with those steps kept apart by `_opaque` (an empty inline assembly statement) it
+runs 77-79 ns against 81-85. Q2_K's row takes 45-48 ns against 46-48, Q3_K's 73 against 72-76 (Q3_K's high-bit shifts `_opaque`
+too; merged, 66-68). Before these rebuilds llama.cpp's in-place rows of these types took the executor's
 int16 rows' rate: in calibrate's decode job on one thread 14.4 GB/s of Q4_K and 15.4 of Q6_K, where ggml's own kernels
 read 17.5-17.8 and 24.4-24.9 and the rebuilds 17.7-18.1 and 24.8 (17:26-17:31, `python benchmarks/bench_ggml_own.py
---threads 1 --rounds 7 --formats Q4_K Q6_K`, medians of alternating rounds). AVX2 only.
+--threads 1 --rounds 7 --formats Q4_K Q6_K`, medians of alternating rounds); Q2_K's and Q3_K's 8.0-8.1 and 8.7-8.8
+in calibrate's profiles, where the rebuilds read 13.1 and 11.7 (ggml's own in the same job 12.5 and 10.9-11.0).
+AVX2 only.
 """
 from __future__ import annotations
 
@@ -61,7 +69,8 @@ def _scales_mins(builder, p):
 def _freeze(builder, v):
     """Codegen: `freeze v`, the same value, which instruction selection does not look through. Without it, on a VNNI
     CPU LLVM fuses each vpmaddwd with the add after it into a vpdpwssd, eight in one dependent chain a super-block,
-    where ggml's GCC build keeps its vpmaddwd and a chain of vpaddd."""
+    where ggml's GCC build keeps its vpmaddwd and a chain of vpaddd. (InstCombine moves a freeze of a shift or a mask
+    onto its operand, so those steps take _opaque.)"""
     instr = ir.instructions.Instruction(builder.block, v.type, "freeze", [v])
     builder._insert(instr)
     return instr

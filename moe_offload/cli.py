@@ -117,7 +117,8 @@ def _cmd_ingest(a) -> int:
     store = a.store or default_store_path()
     rows = ingest_runs(a.files, a.model, a.flags, store, timings=a.timings)
     for r in rows:
-        print(f"{r['case']}: {r['metric']} = {float(r['value']):.2f}  ({r['flags']})")
+        cold = "; its first repetition read from disk, left out" if r["cold_reps"] else ""
+        print(f"{r['case']}: {r['metric']} = {float(r['value']):.2f}  ({r['flags']}){cold}")
     print(f"{len(rows)} measured runs appended to {store}")
     return 0
 

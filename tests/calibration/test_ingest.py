@@ -127,3 +127,38 @@ def test_two_quantisations_of_one_model_are_two_cases():
     q4k = TINY.model_copy(update={"expert_format": "Q4_K"})
     assert run_case_name(TINY, run) != run_case_name(q4k, run)
     assert run_case_name(TINY, run).startswith("llamacpp:moe-tiny Q8_0:")
+
+
+ZEN4 = Path(__file__).parent / "data" / "zen4-2026-12-06g" / "llama-bench"
+
+
+def test_a_first_repetition_that_read_the_file_from_disk_is_left_out():
+    """`small` tg64 on one thread (Zen 4 VM, 2026-12-06 17:36, after `calibrate --quick`): repetitions at 22.2, 53.5
+    and 52.5 tok/s, avg_ts 42.7. The first is under 0.75x the later ones' median, so the run is their mean, 53.0, and
+    their sample standard deviation."""
+    (run,) = read_llama_bench(ZEN4 / "small-tg-t1-1736.json")
+    assert run.cold_reps == 1
+    assert run.tok_s == pytest.approx((53.5 + 52.5) / 2, abs=0.1)
+    assert run.tok_s_std == pytest.approx(0.71, abs=0.05)
+
+
+def test_a_first_repetition_within_the_spread_is_kept():
+    """The same file at 17:42: 41.5, 51.8, 51.3 tok/s (0.80x): llama-bench's avg_ts, 48.2, as it is; and the fixture's
+    two repetitions (too few to tell a cold one) too."""
+    (run,) = read_llama_bench(ZEN4 / "small-tg-t1-1742.json")
+    assert run.cold_reps == 0 and run.tok_s == pytest.approx(48.2, abs=0.05)
+    runs = read_llama_bench(FIX / "tiny-t12.json")
+    assert runs[0].tok_s == 1765.730593 and all(r.cold_reps == 0 for r in runs)
+
+
+def test_ingest_says_which_runs_left_a_cold_repetition_out(tmp_path, capsys):
+    from calibration.store import read_rows
+    from moe_offload.cli import main
+
+    store = tmp_path / "r.csv"
+    files = [str(ZEN4 / f"small-tg-t1{m}-1736.json") for m in ("", "-norepack")]
+    assert main(["ingest", *files, "--model", str(ZEN4.parent.parent / "xeon-2026-12-05" / "small.yaml"),
+                 "--store", str(store)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "first repetition read from disk, left out" in out[0] and "left out" not in out[1]
+    assert [r["cold_reps"] for r in read_rows(store)] == ["1", "0"]
