@@ -34,7 +34,7 @@ from executor.gemm import IQ4_NL, Q4_0
 from executor.nbcache import drop_stale_cache
 from executor.iquants import KVALUES
 from executor.qgemm import HAVE_VNNI256 as CPU_VNNI256
-from executor.simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fn, _splat, h16x8, hsum8
+from executor.simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fn, _splat, hsum8
 
 drop_stale_cache(__file__)
 
@@ -75,6 +75,28 @@ def mul_sum_i8(builder, w, x, acc=None, vnni: bool = True):
     pmadd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V(I32, 8), [V(I16, 16)] * 2)
     sums = builder.call(pmadd, [builder.call(maddubs, [aw, sx]), ir.Constant(V(I16, 16), [1] * 16)])
     return builder.add(acc, sums) if acc is not None else sums
+
+
+def fp16_table(module) -> ir.GlobalVariable:
+    """ggml_table_f32_f16 as a constant of `module` (added once): the float of every fp16 bit pattern, 256 KiB."""
+    g = module.globals.get("ggml_table_f32_f16")
+    if g is None:
+        ty = ir.ArrayType(F32, 1 << 16)
+        g = ir.GlobalVariable(module, ty, "ggml_table_f32_f16")
+        g.initializer = ir.Constant(ty, [float(v) for v in np.arange(1 << 16, dtype=np.uint16).view(np.float16)])
+        g.global_constant = True
+        g.linkage = "internal"
+        g.align = 64
+    return g
+
+
+def fp16_lookup(builder, p):
+    """Codegen: the fp16 at byte pointer p as a float, as ggml's GGML_CPU_FP16_TO_FP32 does on x86 (ggml-cpu
+    simd-mappings.h: F16C defines only the _COMPUTE_ form, so the lookup in ggml_table_f32_f16 stands): a load of the
+    bits, then a load from the table at them."""
+    h = builder.load(builder.bitcast(p, I16.as_pointer()), align=1)
+    tab = fp16_table(builder.module)
+    return builder.load(builder.gep(tab, [ir.Constant(I64, 0), builder.zext(h, I64)]))
 
 
 def rows_i8_codegen(q4: bool, nr: int, prefetch: bool, book: tuple = ()):
@@ -121,10 +143,8 @@ def rows_i8_codegen(q4: bool, nr: int, prefetch: bool, book: tuple = ()):
                 else:
                     w = builder.load(builder.bitcast(pq, V(I8, 32).as_pointer()), align=1)
                 m = mul_sum_i8(builder, w, xv, vnni=not book)  # [8] int32
-                # the two scales' product on every lane; ggml reads the fp16 through a table (no F16C there), a
-                # load with no input but its address, and h16x8 keeps that: a lone lane's insert joined the
-                # accumulator's chain (4-15 cycles a block) where LLVM inserted into the accumulator's register
-                d = builder.fmul(h16x8(builder, p), _splat(builder, dxb, 8))
+                # the two scales' product on every lane: ggml reads the block's fp16 through its 256 KiB table
+                d = _splat(builder, builder.fmul(fp16_lookup(builder, p), dxb), 8)
                 acc = accs[k][0]
                 if nacc == 2:  # the block's parity picks its accumulator
                     acc = builder.select(builder.trunc(b, ir.IntType(1)), accs[k][1], accs[k][0])

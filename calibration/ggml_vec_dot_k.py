@@ -48,6 +48,7 @@ from executor.nbcache import drop_stale_cache
 from executor.iquants import KVALUES
 from executor.simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fn, _splat
 
+from .ggml_vec_dot import fp16_lookup
 from .ggml_gemv_kx8 import Ops, load_vec, q8_k_intrinsic, shift_bytes, utmp_scales_mins, v32
 
 drop_stale_cache(__file__)
@@ -99,9 +100,8 @@ class _Tools:
         return ir.Constant(I64, v)
 
     def half(self, q, at):
-        """The fp16 at byte `at` of q, as float."""
-        b = self.b
-        return b.fpext(b.bitcast(load_vec(b, q, self.i64(at), I16), ir.HalfType()), F32)
+        """The fp16 at byte `at` of q, as float, looked up in ggml's table as GGML_CPU_FP16_TO_FP32 does."""
+        return fp16_lookup(self.b, self.b.gep(q, [self.i64(at)]))
 
     def scaled(self, scale, vals, codes):
         """vpmaddwd(scale, vpmaddubsw(vals, codes)), frozen (_freeze)."""
