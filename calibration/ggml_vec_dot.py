@@ -6,7 +6,10 @@ llama.cpp quantises each op's activations to Q8_0 (ggml's `quantize_row_q8_0`: i
 block the weights as int8 (Q4_0's nibbles minus 8), |w| times sign(w) x with `vpmaddubsw`, the pair sums to
 int32 by a `vpmaddwd` with ones (`mul_sum_i8_pairs_float`; with AVX-512 VNNI and VL one 256-bit `vpdpbusd`, as
 ggml compiles it natively on such a CPU), converted and fused-multiplied
-with the two blocks' scales into one 8-lane accumulator, summed across lanes at the end. The codegen here
+with the two blocks' scales into one 8-lane accumulator, summed across lanes at the end. The scales are fp16, read
+as ggml's x86 build reads them, through its 256 KiB table ggml_table_f32_f16 (`fp16_lookup`): from DRAM the table's
+lines compete with the streamed rows, and on one Zen 4 core that took a Q8_0 row from 26.6-29.1 GB/s (an F16C
+conversion) to 22.8-23.8, ggml's own 22.9-23.6 (2026-12-06; in L2, 67-72 ns a row either way). The codegen here
 is that loop for `nr` rows against one token (nr = 1 is ggml's vec_dot; benchmarks/bench_int8_kernel.py
 times nr = 4 against the executor's int16 kernel). IQ4_NL's `vec_dot_iq4_nl_q8_0` is the same loop with each
 nibble looked up in the codebook (`vpshufb`), its products by `vpmaddubsw` and `vpmaddwd` whatever the CPU, and even
