@@ -103,3 +103,22 @@ def assert_every_run_predicted(data: Path, sittings, decode_sittings, profile: s
         rows = stored_rows(data, s, profile)
         assert len(prefill_rows(rows)) == 14 and all(r["predicted"] > 0 for r in rows)
         assert len(rows) == (28 if s in decode_sittings else 14)
+
+
+def tg_case(r: dict) -> tuple[str, str, str]:
+    """(threads 't1' / 't2', 'rp' / 'norp', file) of a stored llama-bench tg row."""
+    c = r["case"]
+    threads, layout = "t" + c.split("-t ")[1].split(" ")[0], "norp" if "--no-repack" in c else "rp"
+    return threads, layout, c.split("synthetic ")[1].split(" ")[0]
+
+
+def mean_errors(data: Path, sittings, profiles, kernels_from=None) -> dict[tuple, float]:
+    """Each tg_case's mean error over the sittings and the profiles (with kernels_from, a profile each: their kernel
+    rates swapped in, rows_with_kernels_of)."""
+    acc: dict[tuple, list[float]] = {}
+    for s in sittings:
+        for i, p in enumerate(profiles):
+            rows = stored_rows(data, s, p) if kernels_from is None else rows_with_kernels_of(data, s, p, kernels_from[i])
+            for r in rows:
+                acc.setdefault(tg_case(r), []).append(r["error"])
+    return {k: sum(v) / len(v) for k, v in acc.items()}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from stored_runs import rows_with_kernels_of, stored_profile, stored_rows
+from stored_runs import mean_errors, stored_profile
 
 DATA = Path("tests/calibration/data/zen4-2026-12-06i")
 SITTINGS = ("1958", "2001", "2005")
@@ -21,22 +21,11 @@ PAIRS = (("1957", "1954"), ("1959", "2000"), ("2004", "2003"), ("2006", "2007"))
 GROUPS = (("t1", "norp"), ("t1", "rp"), ("t2", "norp"), ("t2", "rp"))
 
 
-def _case(r: dict) -> tuple[str, str, str]:
-    """(threads, 'rp' / 'norp', file) of a tg64 row."""
-    c = r["case"]
-    threads, layout = "t" + c.split("-t ")[1].split(" ")[0], "norp" if "--no-repack" in c else "rp"
-    return threads, layout, c.split("synthetic ")[1].split(" ")[0]
-
-
 def _errors(table: bool) -> dict[tuple, float]:
     """Each case's mean error over the sittings and the table profiles, with their own kernel rates (table) or the
     F16C profiles' beside them."""
-    acc: dict[tuple, list[float]] = {}
-    for s in SITTINGS:
-        for new, old in PAIRS:
-            for r in (stored_rows(DATA, s, new) if table else rows_with_kernels_of(DATA, s, new, old)):
-                acc.setdefault(_case(r), []).append(r["error"])
-    return {k: statistics.mean(v) for k, v in acc.items()}
+    new, old = [p[0] for p in PAIRS], [p[1] for p in PAIRS]
+    return mean_errors(DATA, SITTINGS, new, None if table else old)
 
 
 def test_q8_0_rows_read_slower_through_the_table():

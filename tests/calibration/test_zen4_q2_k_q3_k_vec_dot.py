@@ -13,28 +13,16 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from stored_runs import stored_profile, stored_rows
+from stored_runs import mean_errors, stored_profile
 
 DATA = Path("tests/calibration/data/zen4-2026-12-06h")
 SITTINGS = ("1939", "1942", "1944")
 PAIRS = (("1938", "1936"), ("1940", "1941"), ("1944", "1943"), ("1945", "1946"))  # (rebuilt vec_dots, int16 rows)
 
 
-def _case(r: dict) -> tuple[str, str, str]:
-    """(threads, 'rp' / 'norp', file) of a tg64 row."""
-    c = r["case"]
-    threads, layout = "t" + c.split("-t ")[1].split(" ")[0], "norp" if "--no-repack" in c else "rp"
-    return threads, layout, c.split("synthetic ")[1].split(" ")[0]
-
-
 def _errors(which: int) -> dict[tuple, float]:
     """Each case's mean error over the sittings and the profiles of one side of PAIRS (0: rebuilt, 1: int16)."""
-    acc: dict[tuple, list[float]] = {}
-    for s in SITTINGS:
-        for pair in PAIRS:
-            for r in stored_rows(DATA, s, pair[which]):
-                acc.setdefault(_case(r), []).append(r["error"])
-    return {k: statistics.mean(v) for k, v in acc.items()}
+    return mean_errors(DATA, SITTINGS, [pair[which] for pair in PAIRS])
 
 
 def test_the_rebuilt_vec_dots_read_q2_k_and_q3_k_faster_than_the_int16_rows():
