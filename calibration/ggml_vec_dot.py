@@ -260,15 +260,27 @@ if HAVE_AVX2:
         return types.none(w, wo, x8, dx, nb, res, ro), gemv_q4_0x8_codegen()
 
 
-@njit(fastmath=True, cache=True)
+@njit(cache=True)
+def fp16_round(f):
+    """The float32 f rounded to the nearest fp16 (ties to even), as a float32: GGML_CPU_FP32_TO_FP16 then back (|f|
+    under 65,520)."""
+    a = abs(f)
+    if a < np.float32(2.0 ** -14):  # a subnormal fp16: a multiple of 2^-24
+        return np.float32(np.round(f * np.float32(2.0 ** 24)) * np.float32(2.0 ** -24))
+    b = np.array([f], np.float32).view(np.uint32)
+    b[0] = (b[0] + np.uint32(0x0FFF) + ((b[0] >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
+    return b.view(np.float32)[0]
+
+
+@njit(cache=True)  # no fastmath: 127 / max must stay a division, as ggml's
 def quantize_row_q8_0(x, x8, dx):
-    """x [n] -> x8 int8, dx [n/32] float32 with x ~= x8 * dx per 32-block (ggml's quantize_row_q8_0)."""
+    """x [n] -> x8 int8, dx [n/32] float32 with x ~= x8 * dx per 32-block, as ggml's quantize_row_q8_0: the codes
+    round-to-even(x 127 / max|x|), the block's scale max|x| / 127 stored as fp16 (dx holds its value)."""
     for b in range(x.shape[0] // 32):
         m = np.float32(0.0)
         for j in range(32):
             m = max(m, abs(x[b * 32 + j]))
-        d = m / np.float32(127.0)
-        inv = np.float32(1.0) / d if m > 0 else np.float32(0.0)
+        inv = np.float32(127.0) / m if m > 0 else np.float32(0.0)
         for j in range(32):
             x8[b * 32 + j] = np.int8(np.round(x[b * 32 + j] * inv))
-        dx[b] = d
+        dx[b] = fp16_round(m / np.float32(127.0))

@@ -63,3 +63,65 @@ def test_q8_0_and_k_quant_rows_read_their_scales_through_the_table():
         table = [ln for ln in ir_text.splitlines() if ln.startswith("@ggml_table_f32_f16 = internal")]
         assert len(table) == 1 and "constant [65536 x float]" in table[0]
         assert "ptr @ggml_table_f32_f16, i64 %" in ir_text  # a load at the scale's bits
+
+
+def test_fp16_round_is_numpys_float16_to_the_bit():
+    """Ties to even, carries into the exponent, subnormal fp16s (under 2^-14) and zero: 200,000 floats over 2^-30 ..
+    2^15 and both signs, plus every half-way point between consecutive fp16s of one binade."""
+    from calibration.ggml_vec_dot import fp16_round
+    rng = np.random.default_rng(0)
+    f = (np.exp2(rng.uniform(-30, 15, 200_000)) * rng.choice([-1, 1], 200_000)).astype(np.float32)
+    h = np.arange(0x3C00, 0x4000, dtype=np.uint16).view(np.float16).astype(np.float32)  # [1, 2)
+    ties = ((h[:-1].astype(np.float64) + h[1:]) / 2).astype(np.float32)
+    for x in np.concatenate([f, ties, np.float32([0.0, 2.0 ** -14, 2.0 ** -25, 65504.0])]):
+        assert np.float32(fp16_round(x)) == np.float32(np.float16(x)) or x == 0.0
+
+
+def test_the_q8_0_token_is_ggmls_codes_and_fp16_scales():
+    """quantize_row_q8_0: codes round-to-even(x 127 / max|x|), dx each block's max|x| / 127 as an fp16 value."""
+    from calibration.ggml_vec_dot import quantize_row_q8_0
+    x = np.random.default_rng(1).standard_normal(2048).astype(np.float32)
+    x8, dx = np.zeros(2048, np.int8), np.zeros(64, np.float32)
+    quantize_row_q8_0(x, x8, dx)
+    m = np.abs(x.reshape(64, 32)).max(axis=1)
+    assert np.array_equal(dx, (m / np.float32(127)).astype(np.float16).astype(np.float32))
+    assert np.array_equal(x8, np.round(x.reshape(64, 32) * (np.float32(127) / m)[:, None]).astype(np.int8).ravel())
+
+
+FOUND = None
+if HAVE_AVX2:
+    from calibration import ggml_library as L
+    FOUND = L.find_ggml_cpu("auto")
+
+
+@pytest.mark.skipif(FOUND is None, reason="no llama.cpp build here ($MOE_OFFLOAD_GGML_LIB, or llama-bench on PATH)")
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "IQ4_NL"])
+def test_q8_0_family_products_are_ggmls_own_to_the_bit(fmt):
+    """32 rows of 2048: the token quantised here is ggml's quantize_row_q8_0's, byte for byte, and each row's product
+    is ggml_vec_dot_<type>_q8_0's float exactly."""
+    from calibration.bench_kernel import _synth_tensor
+    from calibration.ggml_vec_dot import quantize_row_q8_0, vec_dot
+    from executor.gemm import IQ4_NL, Q4_0, Q8_0
+
+    code = {"Q8_0": Q8_0, "Q4_0": Q4_0, "IQ4_NL": IQ4_NL}[fmt]
+
+    @njit
+    def matvec(w, x8, dx, out):
+        for r in range(w.shape[0]):
+            vec_dot(code, w[r], np.int64(0), np.int64(w.shape[1]), x8, dx, np.int64(x8.shape[0] // 32), out,
+                    np.int64(r))
+
+    g = L.load_ggml_cpu(FOUND, formats=(fmt,))
+    rng = np.random.default_rng(2)
+    w = np.ascontiguousarray(_synth_tensor(fmt, 1, 32, 2048, rng).data[0])
+    x = rng.standard_normal(2048).astype(np.float32)
+    q = L.quantise_token(g, "q8_0", x).reshape(64, 34)  # block_q8_0: fp16 d, 32 int8 codes
+    x8, dx = np.zeros(2048, np.int8), np.zeros(64, np.float32)
+    quantize_row_q8_0(x, x8, dx)
+    assert np.array_equal(x8, q[:, 2:].copy().view(np.int8).ravel())
+    assert np.array_equal(dx, q[:, :2].copy().view(np.float16).astype(np.float32).ravel())
+    out, own = np.zeros(32, np.float32), np.zeros(32, np.float32)
+    matvec(w, x8, dx, out)
+    for r in range(32):
+        g.vec_dot[fmt](2048, own[r:].ctypes.data, 0, w[r].ctypes.data, 0, q.ctypes.data, 0, 1)
+    assert np.array_equal(out, own)
