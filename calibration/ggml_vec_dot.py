@@ -25,7 +25,9 @@ nibbles become signed bytes by a table (`vpshufb`), 8 int8 products accumulate i
 """
 from __future__ import annotations
 
+import math
 import os
+from functools import lru_cache
 
 import numpy as np
 from llvmlite import ir
@@ -80,13 +82,19 @@ def mul_sum_i8(builder, w, x, acc=None, vnni: bool = True):
     return builder.add(acc, sums) if acc is not None else sums
 
 
+@lru_cache(maxsize=1)
+def _fp16_floats() -> ir.Constant:
+    """The float of every fp16 bit pattern, as an LLVM constant array (made once: 65,536 values)."""
+    ty = ir.ArrayType(F32, 1 << 16)
+    return ir.Constant(ty, [float(v) for v in np.arange(1 << 16, dtype=np.uint16).view(np.float16)])
+
+
 def fp16_table(module) -> ir.GlobalVariable:
     """ggml_table_f32_f16 as a constant of `module` (added once): the float of every fp16 bit pattern, 256 KiB."""
     g = module.globals.get("ggml_table_f32_f16")
     if g is None:
-        ty = ir.ArrayType(F32, 1 << 16)
-        g = ir.GlobalVariable(module, ty, "ggml_table_f32_f16")
-        g.initializer = ir.Constant(ty, [float(v) for v in np.arange(1 << 16, dtype=np.uint16).view(np.float16)])
+        g = ir.GlobalVariable(module, _fp16_floats().type, "ggml_table_f32_f16")
+        g.initializer = _fp16_floats()
         g.global_constant = True
         g.linkage = "internal"
         g.align = 64
@@ -264,12 +272,11 @@ if HAVE_AVX2:
 def fp16_round(f):
     """The float32 f rounded to the nearest fp16 (ties to even), as a float32: GGML_CPU_FP32_TO_FP16 then back (|f|
     under 65,520)."""
-    a = abs(f)
-    if a < np.float32(2.0 ** -14):  # a subnormal fp16: a multiple of 2^-24
-        return np.float32(np.round(f * np.float32(2.0 ** 24)) * np.float32(2.0 ** -24))
-    b = np.array([f], np.float32).view(np.uint32)
-    b[0] = (b[0] + np.uint32(0x0FFF) + ((b[0] >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
-    return b.view(np.float32)[0]
+    if f == 0:
+        return np.float32(0.0)
+    e = max(math.frexp(abs(f))[1] - 11, -24)  # fp16's step at |f|: 11 significant bits, 2^-24 for its subnormals
+    s = math.ldexp(1.0, -e)
+    return np.float32(np.round(np.float64(f) * s) / s)  # exact in float64, rounded half to even
 
 
 @njit(cache=True)  # no fastmath: 127 / max must stay a division, as ggml's

@@ -29,9 +29,9 @@ Q5_K 67-73 against 81-83. For Q4_K and Q6_K three things had to match ggml's cod
 had made a shift and a `vpbroadcastw` of each), and each `vpmaddwd` kept apart from the add after it (`_freeze`).
 Q5_K's ran faster: LLVM merged its fifth bit's two shifts and folded the add of disjoint bits and the mask into one
 `vpternlogq`, which GCC does not; with those steps kept apart by `_opaque` (an empty inline assembly statement) it
-runs 77-79 ns against 81-85. Q2_K's row takes 45-48 ns against 46-48, Q3_K's 73 against 72-76 (Q3_K's high-bit shifts `_opaque`
-too; merged, 66-68). Before these rebuilds llama.cpp's in-place rows of these types took the executor's
-int16 rows' rate: in calibrate's decode job on one thread 14.4 GB/s of Q4_K and 15.4 of Q6_K, where ggml's own kernels
+runs 77-79 ns against 81-85. Q2_K's row takes 44-48 ns against 46-50, Q3_K's 73 against 72-76 (Q3_K's high-bit
+shifts `_opaque` too; merged, 66-68). Before these rebuilds llama.cpp's in-place rows of these types took the
+executor's int16 rows' rate: in calibrate's decode job on one thread 14.4 GB/s of Q4_K and 15.4 of Q6_K, where ggml's own kernels
 read 17.5-17.8 and 24.4-24.9 and the rebuilds 17.7-18.1 and 24.8 (17:26-17:31, `python benchmarks/bench_ggml_own.py
 --threads 1 --rounds 7 --formats Q4_K Q6_K`, medians of alternating rounds); Q2_K's and Q3_K's 8.0-8.1 and 8.7-8.8
 in calibrate's profiles, where the rebuilds read 13.1 and 11.7 (ggml's own in the same job 12.5 and 10.9-11.0).
@@ -199,8 +199,8 @@ def _q5_k_block(t: _Tools, p, b, dy):
         for h, vals in enumerate((bld.and_(q5, low), bld.and_(shift_bytes(bld, q5, 4), low))):
             bit = 2 * j + h  # the fifth bit of every value of sub-block 2j + h, at bit `bit` of hbits' bytes
             hb = bld.and_(hbits, ir.Constant(V(I8, 32), [1 << bit] * 32))
-            # ggml's shifts right by `bit`, left by 4 and add; left to itself LLVM merges the shifts and makes the add of
-            # disjoint bits an `or` folded with the mask into a `vpternlogq` (_freeze does not stop it, _opaque does)
+            # ggml's shifts right by `bit`, left by 4 and add; left to itself LLVM merges the shifts and makes the add
+            # of disjoint bits an `or` folded with the mask into a `vpternlogq` (_freeze does not stop it, _opaque does)
             q5v = bld.add(vals, _opaque(bld, _shift16(bld, _opaque(bld, _shift16(bld, hb, -bit)) if bit else hb, 4)))
             p16.append(t.scaled(scale(2 * j + h), q5v, t.codes(b, 64 * j + 32 * h)))
         sumi = bld.add(sumi, bld.add(p16[0], p16[1]))
@@ -348,9 +348,9 @@ def _vec_dot_k_codegen(context, builder, sig, args, block_bytes: int, block):
     return context.get_dummy_value()
 
 
-# vec_dot_q4_k / _q6_k / _q5_k / _iq4_xs / _q2_k / _q3_k(w, wo, x8, dx, bs, nb, res, ro): res[ro] = the row at byte wo of w (nb
-# super-blocks) . the Q8_K token (x8 int8 codes, dx float32 scales, bs int16 16-code sums), as ggml's AVX2
-# ggml_vec_dot_<type>_q8_K
+# vec_dot_q4_k / _q6_k / _q5_k / _iq4_xs / _q2_k / _q3_k(w, wo, x8, dx, bs, nb, res, ro): res[ro] = the row at byte
+# wo of w (nb super-blocks) . the Q8_K token (x8 int8 codes, dx float32 scales, bs int16 16-code sums), as ggml's
+# AVX2 ggml_vec_dot_<type>_q8_K
 if HAVE_AVX2:
     vec_dot_q4_k = q8_k_intrinsic(partial(_vec_dot_k_codegen, block_bytes=Q4_K_BYTES, block=_q4_k_block),
                                   "vec_dot_q4_k")

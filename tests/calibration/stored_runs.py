@@ -118,7 +118,10 @@ def mean_errors(data: Path, sittings, profiles, kernels_from=None) -> dict[tuple
     acc: dict[tuple, list[float]] = {}
     for s in sittings:
         for i, p in enumerate(profiles):
-            rows = stored_rows(data, s, p) if kernels_from is None else rows_with_kernels_of(data, s, p, kernels_from[i])
+            if kernels_from is None:
+                rows = stored_rows(data, s, p)
+            else:
+                rows = rows_with_kernels_of(data, s, p, kernels_from[i])
             for r in rows:
                 acc.setdefault(tg_case(r), []).append(r["error"])
     return {k: sum(v) / len(v) for k, v in acc.items()}
