@@ -20,7 +20,7 @@ repack): the rates of llama.cpp plans that repack (`cpu.repacked_gbs`).
 Where ggml's own arithmetic is rebuilt (calibration.ggml_vec_dot, AVX2: Q8_0's, Q4_0's and IQ4_NL's int8 vec_dot,
 the q4_0 8x8 gemv; calibration.ggml_vec_dot_k: the K-quants' Q2_K-Q6_K and IQ4_XS's), these jobs run it, on the
 token quantised to Q8_0 (Q8_K for those six) as ggml does, in ggml's MUL_MAT_ID structure: one parallel region a
-matrix for all k experts. F16 keeps the executor's single-row arithmetic (`--ggml-lib` times ggml's own).
+matrix for all k experts; F16 runs ggml's vec_dot_f16 (calibration.ggml_vec_dot_f16) on the token converted to fp16.
 On Zen 3 and Zen 4 the int16 rows predicted llama.cpp's decode closely (median |error| 2.8%, session 34). On a
 2-core Emerald Rapids Xeon VM (2026-12-05) they read Q8_0 from DRAM at 9.8-11.9 GB/s on two threads and the rebuilt
 vec_dot at 13.8-14.8 (Q4_0 7.9-8.9 and 9.7-10.1; medians, a 1 GiB pool, a `/tmp` loop), where llama-bench's `small`
@@ -35,7 +35,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from executor.gemm import IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0
+from executor.gemm import F16, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0
 from executor.iquants import row_iq4_nl_noprefetch, row_iq4_xs_noprefetch
 from executor.kernels import _quant_rows
 from executor.kquants import row_q2_k_noprefetch, row_q3_k_noprefetch, row_q4_k_noprefetch, row_q5_k_noprefetch, row_q6_k_noprefetch
@@ -76,6 +76,7 @@ def repacked_share(th, rows, nthr):
 # a Q8_0 token (GGML_INT8_FORMATS) or a Q8_K one (GGML_K_FORMATS)
 GGML_INT8_FORMATS = ("Q8_0", "Q4_0", "IQ4_NL") if HAVE_AVX2 else ()
 GGML_K_FORMATS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS") if HAVE_AVX2 else ()
+GGML_F16_FORMATS = ("F16",) if HAVE_AVX2 else ()  # ggml's vec_dot_f16, the token converted to fp16 once an op
 
 
 @njit(nogil=True, fastmath=True, inline="always")
@@ -127,20 +128,24 @@ if HAVE_AVX2:
     from .ggml_gemv_q4_k import gemv_q4_kx8
     from .ggml_tiled import quantize_row_q8_k
     from .ggml_vec_dot import gemv_q4_0x8, quantize_row_q8_0, vec_dot
+    from .ggml_vec_dot_f16 import fp32_to_fp16_row, vec_dot_f16
     from .ggml_vec_dot_k import vec_dot_iq4_xs, vec_dot_q2_k, vec_dot_q3_k, vec_dot_q4_k, vec_dot_q5_k, vec_dot_q6_k
 
     @njit(parallel=True, nogil=True, fastmath=True, cache=True)
     def _ggml_matvec(w, es, code, rows, x, out, nthr):
         """out[j, r] = W_{es[j]}[r] . x[0] for one matrix of experts es (w [E, bytes] of the type `code`: a
-        GGML_INT8_FORMATS or GGML_K_FORMATS one; `rows` rows), as ggml's MUL_MAT_ID runs one token: x quantised once
-        to ggml's vec_dot type (Q8_0; Q8_K for the K-quants), then each expert's 64-row chunks handed to the threads
-        in turn, expert after expert, in one parallel region (GGML_SCHEDULE), ggml's int8 vec_dot a row. nthr:
+        GGML_INT8_FORMATS, GGML_K_FORMATS or GGML_F16_FORMATS one; `rows` rows), as ggml's MUL_MAT_ID runs one token:
+        x converted once to ggml's vec_dot type (Q8_0; Q8_K for the K-quants; fp16 for F16), then each expert's 64-row
+        chunks handed to the threads in turn, expert after expert, in one parallel region (GGML_SCHEDULE), ggml's
+        vec_dot a row. nthr:
         numba's thread count, passed in."""
         n = x.shape[1]
         k = code == Q2_K or code == Q3_K or code == Q4_K or code == Q5_K or code == Q6_K or code == IQ4_XS
-        x8, bs = np.empty(n, np.int8), np.empty(n // 16, np.int32)
+        x8, bs, xh = np.empty(n, np.int8), np.empty(n // 16, np.int32), np.empty(n, np.uint16)
         dx = np.empty(n // 256 if k else n // 32, np.float32)
-        if k:
+        if code == F16:  # F16's vec_dot_type: the token as fp16
+            fp32_to_fp16_row(x[0], xh, n)
+        elif k:
             quantize_row_q8_k(x[0], x8, dx, bs)
         else:
             quantize_row_q8_0(x[0], x8, dx)
@@ -154,7 +159,10 @@ if HAVE_AVX2:
                 we, oe = w[es[j]], out[j]
                 for c in range(t, nc, nthr):
                     r0, r1 = c * CHUNK_ROWS, min(rows, (c + 1) * CHUNK_ROWS)
-                    if code == Q6_K:
+                    if code == F16:
+                        for r in range(r0, r1):
+                            vec_dot_f16(we, np.int64(r * rb), xh, n, oe, np.int64(r))
+                    elif code == Q6_K:
                         for r in range(r0, r1):
                             vec_dot_q6_k(we, np.int64(r * rb), x8, dx, bs16, nb, oe, np.int64(r))
                     elif code == Q4_K:
@@ -255,7 +263,7 @@ def rowwise_expert_job(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, po
         raise ValueError(f"no single-row kernel for {fmt} (have {', '.join(FORMATS)})")
     p = expert_pool(fmt, hidden, ffn, pool_bytes, max_k, seed)  # shared with the other jobs on these experts
     flat, code = _flat(p), p.gate.code
-    if fmt in GGML_INT8_FORMATS or fmt in GGML_K_FORMATS:  # ggml's own arithmetic and MUL_MAT_ID structure
+    if fmt in GGML_INT8_FORMATS or fmt in GGML_K_FORMATS or fmt in GGML_F16_FORMATS:  # ggml's arithmetic, MUL_MAT_ID
         routes = _routes(p.n)
         gk, yk = np.zeros((max_k, ffn), np.float32), np.zeros((max_k, hidden), np.float32)
 
@@ -283,7 +291,8 @@ def label(fmt: str, hidden: int, ffn: int, repacked: bool = False) -> str:
                 f"of every expert's rows, no software prefetch (ggml's repacked MUL_MAT_ID; calibration.bench_rowwise) "
                 f"{fmt} SwiGLU {hidden}x{ffn}, 1 token")
     how = ("ggml's int8 vec_dot" if fmt in GGML_INT8_FORMATS else "ggml's int8 vec_dot, Q8_K token"
-           if fmt in GGML_K_FORMATS else "the executor's float single-row arithmetic" if fmt == "F16"
+           if fmt in GGML_K_FORMATS else "ggml's vec_dot_f16, fp16 token" if fmt in GGML_F16_FORMATS
+           else "the executor's float single-row arithmetic" if fmt == "F16"
            else "the executor's int16 single-row arithmetic")
     return (f"one row per dot product ({how}), {CHUNK_ROWS}-row chunks across threads, no software prefetch "
             f"(ggml's structure; calibration.bench_rowwise) {fmt} SwiGLU {hidden}x{ffn}, 1 token")

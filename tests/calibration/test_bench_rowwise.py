@@ -136,13 +136,12 @@ def test_repacked_k_quant_matvec_is_its_ggml_gemv_arithmetic_for_every_expert(fm
 @pytest.mark.skipif(not GGML_INT8_FORMATS, reason="ggml's vec_dot is rebuilt for AVX2 only")
 def test_a_rebuilt_formats_job_times_like_an_expert_job_and_says_its_arithmetic():
     """Q8_0's rowwise job (ggml's vec_dot, three ops a token): bytes per expert as Q8_0's rows, a positive rate; its
-    label names ggml's int8 vec_dot, the rebuilt K-quants' ggml's with a Q8_K token, F16's the executor's float
-    rows."""
+    label names ggml's int8 vec_dot, the rebuilt K-quants' ggml's with a Q8_K token, F16's ggml's vec_dot_f16."""
     run, eb = rowwise_expert_job("Q8_0", hidden=256, ffn=256, pool_bytes=1 << 20, max_k=4)
     assert eb == 3 * 256 * 8 * 34  # 256 rows of 8 blocks (34 bytes), three matrices
     kf = bench_expert_kernel(run, [1, 2, 4], eb, repeats=3, threads=1, budget_s=1.0)
     assert kf.expert_gbs > 0 and len(kf.t_ms) == 3
-    assert "ggml's int8 vec_dot" in label("Q8_0", 256, 256) and "float single-row" in label("F16", 256, 256)
+    assert "ggml's int8 vec_dot" in label("Q8_0", 256, 256) and "vec_dot_f16" in label("F16", 256, 256)
     for fmt in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"):
         assert "ggml's int8 vec_dot, Q8_K token" in label(fmt, 256, 256)
 
