@@ -22,8 +22,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .bench_kernel import _synth_tensor, expert_pool
-from .bench_rowwise import CHUNK_ROWS, _flat, _routes, repacked_share
+from .bench_kernel import _synth_tensor, expert_pool, token_experts
+from .bench_rowwise import CHUNK_ROWS, _flat, repacked_share
 from .ggml_library import GEMV, TOKEN_BYTES, VEC_DOT_TYPE, GgmlCpu, repack_x8, vec_dot_name
 
 
@@ -178,9 +178,9 @@ def own_prefill_job(g: GgmlCpu, fmt: str, path: str, hidden: int = 2048, ffn: in
 
 
 def _decode_job(p, mats, matvec, t: str, hidden: int, ffn: int, max_k: int):
-    """run_job(k, first): a token's gate, up and down of experts first .. first + k - 1 (mod pool) of pool p, the
+    """run_job(k, first): a token's gate, up and down of k experts of pool p (bench_kernel.token_experts), the
     matrices `mats` ([E, bytes] each), each one `matvec` call on the token quantised to the vec_dot type t."""
-    routes = _routes(p.n)
+    routes = token_experts(p.n)
     tokens = [np.zeros(TOKEN_BYTES[t](v.shape[1]), np.uint8) for v in (p.x, p.h)]
     g_out, y_out = np.zeros((max_k, ffn), np.float32), np.zeros((max_k, hidden), np.float32)
 

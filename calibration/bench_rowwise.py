@@ -42,7 +42,7 @@ from executor.kquants import row_q2_k_noprefetch, row_q3_k_noprefetch, row_q4_k_
 from executor.nbcache import drop_stale_cache
 from executor.simd import HAVE_AVX2, row_f16_noprefetch, row_q4_noprefetch, row_q8_noprefetch
 
-from .bench_kernel import ExpertPool, expert_pool
+from .bench_kernel import ExpertPool, expert_pool, token_experts
 
 # the kernels compiled in here live in the executor: a change there drops this module's cached kernels
 drop_stale_cache(__file__)
@@ -219,18 +219,6 @@ if HAVE_AVX2:
                     else:
                         gemv_q4_kx8(w[es[j]], np.int64(r * rb), x8, dx, bs, nb, out[j], np.int64(r))
 
-def _routes(n: int):
-    """routes(k, first): experts first .. first + k - 1 (mod n) as an int64 array, made once per (k, first)."""
-    made: dict[tuple[int, int], np.ndarray] = {}
-
-    def routes(k: int, first: int) -> np.ndarray:
-        key = (k, first % n)
-        if key not in made:
-            made[key] = (np.arange(k, dtype=np.int64) + first) % n
-        return made[key]
-    return routes
-
-
 def repacked_expert_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, pool_bytes: int = 256 << 20,
                         max_k: int = 8, seed: int = 0):
     """(run_job, expert_bytes): rowwise_expert_job's job in llama.cpp's repacked layout (`fmt` in
@@ -240,7 +228,7 @@ def repacked_expert_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, p
     if fmt not in REPACKED_FORMATS:
         raise ValueError(f"no repacked kernel for {fmt} (have {', '.join(REPACKED_FORMATS)})")
     p = expert_pool(fmt, hidden, ffn, pool_bytes, max_k, seed)  # shared with the other jobs on these experts
-    flat, routes = _flat(p), _routes(p.n)
+    flat, routes = _flat(p), token_experts(p.n)
     g, y = np.zeros((max_k, ffn), np.float32), np.zeros((max_k, hidden), np.float32)
 
     def run_job(k: int, first: int):
@@ -257,14 +245,13 @@ def rowwise_expert_job(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, po
                        max_k: int = 8, seed: int = 0):
     """(run_job, expert_bytes): one token's job of k SwiGLU experts, each matrix one `_rowwise_matvec`
     (gate, up, then down: three ggml ops per expert), on synthetic `fmt` experts in a pool larger
-    than the last-level cache; a job uses experts first .. first+k-1 (mod pool). Activations are not
+    than the last-level cache; a job uses k experts as bench_kernel.token_experts routes them. Activations are not
     applied (values don't matter to the timing)."""
     if fmt not in FORMATS:
         raise ValueError(f"no single-row kernel for {fmt} (have {', '.join(FORMATS)})")
     p = expert_pool(fmt, hidden, ffn, pool_bytes, max_k, seed)  # shared with the other jobs on these experts
-    flat, code = _flat(p), p.gate.code
+    flat, code, routes = _flat(p), p.gate.code, token_experts(p.n)
     if fmt in GGML_INT8_FORMATS or fmt in GGML_K_FORMATS or fmt in GGML_F16_FORMATS:  # ggml's arithmetic, MUL_MAT_ID
-        routes = _routes(p.n)
         gk, yk = np.zeros((max_k, ffn), np.float32), np.zeros((max_k, hidden), np.float32)
 
         def run_ggml(k: int, first: int):
@@ -275,8 +262,7 @@ def rowwise_expert_job(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, po
     g, u, y = np.zeros((1, ffn), np.float32), np.zeros((1, ffn), np.float32), np.zeros((1, hidden), np.float32)
 
     def run_job(k: int, first: int):
-        for j in range(k):
-            e = (first + j) % p.n
+        for e in routes(k, first):
             _rowwise_matvec(flat[0][e], code, ffn, p.x, g, numba.get_num_threads())
             _rowwise_matvec(flat[1][e], code, ffn, p.x, u, numba.get_num_threads())
             _rowwise_matvec(flat[2][e], code, hidden, p.h, y, numba.get_num_threads())
