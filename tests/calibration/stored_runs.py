@@ -71,6 +71,15 @@ def rows_with_kernels_of(data: Path, sitting: str, profile: str, kernels_from: s
     return rows_on(data, sitting, d, f"{profile}-kernels-of-{kernels_from}")
 
 
+@lru_cache(maxsize=None)
+def rows_with_rowwise_of(data: Path, sitting: str, profile: str, rates_from: str, keys: tuple[str, ...]) -> tuple[dict, ...]:
+    """regress's rows of that sitting on `profile` with its rowwise rates `keys` (e.g. F16's) those of profile
+    `rates_from`: one kernel's effect on the same machine state."""
+    d, src = stored_profile(data, profile), stored_profile(data, rates_from)["cpu"]["rowwise_gbs"]
+    d["cpu"]["rowwise_gbs"].update({k: src[k] for k in keys if k in src})
+    return rows_on(data, sitting, d, f"{profile}-rowwise-of-{rates_from}-{'-'.join(keys).replace('@', '')}")
+
+
 def rows_on(data: Path, sitting: str, profile: dict, name: str) -> tuple[dict, ...]:
     """regress's rows of data/results-llamacpp-<sitting>.csv on the profile `profile` (a parsed, changed copy of a
     stored one, written to the scratch folder as <data>-<name>.yaml), run from the repo root."""
@@ -112,14 +121,16 @@ def tg_case(r: dict) -> tuple[str, str, str]:
     return threads, layout, c.split("synthetic ")[1].split(" ")[0]
 
 
-def mean_errors(data: Path, sittings, profiles, kernels_from=None) -> dict[tuple, float]:
+def mean_errors(data: Path, sittings, profiles, kernels_from=None, keys: tuple[str, ...] = ()) -> dict[tuple, float]:
     """Each tg_case's mean error over the sittings and the profiles (with kernels_from, a profile each: their kernel
-    rates swapped in, rows_with_kernels_of)."""
+    rates swapped in, rows_with_kernels_of; with keys too, only those rowwise rates, rows_with_rowwise_of)."""
     acc: dict[tuple, list[float]] = {}
     for s in sittings:
         for i, p in enumerate(profiles):
             if kernels_from is None:
                 rows = stored_rows(data, s, p)
+            elif keys:
+                rows = rows_with_rowwise_of(data, s, p, kernels_from[i], keys)
             else:
                 rows = rows_with_kernels_of(data, s, p, kernels_from[i])
             for r in rows:
