@@ -137,8 +137,7 @@ if HAVE_AVX2:
         GGML_INT8_FORMATS, GGML_K_FORMATS or GGML_F16_FORMATS one; `rows` rows), as ggml's MUL_MAT_ID runs one token:
         x converted once to ggml's vec_dot type (Q8_0; Q8_K for the K-quants; fp16 for F16), then each expert's 64-row
         chunks handed to the threads in turn, expert after expert, in one parallel region (GGML_SCHEDULE), ggml's
-        vec_dot a row. nthr:
-        numba's thread count, passed in."""
+        vec_dot a row. nthr: numba's thread count, passed in."""
         n = x.shape[1]
         k = code == Q2_K or code == Q3_K or code == Q4_K or code == Q5_K or code == Q6_K or code == IQ4_XS
         x8, bs, xh = np.empty(n, np.int8), np.empty(n // 16, np.int32), np.empty(n, np.uint16)
