@@ -24,11 +24,6 @@ _LUT_GEMV = "gemv_q4_b32_8x8_q8_0_lut_avx"
 _PERF_LINE = re.compile(r"^\s*([\d.]+)%\s+(\d+)\s+\[[.k]\]\s+(.+?)\s*$")
 
 
-def _type_name(s: str) -> str:
-    """ggml's lower-case type name as GGUF's: q4_K -> Q4_K, iq4_nl -> IQ4_NL, f16 -> F16."""
-    return s.upper()
-
-
 def kernel_of_symbol(sym: str, repacked_lut: str | None = None) -> tuple[str, bool] | None:
     """(weight type, repacked) of one of ggml's weight kernels named `sym`, or None for any other symbol;
     repacked_lut: the type the shared Q4_0 / IQ4_NL gemv template stands for in this file."""
@@ -36,9 +31,9 @@ def kernel_of_symbol(sym: str, repacked_lut: str | None = None) -> tuple[str, bo
         return (repacked_lut, True) if repacked_lut else None
     m = _GEMV.match(sym)
     if m:
-        return _type_name(m.group(1)), True
+        return m.group(1).upper(), True  # ggml's q4_K as GGUF's Q4_K
     m = _VEC_DOT.match(sym)
-    return (_type_name(m.group(1)), False) if m else None
+    return (m.group(1).upper(), False) if m else None
 
 
 def perf_samples(report: str) -> dict[str, int]:
