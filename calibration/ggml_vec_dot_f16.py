@@ -18,18 +18,18 @@ Before this, calibrate timed llama.cpp's F16 rows on the executor's float single
 """
 from __future__ import annotations
 
-import llvmlite.binding as llb
 from llvmlite import ir
 from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from executor.nbcache import drop_stale_cache
-from executor.simd import F32, HAVE_AVX2, I16, I32, I64, V, _fn
+from executor.simd import F32, HAVE_AVX2, I16, I32, I64, V, _fn, _slice
+from executor.vnni import _FEATURES
 
 drop_stale_cache(__file__)
 
-HAVE_AVX512F = HAVE_AVX2 and "+avx512f" in llb.get_host_cpu_features().flatten().split(",")
+HAVE_AVX512F = HAVE_AVX2 and "+avx512f" in _FEATURES
 EPR = 16 if HAVE_AVX512F else 8  # float lanes a vector (GGML_F16_EPR)
 ARR = 4  # accumulators (GGML_F16_ARR = GGML_F16_STEP / GGML_F16_EPR)
 STEP = ARR * EPR  # values a pass (GGML_F16_STEP: 64 on AVX-512 F, 32 on AVX)
@@ -37,20 +37,16 @@ HALF = ir.HalfType()
 F64 = ir.DoubleType()
 
 
-def _lanes(builder, v, idx):
-    return builder.shuffle_vector(v, v, ir.Constant(V(I32, len(idx)), list(idx)))
-
-
 def _reduce(builder, sums):
     """GGML_F32Cx16_REDUCE / GGML_F32Cx8_REDUCE of the four accumulators, as a float."""
     x0 = builder.fadd(builder.fadd(sums[0], sums[2]), builder.fadd(sums[1], sums[3]))
     if EPR == 16:  # _mm512_reduce_add_ps, GCC's order
-        t3 = builder.fadd(_lanes(builder, x0, range(8, 16)), _lanes(builder, x0, range(8)))
-        t6 = builder.fadd(_lanes(builder, t3, range(4, 8)), _lanes(builder, t3, range(4)))
-        t8 = builder.fadd(t6, _lanes(builder, t6, (2, 3, 0, 1)))
+        t3 = builder.fadd(_slice(builder, x0, 8, 8), _slice(builder, x0, 0, 8))
+        t6 = builder.fadd(_slice(builder, t3, 4, 4), _slice(builder, t3, 0, 4))
+        t8 = builder.fadd(t6, builder.shuffle_vector(t6, t6, ir.Constant(V(I32, 4), [2, 3, 0, 1])))
         return builder.fadd(builder.extract_element(t8, ir.Constant(I32, 0)),
                             builder.extract_element(t8, ir.Constant(I32, 1)))
-    t0 = builder.fadd(_lanes(builder, x0, range(4)), _lanes(builder, x0, range(4, 8)))
+    t0 = builder.fadd(_slice(builder, x0, 0, 4), _slice(builder, x0, 4, 4))
     e = [builder.extract_element(t0, ir.Constant(I32, i)) for i in range(4)]  # hadd(t0, t0), then hadd of that
     return builder.fadd(builder.fadd(e[0], e[1]), builder.fadd(e[2], e[3]))
 
