@@ -1,16 +1,22 @@
 """Benchmark: a GGUF file's experts read in place through its mmap (the page cache) against copies of them in
-anonymous memory, on transparent huge pages and on 4 KiB pages, with llama.cpp's rebuilt vec_dot.
+anonymous memory (transparent huge pages, 4 KiB pages) and in files written so that their pages lie in physically
+contiguous runs of 4 KiB, 64 KiB or whole 2 MiB folios, with llama.cpp's rebuilt vec_dot.
 
-    python benchmarks/bench_weight_pages.py --model small.gguf [--threads 1] [--rounds 30]
+    python benchmarks/bench_weight_pages.py --model small.gguf [--threads 1] [--rounds 30] [--dir runs]
 
 llama.cpp reads the weights it does not repack through its mmap of the file, as the executor reads its experts;
 calibrate's decode jobs read synthetic pools in anonymous memory, which numpy puts on huge pages. This times a decode
 token of the file's own experts (8 layers, top_k of each layer's experts drawn at random, gate, up and down, one
-`bench_rowwise._ggml_matvec` each) from the three places in alternating rounds, every page mapped first, and prints each
-place's median rate and the median of the rounds' time ratios to the huge-page copies. The file's experts must be of
-one type with a rebuilt ggml vec_dot. Zen 4 VM, `small.gguf` (Q8_0), one thread, 2026-12-06 22:5x, two runs: the
-page cache 1.100 / 1.112, 4 KiB anonymous pages 1.015 / 1.027 (20.2-20.8 GB/s against 22.2-23.2); in the morning
-of the same day the page cache and the copies read alike.
+`bench_rowwise._ggml_matvec` each) from each place in alternating rounds, every page mapped first, and prints each
+place's median rate, the median of the rounds' time ratios to the huge-page copies, and each file's page layout
+(calibration.page_layout: the share of page boundaries that are physical breaks; needs root). The file's experts must
+be of one type with a rebuilt ggml vec_dot. Zen 4 VM, `small.gguf` (Q8_0), one thread:
+- 2026-12-06 22:5x, two runs: the page cache 1.100 / 1.112, 4 KiB anonymous pages 1.015 / 1.027; in the morning of
+  the same day the page cache and the copies read alike;
+- 2026-12-07 01:2x (the file's pages 20% breaks, none in 2 MiB folios), two runs: the page cache 1.347 / 1.273, 4 KiB
+  anonymous pages 1.169 / 1.198 (memory as fragmented as the page cache had left it), files in shuffled 4 KiB runs
+  1.484 / 1.464, in 64 KiB runs 1.164 / 1.194, in 2 MiB folios 0.972 / 0.996; on two threads 1.123, 1.070, 1.283,
+  1.063, 1.001.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from calibration.bench_rowwise import GGML_F16_FORMATS, GGML_INT8_FORMATS, GGML_K_FORMATS, _ggml_matvec  # noqa: E402
+from calibration.page_layout import map_file, page_layout, write_in_runs  # noqa: E402
 from executor import gemm  # noqa: E402
 from specs.gguf_header import model_from_gguf, open_gguf  # noqa: E402
 
@@ -46,11 +53,23 @@ def anonymous_copy(src: np.ndarray, huge: bool, keep: list) -> np.ndarray:
     return out
 
 
+def file_copy(src: np.ndarray, run_bytes: int | None, folder: Path, keep: list) -> np.ndarray:
+    """src written to a file in `folder` in physically contiguous runs of run_bytes (None: 2 MiB folios), mapped back
+    read-only; the file is unlinked once mapped (its pages stay while the map does)."""
+    path = folder / f"bench-weight-pages-{len(keep)}.bin"
+    write_in_runs(path, src, run_bytes, seed=len(keep))
+    out = map_file(path).reshape(src.shape)
+    keep.append(path)
+    path.unlink()
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--dir", default="runs", help="folder on the disk the files are written to (not a tmpfs)")
     a = ap.parse_args(argv)
     numba.set_num_threads(a.threads)
     model = model_from_gguf(a.model)
@@ -68,6 +87,10 @@ def main(argv=None) -> int:
     places = {"page cache": mapped,
               "huge pages": [[anonymous_copy(m, True, keep) for m in row] for row in mapped],
               "4 KiB pages": [[anonymous_copy(m, False, keep) for m in row] for row in mapped]}
+    folder = Path(a.dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, run in (("4 KiB runs", 4096), ("64 KiB runs", 65536), ("2 MiB folios", None)):
+        places[name] = [[file_copy(m, run, folder, keep) for m in row] for row in mapped]
     code = getattr(gemm, fmt)
     rows = (model.expert_ffn, model.expert_ffn, model.hidden)
     rng = np.random.default_rng(0)
@@ -92,8 +115,12 @@ def main(argv=None) -> int:
     nbytes = sum(m[0].nbytes for row in mapped for m in row) * k
     rates = "  ".join(f"{p} {nbytes / statistics.median(v) / 1e9:.1f} GB/s" for p, v in times.items())
     ratios = ", ".join(f"{p} {statistics.median(t / h for t, h in zip(times[p], times['huge pages'])):.3f}"
-                       for p in ("page cache", "4 KiB pages"))
+                       for p in places if p != "huge pages")
     print(f"{Path(a.model).name} ({fmt}, {a.threads} thread(s)): {rates} | time against huge pages: {ratios}")
+    lay = page_layout(a.model)
+    if lay is not None:
+        print(f"{Path(a.model).name}'s pages: {100 * lay.breaks:.1f}% of boundaries physical breaks, "
+              f"{100 * lay.pmd_share:.0f}% in 2 MiB folios")
     return 0
 
 

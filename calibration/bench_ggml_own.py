@@ -193,11 +193,13 @@ def _decode_job(p, mats, matvec, t: str, hidden: int, ffn: int, max_k: int):
 
 
 def own_rowwise_job(g: GgmlCpu, fmt: str, hidden: int = 2048, ffn: int = 768, pool_bytes: int = 256 << 20,
-                    max_k: int = 8, seed: int = 0):
-    """(run_job, expert_bytes): bench_rowwise.rowwise_expert_job's job on ggml's own vec_dot for `fmt`."""
+                    max_k: int = 8, seed: int = 0, file_runs: int | None = None, folder: str = ".",
+                    file_bytes: int = 0):
+    """(run_job, expert_bytes): bench_rowwise.rowwise_expert_job's job on ggml's own vec_dot for `fmt` (file_runs,
+    folder, file_bytes: as there)."""
     if fmt not in g.vec_dot:
         raise ValueError(f"{g.path} gives no verified {vec_dot_name(fmt)}")
-    p, t = expert_pool(fmt, hidden, ffn, pool_bytes, max_k, seed), VEC_DOT_TYPE[fmt]
+    p, t = expert_pool(fmt, hidden, ffn, pool_bytes, max_k, seed, file_runs, folder, file_bytes), VEC_DOT_TYPE[fmt]
     matvec = _rowwise_matvec_of(g.vec_dot[fmt], g.quantize[t])
     return _decode_job(p, _flat(p), matvec, t, hidden, ffn, max_k), p.expert_bytes
 

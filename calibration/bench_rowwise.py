@@ -241,14 +241,17 @@ def repacked_expert_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, p
 
 
 def rowwise_expert_job(fmt: str = "Q8_0", hidden: int = 2048, ffn: int = 768, pool_bytes: int = 256 << 20,
-                       max_k: int = 8, seed: int = 0):
+                       max_k: int = 8, seed: int = 0, file_runs: int | None = None, folder: str = ".",
+                       file_bytes: int = 0):
     """(run_job, expert_bytes): one token's job of k SwiGLU experts, each matrix one `_rowwise_matvec`
     (gate, up, then down: three ggml ops per expert), on synthetic `fmt` experts in a pool larger
     than the last-level cache; a job uses k experts as bench_kernel.token_experts routes them. Activations are not
-    applied (values don't matter to the timing)."""
+    applied (values don't matter to the timing). file_runs: the pool, repeated to file_bytes, in files whose pages lie
+    in physically contiguous runs of that many bytes (bench_kernel.pool_in_files), as llama.cpp reads a GGUF's pages
+    in place."""
     if fmt not in FORMATS:
         raise ValueError(f"no single-row kernel for {fmt} (have {', '.join(FORMATS)})")
-    p = expert_pool(fmt, hidden, ffn, pool_bytes, max_k, seed)  # shared with the other jobs on these experts
+    p = expert_pool(fmt, hidden, ffn, pool_bytes, max_k, seed, file_runs, folder, file_bytes)  # shared by jobs
     flat, code, routes = _flat(p), p.gate.code, token_experts(p.n)
     if fmt in GGML_INT8_FORMATS or fmt in GGML_K_FORMATS or fmt in GGML_F16_FORMATS:  # ggml's arithmetic, MUL_MAT_ID
         gk, yk = np.zeros((max_k, ffn), np.float32), np.zeros((max_k, hidden), np.float32)

@@ -106,6 +106,14 @@ class Settings:
     # a format's pool at least this many times the last-level cache, so the jobs read DRAM (kernel_pool_for); 0: as set
     kernel_pool_llc_times: int = 2
     kernel_ks: tuple[int, ...] = (1, 2, 4, 6, 8)
+    # llama.cpp's in-place decode jobs again on pools in files whose pages lie in physically contiguous runs of these
+    # many KiB (calibration.page_layout): the first for every format, the others for PAGE_RUNS_FORMAT only; what a file
+    # the page cache holds in short runs costs (CPU.file_runs_gbs); empty: not timed
+    page_runs_kib: tuple[int, ...] = (64, 4)
+    # bytes each such file pool spans (its experts repeated): what a layout costs grows with the memory its pages span,
+    # to 384 MiB and more on the Zen 4 VM (bench_kernel.pool_in_files); at most a third of the available memory
+    # over all of them (kernel_pool_for)
+    page_runs_pool_bytes: int = 384 << 20
     kernel_repeats: int = 15
     prefill_tokens: int = 64
     prefill_experts: int = 32
@@ -152,7 +160,7 @@ TINY = Settings(label="tiny", mem_bytes=1 << 20, mem_repeats=2, hit_hidden=64, h
                 kernel_formats=("Q4_0",),
                 kernel_hidden=64, kernel_ffn=32, kernel_pool_bytes=1 << 20, kernel_pool_llc_times=0, kernel_ks=(1, 2, 4),
                 kernel_repeats=3, prefill_tokens=8, prefill_experts=4, prefill_top_k=2, prefill_repeats=2,
-                prefill_long_tokens=32, dense_prefill_tokens=16,
+                prefill_long_tokens=32, dense_prefill_tokens=16, page_runs_pool_bytes=2 << 20,
                 ggml_prefill_tokens=8, ggml_prefill_experts=2, ggml_prefill_repeats=1,
                 prefill_budget_s=0.2, total_budget_s=3, mem_budget_s=0.2, kernel_budget_s=0.2, hit_budget_s=0.2,
                 dense_budget_s=0.2, handover_budget_s=0.2, disk_budget_s=0.2)
@@ -171,6 +179,8 @@ class Results:
     repacked: dict[str, KernelFit] = field(default_factory=dict)  # llama.cpp's repacked layout (bench_rowwise)
     repacked_1t: dict[str, KernelFit] = field(default_factory=dict)
     whole: dict[str, KernelFit] = field(default_factory=dict)  # whole experts per thread (the executor's decode)
+    # the rowwise jobs on pools in files in runs of Settings.page_runs_kib, keyed '64KiB Q8_0', '64KiB Q8_0@1t'
+    file_runs: dict[str, KernelFit] = field(default_factory=dict)
     prefill: PrefillResult | None = None
     prefill_long: PrefillResult | None = None  # the same batch at Settings.prefill_long_tokens
     dense_prefill: PrefillResult | None = None  # an attention block's products at Settings.dense_prefill_tokens
@@ -316,13 +326,17 @@ def kernel_pool_for(s: Settings, llc: int | None, avail: int | None) -> Settings
     (bytes), so that its jobs read DRAM, as a model's experts do: a 2-core Xeon VM (2026-12-05) reports a 300 MiB
     L3 and read a 128 MiB array at 43 GB/s, 192 MiB and more at 23-25, where the quick profile's 128 MiB pools put
     ggml's rebuilt Q8_0 rows at 16.5 GB/s against 13.8-14.8 from a 1 GiB pool. Every format's pool stays alive
-    through the run, so together they stay within a third of `avail` (bytes of available memory)."""
-    if not s.kernel_pool_llc_times or not llc:
-        return s
-    want = s.kernel_pool_llc_times * llc
-    if avail:
-        want = min(want, avail // (3 * max(1, len(s.kernel_formats))))
-    return replace(s, kernel_pool_bytes=max(s.kernel_pool_bytes, int(want)))
+    through the run, so together they stay within a third of `avail` (bytes of available memory); so do the pools in
+    files of the page-run jobs (page_runs_pool_bytes: one a format, and one more a further run length)."""
+    if s.kernel_pool_llc_times and llc:
+        want = s.kernel_pool_llc_times * llc
+        if avail:
+            want = min(want, avail // (3 * max(1, len(s.kernel_formats))))
+        s = replace(s, kernel_pool_bytes=max(s.kernel_pool_bytes, int(want)))
+    if avail and s.page_runs_kib:
+        files = len(s.kernel_formats) + len(s.page_runs_kib) - 1
+        s = replace(s, page_runs_pool_bytes=min(s.page_runs_pool_bytes, avail // (3 * files)))
+    return s
 
 
 def _kernel_job(s: Settings, fmt: str, use_exec: bool, whole: bool = False):
@@ -360,6 +374,30 @@ def _decode_jobs(formats, isa: list[str], ggml=None) -> list[tuple]:
             jobs.append(("repacked", fmt, partial(own_repacked_job, ggml), "ggml's own repacked rows"))
         elif fmt in BR.REPACKED_FORMATS:
             jobs.append(("repacked", fmt, BR.repacked_expert_job, "repacked rows"))
+    return jobs
+
+
+# the format timed at every page run length (the others at the first only): the shape of the page layout's cost in the
+# breaks (CPU.file_page_excess). Q8_0's rows stream at the bus's pace and so pay the layout most: from 64 KiB runs
+# 19% on one thread, 10% on two, where the K-quants' arithmetic hid it to 0-4% (Zen 4 VM, 2026-12-07)
+PAGE_RUNS_FORMAT = "Q8_0"
+
+
+def _page_run_jobs(s: Settings, formats, isa: list[str], ggml=None, folder: str | os.PathLike = ".") -> list[tuple]:
+    """('64KiB', fmt, make_job, what) of the in-place decode jobs on pools in files whose pages lie in physically
+    contiguous runs of each of s.page_runs_kib KiB: the first length for every format _decode_jobs times in place,
+    the others for PAGE_RUNS_FORMAT only (else the first such format). The files go in `folder` (the disk
+    benchmark's: a disk's, as a GGUF's, not a tmpfs) and are unlinked once mapped."""
+    rowwise = [(fmt, make) for kind, fmt, make, _ in _decode_jobs(formats, isa, ggml) if kind == "rowwise"]
+    names = [fmt for fmt, _ in rowwise]
+    shape = PAGE_RUNS_FORMAT if PAGE_RUNS_FORMAT in names else (names[0] if names else None)
+    jobs = []
+    for i, kib in enumerate(s.page_runs_kib):
+        for fmt, make in rowwise:
+            if i == 0 or fmt == shape:
+                jobs.append((f"{kib}KiB", fmt, partial(make, file_runs=kib << 10, folder=str(folder),
+                                                       file_bytes=s.page_runs_pool_bytes),
+                             f"pool in a file in {kib} KiB runs of pages"))
     return jobs
 
 
@@ -443,6 +481,23 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                                            max_k=max(s.kernel_ks))
                         kb = kbenches[key] = KernelBench(job, s.kernel_ks, eb, label=_decode_label(
                             ggml, kind, fmt, s.kernel_hidden, s.kernel_ffn), threads=numba.get_num_threads())
+                        budgets[key] = bud.take(key, s.kernel_budget_s / 3)
+                        kb.sample(n1_first, budgets[key] * n1_first / n1, ticks[key])
+                        r.wall_s[key] = time.perf_counter() - t0
+                numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
+                # the in-place jobs again on files whose pages lie in short runs (page_layout): a GGUF's pages as the
+                # page cache may hold them, llama.cpp reading them through its mmap
+                for kind, fmt, make_job, what in _page_run_jobs(s, formats, isa, ggml, disk_dir or "."):
+                    for one in ((False, True) if maxt > 1 else (False,)):
+                        t0 = time.perf_counter()
+                        key = f"{kind} {fmt}" + ("@1t" if one else "")
+                        numba.set_num_threads(1 if one else min(maxt, numba.config.NUMBA_NUM_THREADS))
+                        ticks[key] = pg.stage(f"CPU {what} {fmt}" + (", 1 thread" if one else ""), n1)
+                        job, eb = make_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes,
+                                           max_k=max(s.kernel_ks))
+                        kb = kbenches[key] = KernelBench(job, s.kernel_ks, eb, label=_decode_label(
+                            ggml, "rowwise", fmt, s.kernel_hidden, s.kernel_ffn) + f", {what}",
+                            threads=numba.get_num_threads())
                         budgets[key] = bud.take(key, s.kernel_budget_s / 3)
                         kb.sample(n1_first, budgets[key] * n1_first / n1, ticks[key])
                         r.wall_s[key] = time.perf_counter() - t0
@@ -569,6 +624,9 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                 numba.set_num_threads(1 if one else min(maxt, numba.config.NUMBA_NUM_THREADS))
                 if n > first_n:
                     kb.sample(n - first_n, budgets[key] * (1 - first_n / n), ticks[key])
+                if kind.endswith("KiB"):  # a pool in a file in runs of that length: '64KiB Q8_0@1t'
+                    r.file_runs[key] = kb.result()
+                    continue
                 dest = getattr(r, kind + ("_1t" if one else ""))  # kernels, rowwise, repacked or whole
                 dest[key.split(" ")[-1].removesuffix("@1t")] = kb.result()
             numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))

@@ -180,9 +180,34 @@ def run_case_name(model: ModelSpec, run: BenchRun) -> str:
     return f"llamacpp:{model.name} {model.expert_format}:{run.test}:{' '.join(run.flags)}"
 
 
+def page_breaks_of(value: str | None, model_file: str) -> float | None:
+    """The share of the model file's page boundaries that were physical breaks when the run read it (the plan's
+    cpu_file_page_breaks): `value` a number, or 'auto' to read it now from the file the record names, resident pages
+    only (calibration.page_layout; right after the run: the page cache moves); None where not given, not readable
+    (frame numbers need root) or where less than half the sampled pages are still resident."""
+    if value is None:
+        return None
+    if value != "auto":
+        try:
+            b = float(value)
+        except ValueError:
+            b = -1.0
+        if not 0.0 <= b <= 1.0:
+            raise SpecError("--page-breaks", None, f"must be 'auto' or a share in [0, 1] (got {value!r})")
+        return b
+    from .page_layout import page_layout
+    if not model_file or not Path(model_file).is_file():
+        return None
+    lay = page_layout(model_file, resident_only=True)
+    # most of the file gone from the page cache: the run's layout is not what is left of it
+    return lay.breaks if lay is not None and lay.resident_share >= 0.5 else None
+
+
 def ingest_runs(files: list[str], model_ref: str, flags: str, store: str | Path,
-                timings: bool = False) -> list[dict]:
-    """Read runs, check each one's flags into a placement, append them to the results store."""
+                timings: bool = False, page_breaks: str | None = "auto") -> list[dict]:
+    """Read runs, check each one's flags into a placement, append them to the results store. page_breaks: the
+    model file's page layout when the runs read it (page_breaks_of; 'auto', the default: read from the file now),
+    into each plan's cpu_file_page_breaks."""
     import shlex
 
     from specs.loaders import load_model
@@ -190,6 +215,7 @@ def ingest_runs(files: list[str], model_ref: str, flags: str, store: str | Path,
     from .store import append_rows, make_row
 
     model = load_model(model_ref)
+    page_breaks_of(page_breaks if page_breaks != "auto" else None, "")  # a bad number fails before any file is read
     extra = tuple(shlex.split(flags))
     runs: list[BenchRun] = []
     for f in files:
@@ -198,8 +224,14 @@ def ingest_runs(files: list[str], model_ref: str, flags: str, store: str | Path,
         else:
             runs += read_llama_bench(f, extra)
     rows = []
+    layouts: dict[str, float | None] = {}
     for r in runs:
         plan = r.plan(model)  # raises with the flag named when llama.cpp would reject it
+        if r.model_file not in layouts:
+            gguf = r.model_file or (model_ref if model_ref.endswith(".gguf") else "")
+            layouts[r.model_file] = page_breaks_of(page_breaks, gguf)
+        if layouts[r.model_file] is not None and plan.cpu_mmap:
+            plan = plan.model_copy(update={"cpu_file_page_breaks": layouts[r.model_file]})
         rows.append(make_row(run_case_name(model, r), r.metric, r.tok_s, std=r.tok_s_std, model=model_ref,
                              engine="llamacpp", flags=" ".join(r.flags), backend=r.backend,
                              n_prompt=r.n_prompt, n_gen=r.n_gen, build=r.build, source=r.source, cold_reps=r.cold_reps,

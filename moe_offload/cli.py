@@ -115,7 +115,7 @@ def _cmd_ingest(a) -> int:
     from calibration.store import default_store_path
 
     store = a.store or default_store_path()
-    rows = ingest_runs(a.files, a.model, a.flags, store, timings=a.timings)
+    rows = ingest_runs(a.files, a.model, a.flags, store, timings=a.timings, page_breaks=a.page_breaks)
     for r in rows:
         cold = "; its first repetition read from disk, left out" if r["cold_reps"] else ""
         print(f"{r['case']}: {r['metric']} = {float(r['value']):.2f}  ({r['flags']}){cold}")
@@ -379,6 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="the GGUF (header read) or preset the runs used")
     p.add_argument("--flags", default="", help="llama.cpp flags not in the output (Markdown, logs)")
     p.add_argument("--timings", action="store_true", help="files are llama-server/llama-cli logs")
+    p.add_argument("--page-breaks", default="auto",
+                   help="the share of the GGUF's page boundaries that were physical breaks in the page cache during "
+                        "the runs (0: contiguous), or 'auto' (default) to read it now from the file the output names "
+                        "(needs root; ingest right after the runs: the page cache moves)")
     p.add_argument("--store", help="results store CSV (default: $MOE_OFFLOAD_RESULTS or runs/results.csv)")
     p.set_defaults(func=_cmd_ingest)
 

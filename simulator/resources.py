@@ -107,10 +107,23 @@ def whole_jobs(hw, plan, threads: int) -> bool:
 
 def cpu_gbs(hw, fmt, threads: int, plan, whole: bool = False) -> float:
     """GB/s at which `plan`'s engine computes weights in `fmt` on `threads` host cores (for llama.cpp:
-    the repacked rate of the formats it repacks, the rowwise rate of the others; whole: a job of whole
-    experts per thread, where whole_jobs says the engine runs them)."""
-    return hw.cpu.expert_gbs_for(fmt, threads, rowwise=rowwise(hw, plan), repacked=repacked(hw, plan, fmt),
+    the repacked rate of the formats it repacks, the rowwise rate of the others, those read in place from its mmap
+    slowed by the file's page layout (in_place_page_excess); whole: a job of whole experts per thread, where
+    whole_jobs says the engine runs them)."""
+    rp = repacked(hw, plan, fmt)
+    rate = hw.cpu.expert_gbs_for(fmt, threads, rowwise=rowwise(hw, plan), repacked=rp,
                                  whole=whole and whole_jobs(hw, plan, threads))
+    return rate / (1.0 + in_place_page_excess(hw, fmt, threads, plan)) if not rp else rate
+
+
+def in_place_page_excess(hw, fmt, threads: int, plan) -> float:
+    """Extra time, as a fraction, llama.cpp's rows of `fmt` take on `threads` cores read in place through its mmap of
+    a file whose page boundaries are physical breaks in the share plan.cpu_file_page_breaks (CPU.file_page_excess: the
+    prefetcher streams physical addresses and starts again at each break); 0 for other engines (the executor's kernel
+    prefetches its rows in software: not calibrated) and for weights read into buffers at load (--no-mmap)."""
+    if plan.engine != "llamacpp" or not plan.cpu_mmap or not plan.cpu_file_page_breaks:
+        return 0.0
+    return hw.cpu.file_page_excess(fmt, threads, plan.cpu_file_page_breaks)
 
 
 def cpu_expert_gbs(hw, model, threads: int, plan, whole: bool = False) -> float:

@@ -1,6 +1,7 @@
 """HardwareSpec (YAML): GPU, PCIe, system memory, CPU, NVMe. Every figure carries its source."""
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -106,6 +107,10 @@ class CPU(_Strict):
     # expert start to end on one thread (executor.cpu_experts: one parallel region, no barrier between its up and
     # down products; simulator.policies.whole_experts_per_thread), per format; its plans read these there
     whole_gbs: dict[str, Pos] = Field(default_factory=dict)
+    # The rowwise rates again on weights in a file whose pages lie in physically contiguous runs of a given length
+    # ('64KiB', '4KiB': calibration.page_layout), keyed as rowwise_gbs: what a file the page cache holds in short runs
+    # costs the engines that read it in place (file_page_excess); the calibrated run lengths' formats only
+    file_runs_gbs: dict[str, dict[str, Pos]] = Field(default_factory=dict)
     # GFLOP/s per core of the experts' products on a prefill batch in the structure llama.cpp's ggml gives each
     # format (calibration.bench_ggml_prefill), keyed by specs.formats.llamacpp_prefill_key ('Q8_0',
     # 'Q4_0:repacked'), with 'KEY@Nt' for a rate measured on N cores; a path without one prefills at the
@@ -154,6 +159,40 @@ class CPU(_Strict):
             if rd and ed:
                 return rate * rd / ed
         return rate
+
+    def file_page_excess(self, fmt: WeightFormat, threads: int | None, breaks: float) -> float:
+        """Extra time (a fraction of the contiguous time) `fmt`'s rowwise rows take on `threads` cores from a file whose
+        page boundaries are physical breaks in that share (PageLayout.breaks): a power of the breaks through none at
+        contiguous pages, e_R (breaks / b_R)^g, from the format's excess e_R at the calibrated run length R it has
+        (runs of R bytes: breaks b_R = 4096 / R; the longest where it has several), with the exponent g of the format
+        calibrated at two lengths (ln(e_4KiB / e_64KiB) / ln 16 for Q8_0), within [0.25, 1]; g = 1/2 (each break's
+        cost growing as the root of the run it ends) where no format has two. 0 without such rates or breaks."""
+        if breaks <= 0 or not self.file_runs_gbs or not self.rowwise_gbs:
+            return 0.0
+        tables = {4096 / (int(k.removesuffix("KiB")) << 10): t for k, t in self.file_runs_gbs.items()}
+
+        def points(name: str) -> list[tuple[float, float]]:
+            """(breaks, excess) at each calibrated run length, fewest breaks first."""
+            r0 = self._rate(self.rowwise_gbs, (name,), threads)
+            out = []
+            for b, table in sorted(tables.items()):
+                r = self._rate(table, (name,), threads)
+                if r0 and r:
+                    out.append((b, max(0.0, r0 / r - 1.0)))
+            return out
+
+        names = sorted({k.split("@")[0] for t in tables.values() for k in t})
+        ref = max(names, key=lambda n: len(points(n)), default=None)
+        ref_pts = points(ref) if ref else []
+        g = 0.5
+        if len(ref_pts) > 1:
+            (b1, e1), (b2, e2) = ref_pts[0], ref_pts[-1]
+            g = min(1.0, max(0.25, math.log(e2 / e1) / math.log(b2 / b1))) if e1 > 0 and e2 > 0 else 1.0
+        own = points(fmt.name) or points(fmt.name.split(":")[0]) or ref_pts
+        if not own:
+            return 0.0
+        b0, e0 = own[0]
+        return e0 * (breaks / b0) ** g
 
     def ggml_prefill_gflops_for(self, key: str, threads: int | None = None) -> float | None:
         """GFLOP/s per core of ggml's prefill products under `key` on `threads` cores: the rate measured on that

@@ -158,6 +158,10 @@ class Plan(_Strict):
     # CPU weights stay in the mmap'd file (page cache, experts beyond RAM read from NVMe); False: read
     # into anonymous buffers at load (llama.cpp's --no-mmap), so every CPU expert must fit in RAM
     cpu_mmap: bool = True
+    # Where the mmap'd file's pages lie in physical memory: the share of its page boundaries that are breaks
+    # (calibration.page_layout). 0: contiguous, as a file just written in large writes lies; a file the page cache
+    # dropped and read back lies in shorter runs, and CPU weights read in place stream slower from it
+    cpu_file_page_breaks: float = Field(default=0.0, ge=0.0, le=1.0)
     # VRAM the engine keeps for CUDA graphs, activations and DMA staging (bytes), beyond weights
     gpu_workspace_bytes: int = Field(default=0, ge=0)
     # Decode batch sizes the engine captured as full CUDA graphs (vLLM --cudagraph-capture-sizes with

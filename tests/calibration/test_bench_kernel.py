@@ -175,3 +175,20 @@ def test_a_pool_beyond_its_drawn_experts_reorders_their_blocks_into_pages_of_its
             assert not np.array_equal(blocks[e], src)
         pages = t.data.reshape(-1)[: t.data.size // 4096 * 4096].reshape(-1, 4096)
         assert len({hashlib.md5(pg.tobytes()).digest() for pg in pages}) == len(pages)
+
+
+def test_a_pool_in_files_holds_the_same_experts_repeated_to_the_bytes_asked(tmp_path):
+    """pool_in_files: the pool's gate, up and down copied into files written in shuffled 4 KiB runs, repeated to at
+    least `total_bytes` (a layout costs more the more memory its pages span): 3x a 0.2 MiB pool for 0.5 MiB, expert
+    e + n the same bytes as expert e; the files are gone from the folder once mapped."""
+    from calibration.bench_kernel import ExpertPool, pool_in_files
+    p = ExpertPool("Q8_0", 64, 32, 200 << 10, 4, seed=5)
+    size = sum(t.data.nbytes for t in (p.gate, p.up, p.down))
+    f = pool_in_files(p, 4096, tmp_path, total_bytes=500 << 10)
+    reps = -(-(500 << 10) // size)
+    assert f.n == reps * p.n and reps == 3
+    for name in ("gate", "up", "down"):
+        a, b = getattr(p, name).data, getattr(f, name).data
+        assert b.shape == (reps * a.shape[0],) + a.shape[1:]
+        assert all(np.array_equal(b[i * p.n:(i + 1) * p.n], a) for i in range(reps))
+    assert not list(tmp_path.iterdir())

@@ -81,6 +81,23 @@ def test_measured_figures_carry_date_and_method(run):
     assert hw.constants["pagecache_4k_us"] < hw.nvme.latency_us
 
 
+def test_in_place_rows_timed_again_from_files_in_short_page_runs(run):
+    """page_runs_kib (64, 4): llama.cpp's in-place jobs again on their pool copied into files written in shuffled runs
+    of 64 KiB (every format) and of 4 KiB (PAGE_RUNS_FORMAT, else the first format: tiny's only one, Q4_0), keyed as
+    rowwise_gbs in cpu.file_runs_gbs (CPU.file_page_excess reads them), each with its store row."""
+    hw, _, st, _ = run
+    if not executor_kernel_available():
+        pytest.skip("no executor kernel: no rowwise jobs")
+    fmt, fr = TINY.kernel_formats[0], hw.cpu.file_runs_gbs
+    assert set(fr) == {"64KiB", "4KiB"}
+    for runs in ("64KiB", "4KiB"):
+        f = fr[runs][fmt]
+        assert f.source == "measured" and f"pool in a file in {runs[:-3]} KiB runs of pages" in f.ref and f > 0
+        assert (f"{fmt}@1t" in fr[runs]) == (hw.cpu.threads_used > 1)
+    cases = {r["case"] for r in store.read_rows(st)}
+    assert {f"calibrate:cpu_file_runs_64KiB_{fmt}", f"calibrate:cpu_file_runs_4KiB_{fmt}"} <= cases
+
+
 def test_the_typical_state_profile_takes_each_kernels_median_rounds(run):
     """--typical-out: the same run's profile with each CPU kernel's rate fitted on its median clean rounds (the
     figure the fast profile's ref quotes as "median rounds"), every other figure as measured."""
@@ -449,3 +466,12 @@ def test_the_tiled_gemm_timed_again_at_a_full_window_gives_its_fixed_tokens(tmp_
         assert float(m0) == pytest.approx(prefill_fixed_tokens(32, a.gflops_per_core, 64, w.gflops_per_core))
     cases = {row["case"] for row in store_rows(r)}
     assert "cpu_ggml_prefill_Q4_K_tiled_window" in {c.split(":", 1)[-1] for c in cases}
+
+
+def test_the_page_run_pools_stay_within_a_third_of_the_available_memory():
+    """quick's ten formats time their in-place rows from files once each, Q8_0 once more: 11 pools of 384 MiB where
+    24 GiB are available; with 6 GiB, a third of it over the 11 (186 MiB each); without page-run jobs, untouched."""
+    assert cal.kernel_pool_for(cal.QUICK, 32 << 20, 24 << 30).page_runs_pool_bytes == 384 << 20
+    assert cal.kernel_pool_for(cal.QUICK, 32 << 20, 6 << 30).page_runs_pool_bytes == (6 << 30) // 33
+    none = replace(cal.QUICK, page_runs_kib=())
+    assert cal.kernel_pool_for(none, 32 << 20, 1 << 30).page_runs_pool_bytes == none.page_runs_pool_bytes

@@ -162,3 +162,68 @@ def test_ingest_says_which_runs_left_a_cold_repetition_out(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert "first repetition read from disk, left out" in out[0] and "left out" not in out[1]
     assert [r["cold_reps"] for r in read_rows(store)] == ["1", "0"]
+
+
+def _config(tmp_path) -> Path:
+    import json as _json
+    cfg = tmp_path / "config.json"
+    cfg.write_text(_json.dumps({"model_type": "qwen3_moe", "hidden_size": 512, "num_hidden_layers": 4,
+                                "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64,
+                                "num_experts": 32, "num_experts_per_tok": 4, "moe_intermediate_size": 256,
+                                "vocab_size": 1024}))
+    return cfg
+
+
+def test_page_breaks_given_go_into_every_plan_that_reads_the_mmap(tmp_path):
+    """--page-breaks 0.09 (the share of the GGUF's page boundaries that were physical breaks while llama-bench read
+    it): each run's plan carries it as cpu_file_page_breaks; with none, the plans say 0 (contiguous)."""
+    import json as _json
+
+    from calibration.ingest import ingest_runs
+    from calibration.store import read_rows
+    store = tmp_path / "r.csv"
+    ingest_runs([str(FIX / "tiny-t12.json")], str(_config(tmp_path)), "", store, page_breaks="0.09")
+    ingest_runs([str(FIX / "tiny-t12.json")], str(_config(tmp_path)), "", store, page_breaks=None)
+    plans = [_json.loads(r["plan"]) for r in read_rows(store)]
+    assert [p["cpu_file_page_breaks"] for p in plans] == [0.09] * 4 + [0.0] * 4
+
+
+def test_page_breaks_auto_reads_the_named_files_layout_or_leaves_it_unknown(tmp_path):
+    """'auto' reads the layout of the GGUF a record names where it exists (frame numbers need root: else unknown);
+    the fixture's records name a file not on this machine: the plans keep 0."""
+    import json as _json
+
+    from calibration.ingest import ingest_runs
+    from calibration.store import read_rows
+    store = tmp_path / "r.csv"
+    ingest_runs([str(FIX / "tiny-t12.json")], str(_config(tmp_path)), "", store, page_breaks="auto")
+    assert {_json.loads(r["plan"])["cpu_file_page_breaks"] for r in read_rows(store)} == {0.0}
+
+
+def test_a_bad_page_breaks_value_is_one_line_and_exit_2(tmp_path, capsys):
+    from moe_offload.cli import main
+    code = main(["ingest", str(FIX / "tiny-t12.json"), "--model", str(_config(tmp_path)), "--page-breaks", "1.5",
+                 "--store", str(tmp_path / "r.csv")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--page-breaks: must be 'auto' or a share in [0, 1]" in err
+    assert not (tmp_path / "r.csv").exists()
+
+
+def test_page_breaks_auto_reads_the_layout_of_the_file_the_records_name(tmp_path):
+    """A GGUF whose pages lie in shuffled 4 KiB runs (page_layout.write_in_runs), named by the llama-bench records:
+    ingest's default ('auto') reads nearly every boundary a break into each plan (frame numbers need root)."""
+    import json as _json
+
+    import numpy as np
+
+    from calibration.ingest import ingest_runs
+    from calibration.page_layout import page_layout, write_in_runs
+    from calibration.store import read_rows
+    gguf = write_in_runs(tmp_path / "model.gguf", np.ones(8 << 20, np.uint8), 4096)
+    if page_layout(gguf, resident_only=True) is None:
+        pytest.skip("pagemap hides frame numbers from this process (no CAP_SYS_ADMIN)")
+    recs = [{**r, "model_filename": str(gguf)} for r in _json.loads((FIX / "tiny-t12.json").read_text())]
+    (tmp_path / "r.json").write_text(_json.dumps(recs))
+    store = tmp_path / "r.csv"
+    ingest_runs([str(tmp_path / "r.json")], str(_config(tmp_path)), "", store)
+    assert all(_json.loads(r["plan"])["cpu_file_page_breaks"] > 0.9 for r in read_rows(store))

@@ -118,3 +118,53 @@ def test_a_negative_fixed_token_count_is_refused_naming_the_file_and_field(tmp_p
     path.write_text(yaml.safe_dump(hw))
     with pytest.raises(SpecError, match=r"hw.yaml.*ggml_prefill_fixed_tokens.*>= 0"):
         load_hardware(str(path))
+
+
+def _paged(rowwise: dict, runs: dict):
+    """A CPU with these rowwise rates and file_runs_gbs tables ({'64KiB': {'Q8_0': 20.0}})."""
+    fig = lambda t: {k: Figure(v, "measured", "test") for k, v in t.items()}  # noqa: E731
+    return _cpu(Q8_0=30.0, default=20.0).model_copy(update={
+        "rowwise_gbs": fig(rowwise), "file_runs_gbs": {k: fig(t) for k, t in runs.items()}})
+
+
+def test_file_page_excess_is_a_power_of_the_breaks_through_none_at_contiguous_pages():
+    """Q8_0 rows at 24 GB/s from contiguous pages, 24 / 1.2 from a file in 64 KiB runs (breaks 1/16: +20%), 24 / 1.8
+    from one in 4 KiB runs (breaks 1: +80%): the exponent ln(0.8 / 0.2) / ln 16 = 1/2; at breaks 1/4, 0.2 x 4^(1/2) =
+    +40%; at 1/64, +10%; no breaks, none."""
+    cpu = _paged({"Q8_0": 24.0}, {"64KiB": {"Q8_0": 24 / 1.2}, "4KiB": {"Q8_0": 24 / 1.8}})
+    q8 = parse_format("Q8_0")
+    assert cpu.file_page_excess(q8, 2, 1 / 16) == pytest.approx(0.2)
+    assert cpu.file_page_excess(q8, 2, 1.0) == pytest.approx(0.8)
+    assert cpu.file_page_excess(q8, 2, 1 / 4) == pytest.approx(0.4)
+    assert cpu.file_page_excess(q8, 2, 1 / 64) == pytest.approx(0.1)
+    assert cpu.file_page_excess(q8, 2, 0.0) == 0.0
+
+
+@pytest.mark.parametrize("slow_4k, g", [(1.2, 0.25), (1 + 0.2 * 64, 1.0)])
+def test_the_exponent_stays_within_a_quarter_and_one(slow_4k, g):
+    """Noise can make the two calibrated points flat (+20% at both: exponent 0) or steep (+20%, +1280%: 1.5): the
+    exponent is held to [1/4, 1], so that long runs still cost little and short ones not without bound."""
+    cpu = _paged({"Q8_0": 24.0}, {"64KiB": {"Q8_0": 24 / 1.2}, "4KiB": {"Q8_0": 24 / slow_4k}})
+    assert cpu.file_page_excess(parse_format("Q8_0"), 2, 1 / 4) == pytest.approx(0.2 * 4 ** g)
+
+
+def test_a_format_calibrated_at_one_run_length_takes_the_references_exponent():
+    """Q4_0 timed at 64 KiB runs only (+10%) takes Q8_0's exponent (1/2): +20% at breaks 1/4; a format with no point at
+    all (Q6_K) takes Q8_0's own figures (+40%)."""
+    cpu = _paged({"Q8_0": 24.0, "Q4_0": 11.0},
+                 {"64KiB": {"Q8_0": 24 / 1.2, "Q4_0": 10.0}, "4KiB": {"Q8_0": 24 / 1.8}})
+    assert cpu.file_page_excess(parse_format("Q4_0"), 2, 1 / 4) == pytest.approx(0.2)
+    assert cpu.file_page_excess(parse_format("Q6_K"), 2, 1 / 4) == pytest.approx(0.4)
+
+
+def test_file_page_excess_reads_the_one_thread_rates_on_one_thread():
+    """'Q8_0@1t' rates in both tables: one thread's excess is its own (+25% at 64 KiB runs, +100% at 4 KiB)."""
+    cpu = _paged({"Q8_0": 24.0, "Q8_0@1t": 22.0},
+                 {"64KiB": {"Q8_0": 20.0, "Q8_0@1t": 17.6}, "4KiB": {"Q8_0": 16.0, "Q8_0@1t": 11.0}})
+    assert cpu.file_page_excess(parse_format("Q8_0"), 1, 1.0) == pytest.approx(1.0)
+    assert cpu.file_page_excess(parse_format("Q8_0"), 1, 1 / 16) == pytest.approx(0.25)
+
+
+def test_no_file_runs_table_means_no_excess():
+    """A profile calibrated before page layouts were timed: the file's layout changes nothing."""
+    assert _cpu(Q8_0=30.0, default=20.0).file_page_excess(parse_format("Q8_0"), 2, 0.5) == 0.0
