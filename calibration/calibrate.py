@@ -110,10 +110,14 @@ class Settings:
     # many KiB (calibration.page_layout): the first for every format, the others for PAGE_RUNS_FORMAT only; what a file
     # the page cache holds in short runs costs (CPU.file_runs_gbs); empty: not timed
     page_runs_kib: tuple[int, ...] = (64, 4)
-    # bytes each such file pool spans (its experts repeated): what a layout costs grows with the memory its pages span,
-    # to 384 MiB and more on the Zen 4 VM (bench_kernel.pool_in_files); at most a third of the available memory
-    # over all of them (kernel_pool_for)
-    page_runs_pool_bytes: int = 384 << 20
+    # bytes such a file pool spans (its experts repeated), for the first run length and for the others: what a layout
+    # costs grows with the memory its pages span, to ~192 MiB for 64 KiB runs and ~384 MiB for 4 KiB runs on the Zen 4
+    # VM (bench_kernel.pool_in_files); at most a third of the available memory over all of them (kernel_pool_for)
+    page_runs_pool_bytes: tuple[int, int] = (192 << 20, 384 << 20)
+    # the formats timed so (None: every in-place one). quick times those whose rows stream at the bus's pace, where the
+    # breaks show: the K-quants' and IQ4's arithmetic hid them to 0-8% from 64 KiB runs on the Zen 4 VM, within one
+    # quick timing's noise, and a format not timed pays none (CPU.file_page_excess)
+    page_runs_formats: tuple[str, ...] | None = None
     kernel_repeats: int = 15
     prefill_tokens: int = 64
     prefill_experts: int = 32
@@ -145,7 +149,7 @@ class Settings:
     disk_budget_s: float = 4.0
 
 
-QUICK = Settings(label="quick", mem_bytes=512 << 20, mem_repeats=12)
+QUICK = Settings(label="quick", mem_bytes=512 << 20, mem_repeats=12, page_runs_formats=("Q8_0", "F16", "Q6_K"))
 FULL = Settings(label="full", mem_bytes=1 << 30, mem_repeats=10, hit_pool_bytes=1 << 30, hit_calls=200,
                 hit_repeats=11, dense_bytes=1 << 30, dense_repeats=15, h2d_bytes=1 << 30, h2d_repeats=10,
                 disk_bytes=2 << 30, disk_qd1_reads=10000, disk_qd_reads=50000, disk_cached_reads=100000,
@@ -160,7 +164,7 @@ TINY = Settings(label="tiny", mem_bytes=1 << 20, mem_repeats=2, hit_hidden=64, h
                 kernel_formats=("Q4_0",),
                 kernel_hidden=64, kernel_ffn=32, kernel_pool_bytes=1 << 20, kernel_pool_llc_times=0, kernel_ks=(1, 2, 4),
                 kernel_repeats=3, prefill_tokens=8, prefill_experts=4, prefill_top_k=2, prefill_repeats=2,
-                prefill_long_tokens=32, dense_prefill_tokens=16, page_runs_pool_bytes=2 << 20,
+                prefill_long_tokens=32, dense_prefill_tokens=16, page_runs_pool_bytes=(2 << 20, 2 << 20),
                 ggml_prefill_tokens=8, ggml_prefill_experts=2, ggml_prefill_repeats=1,
                 prefill_budget_s=0.2, total_budget_s=3, mem_budget_s=0.2, kernel_budget_s=0.2, hit_budget_s=0.2,
                 dense_budget_s=0.2, handover_budget_s=0.2, disk_budget_s=0.2)
@@ -327,15 +331,18 @@ def kernel_pool_for(s: Settings, llc: int | None, avail: int | None) -> Settings
     L3 and read a 128 MiB array at 43 GB/s, 192 MiB and more at 23-25, where the quick profile's 128 MiB pools put
     ggml's rebuilt Q8_0 rows at 16.5 GB/s against 13.8-14.8 from a 1 GiB pool. Every format's pool stays alive
     through the run, so together they stay within a third of `avail` (bytes of available memory); so do the pools in
-    files of the page-run jobs (page_runs_pool_bytes: one a format, and one more a further run length)."""
+    files of the page-run jobs (page_runs_pool_bytes: one a format at the first run length, one at each other)."""
     if s.kernel_pool_llc_times and llc:
         want = s.kernel_pool_llc_times * llc
         if avail:
             want = min(want, avail // (3 * max(1, len(s.kernel_formats))))
         s = replace(s, kernel_pool_bytes=max(s.kernel_pool_bytes, int(want)))
     if avail and s.page_runs_kib:
-        files = len(s.kernel_formats) + len(s.page_runs_kib) - 1
-        s = replace(s, page_runs_pool_bytes=min(s.page_runs_pool_bytes, avail // (3 * files)))
+        first, other = s.page_runs_pool_bytes
+        n = len(s.kernel_formats) if s.page_runs_formats is None else len(s.page_runs_formats)
+        total = n * first + (len(s.page_runs_kib) - 1) * other
+        if total > avail // 3:
+            s = replace(s, page_runs_pool_bytes=(first * (avail // 3) // total, other * (avail // 3) // total))
     return s
 
 
@@ -385,10 +392,11 @@ PAGE_RUNS_FORMAT = "Q8_0"
 
 def _page_run_jobs(s: Settings, formats, isa: list[str], ggml=None, folder: str | os.PathLike = ".") -> list[tuple]:
     """('64KiB', fmt, make_job, what) of the in-place decode jobs on pools in files whose pages lie in physically
-    contiguous runs of each of s.page_runs_kib KiB: the first length for every format _decode_jobs times in place,
-    the others for PAGE_RUNS_FORMAT only (else the first such format). The files go in `folder` (the disk
+    contiguous runs of each of s.page_runs_kib KiB: the first length for every format _decode_jobs times in place
+    (those of s.page_runs_formats where it names them), the others for PAGE_RUNS_FORMAT only (else the first such format). The files go in `folder` (the disk
     benchmark's: a disk's, as a GGUF's, not a tmpfs) and are unlinked once mapped."""
-    rowwise = [(fmt, make) for kind, fmt, make, _ in _decode_jobs(formats, isa, ggml) if kind == "rowwise"]
+    rowwise = [(fmt, make) for kind, fmt, make, _ in _decode_jobs(formats, isa, ggml)
+               if kind == "rowwise" and (s.page_runs_formats is None or fmt in s.page_runs_formats)]
     names = [fmt for fmt, _ in rowwise]
     shape = PAGE_RUNS_FORMAT if PAGE_RUNS_FORMAT in names else (names[0] if names else None)
     jobs = []
@@ -396,7 +404,7 @@ def _page_run_jobs(s: Settings, formats, isa: list[str], ggml=None, folder: str 
         for fmt, make in rowwise:
             if i == 0 or fmt == shape:
                 jobs.append((f"{kib}KiB", fmt, partial(make, file_runs=kib << 10, folder=str(folder),
-                                                       file_bytes=s.page_runs_pool_bytes),
+                                                       file_bytes=s.page_runs_pool_bytes[min(i, 1)]),
                              f"pool in a file in {kib} KiB runs of pages"))
     return jobs
 
@@ -471,7 +479,13 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
             if use_exec:  # the same jobs in ggml's structure: the rates of the simulator's llama.cpp plans
                 from .detect import cpu_info
                 isa = cpu_info()["isa"]  # llama.cpp repacks Q2_K only with AVX-512 F: time what it repacks here
-                for kind, fmt, make_job, what in _decode_jobs(formats, isa, ggml):
+                # and the in-place ones again on files whose pages lie in short runs (page_layout): a GGUF's pages as
+                # the page cache may hold them, llama.cpp reading them through its mmap
+                jobs = _decode_jobs(formats, isa, ggml) + _page_run_jobs(s, formats, isa, ggml, disk_dir or ".")
+                for kind, fmt, make_job, what in jobs:
+                    label = _decode_label(ggml, kind, fmt, s.kernel_hidden, s.kernel_ffn) if kind in (
+                        "rowwise", "repacked") else _decode_label(ggml, "rowwise", fmt, s.kernel_hidden,
+                                                                  s.kernel_ffn) + f", {what}"
                     for one in ((False, True) if maxt > 1 else (False,)):
                         t0 = time.perf_counter()
                         key = f"{kind} {fmt}" + ("@1t" if one else "")
@@ -479,25 +493,9 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                         ticks[key] = pg.stage(f"CPU {what} {fmt}" + (", 1 thread" if one else ""), n1)
                         job, eb = make_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes,
                                            max_k=max(s.kernel_ks))
-                        kb = kbenches[key] = KernelBench(job, s.kernel_ks, eb, label=_decode_label(
-                            ggml, kind, fmt, s.kernel_hidden, s.kernel_ffn), threads=numba.get_num_threads())
-                        budgets[key] = bud.take(key, s.kernel_budget_s / 3)
-                        kb.sample(n1_first, budgets[key] * n1_first / n1, ticks[key])
-                        r.wall_s[key] = time.perf_counter() - t0
-                numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
-                # the in-place jobs again on files whose pages lie in short runs (page_layout): a GGUF's pages as the
-                # page cache may hold them, llama.cpp reading them through its mmap
-                for kind, fmt, make_job, what in _page_run_jobs(s, formats, isa, ggml, disk_dir or "."):
-                    for one in ((False, True) if maxt > 1 else (False,)):
-                        t0 = time.perf_counter()
-                        key = f"{kind} {fmt}" + ("@1t" if one else "")
-                        numba.set_num_threads(1 if one else min(maxt, numba.config.NUMBA_NUM_THREADS))
-                        ticks[key] = pg.stage(f"CPU {what} {fmt}" + (", 1 thread" if one else ""), n1)
-                        job, eb = make_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes,
-                                           max_k=max(s.kernel_ks))
-                        kb = kbenches[key] = KernelBench(job, s.kernel_ks, eb, label=_decode_label(
-                            ggml, "rowwise", fmt, s.kernel_hidden, s.kernel_ffn) + f", {what}",
-                            threads=numba.get_num_threads())
+                        # a page-run job's rate from its fewest and most experts a job: its slope is all it gives
+                        ks = s.kernel_ks if kind in ("rowwise", "repacked") else (min(s.kernel_ks), max(s.kernel_ks))
+                        kb = kbenches[key] = KernelBench(job, ks, eb, label=label, threads=numba.get_num_threads())
                         budgets[key] = bud.take(key, s.kernel_budget_s / 3)
                         kb.sample(n1_first, budgets[key] * n1_first / n1, ticks[key])
                         r.wall_s[key] = time.perf_counter() - t0

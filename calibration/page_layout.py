@@ -100,21 +100,31 @@ def page_layout(path: str | os.PathLike, windows: int = 64, window_pages: int = 
     finally:
         os.close(fd)
     try:
-        a = np.frombuffer(m, np.uint8)
-        base = a.ctypes.data
-        rows, pres = [], []
-        for s in starts.tolist():
-            win = a[s * PAGE:(s + w) * PAGE:PAGE]
-            if resident_only:
-                int(win[_resident(base + s * PAGE, w)].sum())  # fault in the resident pages only: no disk read
-            else:
-                int(win.sum())  # fault each page of the window in
-            fr, pr = _frames(base + s * PAGE, w)
-            rows.append(fr)
-            pres.append(pr)
-        del a, win
+        return _sampled_layout(m, starts.tolist(), w, resident_only)
+    except OSError:  # no pagemap here (a container may hide it), or mincore refused
+        return None
     finally:
-        m.close()
+        try:
+            m.close()
+        except BufferError:  # a view still held by an exception's frame: the map closes when it is collected
+            pass
+
+
+def _sampled_layout(m: mmap.mmap, starts: list[int], w: int, resident_only: bool) -> PageLayout | None:
+    """page_layout's windows of w pages from each of `starts` (pages) of the map m."""
+    a = np.frombuffer(m, np.uint8)
+    base = a.ctypes.data
+    rows, pres = [], []
+    for s in starts:
+        win = a[s * PAGE:(s + w) * PAGE:PAGE]
+        if resident_only:
+            int(win[_resident(base + s * PAGE, w)].sum())  # fault in the resident pages only: no disk read
+        else:
+            int(win.sum())  # fault each page of the window in
+        fr, pr = _frames(base + s * PAGE, w)
+        rows.append(fr)
+        pres.append(pr)
+    del a, win  # the map closes only once no view of it is left
     frames, present = np.array(rows), np.array(pres)
     if not frames[present].any():
         return None  # frame numbers hidden: pagemap shows them to CAP_SYS_ADMIN only

@@ -166,7 +166,9 @@ class CPU(_Strict):
         contiguous pages, e_R (breaks / b_R)^g, from the format's excess e_R at the calibrated run length R it has
         (runs of R bytes: breaks b_R = 4096 / R; the longest where it has several), with the exponent g of the format
         calibrated at two lengths (ln(e_4KiB / e_64KiB) / ln 16 for Q8_0), within [0.25, 1]; g = 1/2 (each break's
-        cost growing as the root of the run it ends) where no format has two. 0 without such rates or breaks."""
+        cost growing as the root of the run it ends) where no format has two. 0 without such rates or breaks, and for
+        a format not timed so (a quick profile times those whose rows stream at the bus's pace: the others' arithmetic
+        hides the breaks)."""
         if breaks <= 0 or not self.file_runs_gbs or not self.rowwise_gbs:
             return 0.0
         tables = {4096 / (int(k.removesuffix("KiB")) << 10): t for k, t in self.file_runs_gbs.items()}
@@ -188,7 +190,7 @@ class CPU(_Strict):
         if len(ref_pts) > 1:
             (b1, e1), (b2, e2) = ref_pts[0], ref_pts[-1]
             g = min(1.0, max(0.25, math.log(e2 / e1) / math.log(b2 / b1))) if e1 > 0 and e2 > 0 else 1.0
-        own = points(fmt.name) or points(fmt.name.split(":")[0]) or ref_pts
+        own = points(fmt.name) or points(fmt.name.split(":")[0])
         if not own:
             return 0.0
         b0, e0 = own[0]

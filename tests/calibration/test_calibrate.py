@@ -469,9 +469,18 @@ def test_the_tiled_gemm_timed_again_at_a_full_window_gives_its_fixed_tokens(tmp_
 
 
 def test_the_page_run_pools_stay_within_a_third_of_the_available_memory():
-    """quick's ten formats time their in-place rows from files once each, Q8_0 once more: 11 pools of 384 MiB where
-    24 GiB are available; with 6 GiB, a third of it over the 11 (186 MiB each); without page-run jobs, untouched."""
-    assert cal.kernel_pool_for(cal.QUICK, 32 << 20, 24 << 30).page_runs_pool_bytes == 384 << 20
-    assert cal.kernel_pool_for(cal.QUICK, 32 << 20, 6 << 30).page_runs_pool_bytes == (6 << 30) // 33
+    """quick times three formats' in-place rows from files in 64 KiB runs, 192 MiB each, and Q8_0's from 4 KiB runs,
+    384 MiB: 0.94 GiB where 24 GiB are available; with 1.5 GiB, both scaled to a third of it (0.5 GiB in all); without
+    page-run jobs, untouched."""
+    assert cal.QUICK.page_runs_formats == ("Q8_0", "F16", "Q6_K")
+    assert cal.kernel_pool_for(cal.QUICK, 32 << 20, 24 << 30).page_runs_pool_bytes == (192 << 20, 384 << 20)
+    first, other = cal.kernel_pool_for(cal.QUICK, 32 << 20, 3 << 29).page_runs_pool_bytes
+    assert other == pytest.approx(2 * first, abs=1) and 3 * first + other == pytest.approx(1 << 29, rel=1e-6)
     none = replace(cal.QUICK, page_runs_kib=())
     assert cal.kernel_pool_for(none, 32 << 20, 1 << 30).page_runs_pool_bytes == none.page_runs_pool_bytes
+
+
+def test_quick_times_the_formats_that_stream_at_the_buss_pace_from_files():
+    """The page-run jobs quick runs: Q8_0, F16 and Q6_K from 64 KiB runs, Q8_0 again from 4 KiB runs (the exponent)."""
+    jobs = cal._page_run_jobs(cal.QUICK, cal.QUICK.kernel_formats, ["avx2", "avx512f"])
+    assert [(k, f) for k, f, _, _ in jobs] == [("64KiB", "Q8_0"), ("64KiB", "F16"), ("64KiB", "Q6_K"), ("4KiB", "Q8_0")]

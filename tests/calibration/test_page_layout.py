@@ -74,3 +74,15 @@ def test_resident_only_reads_nothing_from_disk_and_sees_what_the_page_cache_hold
     assert page_layout(p, resident_only=True) is None
     assert page_layout(p).resident_share == 1.0
     assert page_layout(p, resident_only=True).resident_share == 1.0
+
+
+def test_without_a_readable_pagemap_the_layout_is_unknown(tmp_path, monkeypatch):
+    """A container may hide /proc/self/pagemap: page_layout says None (ingest then leaves the plan's breaks at 0), and
+    the file's map is closed all the same."""
+    import calibration.page_layout as PL
+
+    def hidden(addr, n):
+        raise PermissionError("pagemap")
+    monkeypatch.setattr(PL, "_frames", hidden)
+    p = write_in_runs(tmp_path / "f", np.ones(4 * 4096, np.uint8), None)
+    assert page_layout(p) is None and page_layout(p, resident_only=True) is None
