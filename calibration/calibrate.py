@@ -107,8 +107,8 @@ class Settings:
     kernel_pool_llc_times: int = 2
     kernel_ks: tuple[int, ...] = (1, 2, 4, 6, 8)
     # llama.cpp's in-place decode jobs again on pools in files whose pages lie in physically contiguous runs of these
-    # many KiB (calibration.page_layout): the first for every format, the others for PAGE_RUNS_FORMAT only; what a file
-    # the page cache holds in short runs costs (CPU.file_runs_gbs); empty: not timed
+    # many KiB (calibration.page_layout): the first for every format page_runs_formats names, the others for
+    # PAGE_RUNS_FORMAT only; what a file the page cache holds in short runs costs (CPU.file_runs_gbs); empty: not timed
     page_runs_kib: tuple[int, ...] = (64, 4)
     # bytes such a file pool spans (its experts repeated), for the first run length and for the others: what a layout
     # costs grows with the memory its pages span, to ~192 MiB for 64 KiB runs and ~384 MiB for 4 KiB runs on the Zen 4
@@ -386,15 +386,16 @@ def _decode_jobs(formats, isa: list[str], ggml=None) -> list[tuple]:
 
 # the format timed at every page run length (the others at the first only): the shape of the page layout's cost in the
 # breaks (CPU.file_page_excess). Q8_0's rows stream at the bus's pace and so pay the layout most: from 64 KiB runs
-# 19% on one thread, 10% on two, where the K-quants' arithmetic hid it to 0-4% (Zen 4 VM, 2026-12-07)
+# 18-25% on one thread, 4-18% on two, where the K-quants' arithmetic hid it to 0-8% (Zen 4 VM, 2026-12-07)
 PAGE_RUNS_FORMAT = "Q8_0"
 
 
 def _page_run_jobs(s: Settings, formats, isa: list[str], ggml=None, folder: str | os.PathLike = ".") -> list[tuple]:
     """('64KiB', fmt, make_job, what) of the in-place decode jobs on pools in files whose pages lie in physically
     contiguous runs of each of s.page_runs_kib KiB: the first length for every format _decode_jobs times in place
-    (those of s.page_runs_formats where it names them), the others for PAGE_RUNS_FORMAT only (else the first such format). The files go in `folder` (the disk
-    benchmark's: a disk's, as a GGUF's, not a tmpfs) and are unlinked once mapped."""
+    (those of s.page_runs_formats where it names them), the others for PAGE_RUNS_FORMAT only (else the first such
+    format). The files go in `folder` (the disk benchmark's: a disk's, as a GGUF's, not a tmpfs) and are unlinked
+    once mapped."""
     rowwise = [(fmt, make) for kind, fmt, make, _ in _decode_jobs(formats, isa, ggml)
                if kind == "rowwise" and (s.page_runs_formats is None or fmt in s.page_runs_formats)]
     names = [fmt for fmt, _ in rowwise]

@@ -23,7 +23,8 @@ import numpy as np
 
 PAGE = 4096  # bytes of a base page (x86-64, ARM64's default)
 PMD_PAGES = 512  # base pages in one 2 MiB folio a PMD maps
-_PFN_MASK = np.uint64((1 << 55) - 1)  # pagemap entry bits 0-54: the frame number (Documentation/admin-guide/mm/pagemap.rst)
+# a pagemap entry: bits 0-54 the frame number, bit 63 present (Documentation/admin-guide/mm/pagemap.rst)
+_PFN_MASK = np.uint64((1 << 55) - 1)
 _PRESENT = np.uint64(1 << 63)
 
 

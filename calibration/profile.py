@@ -322,7 +322,8 @@ def store_rows(r: Results) -> list[dict]:
                     size_bytes=f.expert_bytes, kernel=kv, method=f.method())
     for key, f in r.file_runs.items():  # '64KiB Q8_0@1t' -> cpu_file_runs_64KiB_Q8_0_1t
         case = "cpu_file_runs_" + key.replace(" ", "_").replace("@", "_")
-        add(case, "expert_gbs", f.expert_gbs, threads=f.threads, size_bytes=f.expert_bytes, kernel=kv, method=f.method())
+        add(case, "expert_gbs", f.expert_gbs, threads=f.threads, size_bytes=f.expert_bytes, kernel=kv,
+            method=f.method())
     for case, ll in (("cpu_layer_loop", r.layer_loop), ("cpu_layer_loop_small", r.layer_loop_small)):
         if ll:
             add(case, "t_layer_ms", ll.t_layer_ms, threads=ll.threads, kernel=kv, method=ll.method())
