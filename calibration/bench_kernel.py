@@ -7,6 +7,9 @@ run the same code on tiny inputs.
 """
 from __future__ import annotations
 
+import copy
+import os
+import tempfile
 import time
 import weakref
 from dataclasses import dataclass, field, replace
@@ -17,6 +20,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from .page_layout import map_file, write_in_runs
 from .sampling import Noise, Passes, Tick, low_quantile, sample_clean
 
 
@@ -294,11 +298,6 @@ def pool_in_files(p: ExpertPool, run_bytes: int, folder: str | Path = ".", total
     took 1.09-1.19x the contiguous time in a 128 MiB pool, 1.44x in 192, 1.70-1.73x in 384 and 1024); each mapped back
     privately (frames of the page cache, arrays numba already compiled for) and unlinked (its pages stay while the map
     does)."""
-    import copy
-    import os
-    import tempfile
-
-    from .page_layout import map_file, write_in_runs
     out = copy.copy(p)
     pool = sum(getattr(p, name).data.nbytes for name in ("gate", "up", "down"))
     reps = max(1, -(-total_bytes // pool))
