@@ -16,6 +16,8 @@ from specs.loaders import read_text
 from specs.model import ModelSpec
 from specs.plan import Plan
 
+from .page_layout import page_breaks_of
+
 
 @dataclass(frozen=True)
 class BenchRun:
@@ -178,29 +180,6 @@ def run_case_name(model: ModelSpec, run: BenchRun) -> str:
     """A stable case name: model and its expert type, test and placement flags ('llamacpp:<model> Q4_0:tg32:-t 2 ...').
     The type is in the name because llama-quantize keeps general.name: two quantisations of one model are two cases."""
     return f"llamacpp:{model.name} {model.expert_format}:{run.test}:{' '.join(run.flags)}"
-
-
-def page_breaks_of(value: str | None, model_file: str) -> float | None:
-    """The share of the model file's page boundaries that were physical breaks when the run read it (the plan's
-    cpu_file_page_breaks): `value` a number, or 'auto' to read it now from the file the record names, resident pages
-    only (calibration.page_layout; right after the run: the page cache moves); None where not given, not readable
-    (frame numbers need root) or where less than half the sampled pages are still resident."""
-    if value is None:
-        return None
-    if value != "auto":
-        try:
-            b = float(value)
-        except ValueError:
-            b = -1.0
-        if not 0.0 <= b <= 1.0:
-            raise SpecError("--page-breaks", None, f"must be 'auto' or a share in [0, 1] (got {value!r})")
-        return b
-    from .page_layout import page_layout
-    if not model_file or not Path(model_file).is_file():
-        return None
-    lay = page_layout(model_file, resident_only=True)
-    # most of the file gone from the page cache: the run's layout is not what is left of it
-    return lay.breaks if lay is not None and lay.resident_share >= 0.5 else None
 
 
 def ingest_runs(files: list[str], model_ref: str, flags: str, store: str | Path,

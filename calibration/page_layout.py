@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specs.errors import SpecError
+
 PAGE = 4096  # bytes of a base page (x86-64, ARM64's default)
 PMD_PAGES = 512  # base pages in one 2 MiB folio a PMD maps
 # a pagemap entry: bits 0-54 the frame number, bit 63 present (Documentation/admin-guide/mm/pagemap.rst)
@@ -177,3 +179,25 @@ def map_file(path: str | os.PathLike, private: bool = False) -> np.ndarray:
     if private:
         int(a[::PAGE].sum())  # read faults: the page cache's frames, not copies
     return a
+
+
+def page_breaks_of(value: str | None, model_file: str) -> float | None:
+    """The share of a GGUF's page boundaries that are physical breaks, for a plan's cpu_file_page_breaks: `value` a
+    number, or 'auto' to read it now from `model_file`, resident pages only (for runs: right after them, the page
+    cache moves); None where not given, not readable (frame numbers need root), not a file, or where less than half
+    the sampled pages are resident. A bad value raises SpecError naming --page-breaks."""
+    if value is None:
+        return None
+    if value != "auto":
+        try:
+            b = float(value)
+        except ValueError:
+            b = -1.0
+        if not 0.0 <= b <= 1.0:
+            raise SpecError("--page-breaks", None, f"must be 'auto' or a share in [0, 1] (got {value!r})")
+        return b
+    if not model_file or not Path(model_file).is_file():
+        return None
+    lay = page_layout(model_file, resident_only=True)
+    # most of the file gone from the page cache: the run's layout is not what is left of it
+    return lay.breaks if lay is not None and lay.resident_share >= 0.5 else None

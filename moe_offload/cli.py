@@ -298,6 +298,13 @@ def _cmd_simulate(a) -> int:
 
     hw, model = _hw(a.hw), load_model(a.model)
     plan = load_plan(a.plan) if a.plan else base_plan(model, hw, context=a.context, engine=a.engine)
+    if a.page_breaks is not None:  # the GGUF's page layout in the page cache (calibration.page_layout)
+        from calibration.page_layout import page_breaks_of
+        b = page_breaks_of(a.page_breaks, a.model if a.model.endswith(".gguf") else "")
+        if b is None:
+            print(f"moe-offload: --page-breaks auto: no page layout of {a.model} to read (a GGUF, half of it in the "
+                  f"page cache, and root are needed): taken as contiguous", file=sys.stderr)
+        plan = plan.model_copy(update={"cpu_file_page_breaks": b or 0.0})
     _memory_map(model, hw, plan, a.plan).check_fits(a.plan)
     r = simulate(model, hw, plan, prompt_tokens=a.prompt_tokens, gen_tokens=a.gen_tokens,
                  streams=a.streams, seed=a.seed, routing=a.routing, engram_text=a.engram_text)
@@ -347,6 +354,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engram-text", choices=["seen", "new", "shared"], default="seen",
                    help="Engram rows of the request's text: seen before (cached as far as RAM allows) or new (cold)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--page-breaks", default=None,
+                   help="the share of the GGUF's page boundaries that are physical breaks in the page cache (the "
+                        "plan's cpu_file_page_breaks: what llama.cpp's in-place weights pay), or 'auto' to read it "
+                        "from --model's file (root)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_simulate)
 

@@ -1,5 +1,6 @@
 """`moe-offload plan`: the ceiling report and its --json contract (DESIGN.md interface contract)."""
 import json
+from pathlib import Path
 import subprocess
 import sys
 
@@ -117,3 +118,33 @@ def test_simulate_new_engram_text_is_slower_than_seen(capsys):
         out[text] = json.loads(capsys.readouterr().out)
     assert out["new"]["decode_tok_s"] < out["seen"]["decode_tok_s"]
     assert out["seen"]["bytes_by_tier"]["nvme"] == 0 < out["new"]["bytes_by_tier"]["nvme"]
+
+
+def test_simulate_page_breaks_slow_llamacpps_in_place_decode(capsys):
+    """`simulate --page-breaks 1` (every page boundary of the GGUF a break in the page cache): llama.cpp's all-CPU
+    decode of `small` (Q8_0, in place) on the Zen 4 VM's profile of 01:01, 2026-12-07 (page-run rates timed) is slower
+    than from a contiguous file (0, the plans' default); the same profile's tree measured 1.67x the time on one thread
+    (tests/calibration/test_zen4_page_layout.py)."""
+    data = Path(__file__).resolve().parents[1] / "calibration" / "data"
+    out = {}
+    for b in ("0", "1"):
+        assert main(["simulate", "--hw", str(data / "zen4-2026-12-07" / "host-calibrated-0101.yaml"),
+                     "--model", str(data / "xeon-2026-12-05" / "small.yaml"),
+                     "--engine", "llamacpp", "--prompt-tokens", "0", "--gen-tokens", "16", "--page-breaks", b,
+                     "--json"]) == 0
+        out[b] = json.loads(capsys.readouterr().out)["decode_tok_s"]
+    assert 1.3 < out["0"] / out["1"] < 2.0
+
+
+def test_simulate_bad_page_breaks_is_one_line_exit_2(capsys):
+    assert main(["simulate", "--hw", "epyc8ch-3090", "--engine", "llamacpp", "--page-breaks", "many"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--page-breaks: must be 'auto' or a share in [0, 1] (got 'many')" in err
+
+
+def test_simulate_page_breaks_auto_without_a_gguf_says_it_takes_contiguous_pages(capsys):
+    """`--page-breaks auto` on a preset (no file to read): one line on stderr, and the plan's default (0)."""
+    assert main(["simulate", "--hw", "epyc8ch-3090", "--engine", "llamacpp", "--prompt-tokens", "0",
+                 "--gen-tokens", "4", "--page-breaks", "auto", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "taken as contiguous" in err
