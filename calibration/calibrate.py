@@ -484,9 +484,9 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                 # the page cache may hold them, llama.cpp reading them through its mmap
                 jobs = _decode_jobs(formats, isa, ggml) + _page_run_jobs(s, formats, isa, ggml, disk_dir or ".")
                 for kind, fmt, make_job, what in jobs:
-                    label = _decode_label(ggml, kind, fmt, s.kernel_hidden, s.kernel_ffn) if kind in (
-                        "rowwise", "repacked") else _decode_label(ggml, "rowwise", fmt, s.kernel_hidden,
-                                                                  s.kernel_ffn) + f", {what}"
+                    paged = kind.endswith("KiB")  # a page-run job: the rowwise job on a pool in a file
+                    label = _decode_label(ggml, "rowwise" if paged else kind, fmt, s.kernel_hidden, s.kernel_ffn)
+                    label += f", {what}" if paged else ""
                     for one in ((False, True) if maxt > 1 else (False,)):
                         t0 = time.perf_counter()
                         key = f"{kind} {fmt}" + ("@1t" if one else "")
@@ -495,7 +495,7 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                         job, eb = make_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes,
                                            max_k=max(s.kernel_ks))
                         # a page-run job's rate from its fewest and most experts a job: its slope is all it gives
-                        ks = s.kernel_ks if kind in ("rowwise", "repacked") else (min(s.kernel_ks), max(s.kernel_ks))
+                        ks = (min(s.kernel_ks), max(s.kernel_ks)) if paged else s.kernel_ks
                         kb = kbenches[key] = KernelBench(job, ks, eb, label=label, threads=numba.get_num_threads())
                         budgets[key] = bud.take(key, s.kernel_budget_s / 3)
                         kb.sample(n1_first, budgets[key] * n1_first / n1, ticks[key])

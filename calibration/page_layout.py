@@ -76,11 +76,16 @@ def _frames(addr: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     return (e & _PFN_MASK).astype(np.int64), (e & _PRESENT) != 0
 
 
+_LIBC: list = []  # the C library, loaded on first use (mincore)
+
+
 def _resident(addr: int, n: int) -> np.ndarray:
     """Whether each of the n pages from addr (page-aligned, mapped) is in the page cache (mincore(2))."""
     import ctypes
+    if not _LIBC:
+        _LIBC.append(ctypes.CDLL(None, use_errno=True))
     vec = (ctypes.c_ubyte * n)()
-    if ctypes.CDLL(None, use_errno=True).mincore(ctypes.c_void_p(addr), ctypes.c_size_t(n * PAGE), vec) != 0:
+    if _LIBC[0].mincore(ctypes.c_void_p(addr), ctypes.c_size_t(n * PAGE), vec) != 0:
         raise OSError(ctypes.get_errno(), "mincore failed")
     return (np.frombuffer(vec, np.uint8) & 1).astype(bool)
 
