@@ -335,16 +335,19 @@ def token_experts(n: int, seed: int = 0):
 
 
 def executor_expert_job(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, pool_bytes: int = 256 << 20,
-                        max_k: int = 8, seed: int = 0, whole: bool = False):
+                        max_k: int = 8, seed: int = 0, whole: bool = False, file_runs: int | None = None,
+                        folder: str | Path = ".", file_bytes: int = 0):
     """(run_job, expert_bytes): one token's job of k SwiGLU experts through executor.cpu_experts.moe_cpu.
 
     The experts are synthetic `fmt` tensors (gate/up [E, ffn, hidden], down [E, hidden, ffn]) in a
     pool larger than the last-level cache; a job uses k experts as token_experts routes them. Each
     matrix's rows split across the threads, as llama.cpp's ggml splits them: the engine-neutral rate.
     whole: each expert start to end on one thread where the job's experts split evenly over the threads (its
-    even k; the odd ones split rows, as the executor does): the executor's decode structure (cpu.whole_gbs)."""
+    even k; the odd ones split rows, as the executor does): the executor's decode structure (cpu.whole_gbs).
+    file_runs: the pool, repeated to file_bytes, in files whose pages lie in physically contiguous runs of that many
+    bytes (pool_in_files), as the experts of a GGUF the page cache holds so, which the executor reads in place."""
     from executor import cpu_experts
-    p = expert_pool(fmt, hidden, ffn, pool_bytes, max_k, seed)
+    p = expert_pool(fmt, hidden, ffn, pool_bytes, max_k, seed, file_runs, folder, file_bytes)
     out = np.zeros((1, hidden), np.float32)
     routes: dict[tuple[int, int], tuple] = {}
     experts = token_experts(p.n)

@@ -118,6 +118,11 @@ class Settings:
     # breaks show: the K-quants' and IQ4's arithmetic hid them to 0-8% from 64 KiB runs on the Zen 4 VM, within one
     # quick timing's noise, and a format not timed pays none (CPU.file_page_excess)
     page_runs_formats: tuple[str, ...] | None = None
+    # the same for the executor's kernel (its experts and CPU dense weights are read in place from its mmap too): these
+    # formats at the last (shortest) run length, where the cost is largest against a quick timing's noise (None: every
+    # kernel format), PAGE_RUNS_FORMAT at the others (CPU.kernel_file_runs_gbs). quick: Q8_0, F16 and Q4_K, whose
+    # int16 rows paid 1.2-1.3x from 4 KiB runs on the Zen 4 VM where llama.cpp's K-quant arithmetic hid the breaks
+    kernel_page_runs_formats: tuple[str, ...] | None = None
     kernel_repeats: int = 15
     prefill_tokens: int = 64
     prefill_experts: int = 32
@@ -149,7 +154,8 @@ class Settings:
     disk_budget_s: float = 4.0
 
 
-QUICK = Settings(label="quick", mem_bytes=512 << 20, mem_repeats=12, page_runs_formats=("Q8_0", "F16", "Q6_K"))
+QUICK = Settings(label="quick", mem_bytes=512 << 20, mem_repeats=12, page_runs_formats=("Q8_0", "F16", "Q6_K"),
+                 kernel_page_runs_formats=("Q8_0", "F16", "Q4_K"))
 FULL = Settings(label="full", mem_bytes=1 << 30, mem_repeats=10, hit_pool_bytes=1 << 30, hit_calls=200,
                 hit_repeats=11, dense_bytes=1 << 30, dense_repeats=15, h2d_bytes=1 << 30, h2d_repeats=10,
                 disk_bytes=2 << 30, disk_qd1_reads=10000, disk_qd_reads=50000, disk_cached_reads=100000,
@@ -185,6 +191,7 @@ class Results:
     whole: dict[str, KernelFit] = field(default_factory=dict)  # whole experts per thread (the executor's decode)
     # the rowwise jobs on pools in files in runs of Settings.page_runs_kib, keyed '64KiB Q8_0', '64KiB Q8_0@1t'
     file_runs: dict[str, KernelFit] = field(default_factory=dict)
+    kernel_file_runs: dict[str, KernelFit] = field(default_factory=dict)  # the executor's kernel so, keyed the same
     prefill: PrefillResult | None = None
     prefill_long: PrefillResult | None = None  # the same batch at Settings.prefill_long_tokens
     dense_prefill: PrefillResult | None = None  # an attention block's products at Settings.dense_prefill_tokens
@@ -331,7 +338,8 @@ def kernel_pool_for(s: Settings, llc: int | None, avail: int | None) -> Settings
     L3 and read a 128 MiB array at 43 GB/s, 192 MiB and more at 23-25, where the quick profile's 128 MiB pools put
     ggml's rebuilt Q8_0 rows at 16.5 GB/s against 13.8-14.8 from a 1 GiB pool. Every format's pool stays alive
     through the run, so together they stay within a third of `avail` (bytes of available memory); so do the pools in
-    files of the page-run jobs (page_runs_pool_bytes: one a format at the first run length, one at each other)."""
+    files of the page-run jobs (_page_run_pools: page_runs_pool_bytes' first or second each, those of a format at a
+    run length shared by llama.cpp's rows and the executor's kernel)."""
     if s.kernel_pool_llc_times and llc:
         want = s.kernel_pool_llc_times * llc
         if avail:
@@ -339,8 +347,9 @@ def kernel_pool_for(s: Settings, llc: int | None, avail: int | None) -> Settings
         s = replace(s, kernel_pool_bytes=max(s.kernel_pool_bytes, int(want)))
     if avail and s.page_runs_kib:
         first, other = s.page_runs_pool_bytes
-        n = len(s.kernel_formats) if s.page_runs_formats is None else len(s.page_runs_formats)
-        total = n * first + (len(s.page_runs_kib) - 1) * other
+        # llama.cpp's rows and the executor's kernel share a format's pool at a run length (bench_kernel.expert_pool)
+        pools = set(_page_run_pools(s, s.kernel_formats, "rowwise")) | set(_page_run_pools(s, s.kernel_formats, "kernel"))
+        total = sum(span for _, _, span in pools)
         if total > avail // 3:
             s = replace(s, page_runs_pool_bytes=(first * (avail // 3) // total, other * (avail // 3) // total))
     return s
@@ -350,17 +359,21 @@ def _kernel_job(s: Settings, fmt: str, use_exec: bool, whole: bool = False):
     """(run_job, expert bytes, label) of the CPU expert kernel benchmark for `fmt` (whole: whole experts per
     thread, the executor's decode structure)."""
     if use_exec:
-        import gguf
-        from executor.gguf_model import EXPERT_TYPES
-        from executor.row_products import rows_activations  # the label says which rows the rate is of
-        acts = rows_activations(EXPERT_TYPES[gguf.GGMLQuantizationType[fmt]])
         job, eb = executor_expert_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes, max_k=max(s.kernel_ks),
                                       whole=whole)
-        return job, eb, (f"executor.cpu_experts.moe_cpu@{kernel_version()} {fmt} SwiGLU "
-                         f"{s.kernel_hidden}x{s.kernel_ffn}, 1 token, {acts} activations, "
-                         + ("whole experts per thread" if whole else "rows split across threads"))
+        return job, eb, _kernel_label(s, fmt, whole)
     job, eb = toy_expert_job(rows=s.kernel_ffn, cols=s.kernel_hidden, pool=2 * max(s.kernel_ks))
     return job, eb, f"toy numba f32 kernel {s.kernel_ffn}x{s.kernel_hidden}"
+
+
+def _kernel_label(s: Settings, fmt: str, whole: bool = False) -> str:
+    """The method line of the executor's expert kernel's rate for `fmt` (whole: whole experts per thread)."""
+    import gguf
+    from executor.gguf_model import EXPERT_TYPES
+    from executor.row_products import rows_activations  # the label says which rows the rate is of
+    acts = rows_activations(EXPERT_TYPES[gguf.GGMLQuantizationType[fmt]])
+    return (f"executor.cpu_experts.moe_cpu@{kernel_version()} {fmt} SwiGLU {s.kernel_hidden}x{s.kernel_ffn}, 1 token, "
+            f"{acts} activations, " + ("whole experts per thread" if whole else "rows split across threads"))
 
 
 def _decode_jobs(formats, isa: list[str], ggml=None) -> list[tuple]:
@@ -384,29 +397,53 @@ def _decode_jobs(formats, isa: list[str], ggml=None) -> list[tuple]:
     return jobs
 
 
-# the format timed at every page run length (the others at the first only): the shape of the page layout's cost in the
+# the format timed at every page run length (the others at one only): the shape of the page layout's cost in the
 # breaks (CPU.file_page_excess). Q8_0's rows stream at the bus's pace and so pay the layout most: from 64 KiB runs
 # 18-25% on one thread, 4-18% on two, where the K-quants' arithmetic hid it to 0-8% (Zen 4 VM, 2026-12-07)
 PAGE_RUNS_FORMAT = "Q8_0"
 
 
+# the executor's reference run length: its kernel timed from a file of the same span in 2 MiB folios (its runs written
+# in 2 MiB pieces), beside each shorter-run file. Its jobs on several threads read 40-60 GB/s from anonymous pools an
+# eighth to a third the span, timed a minute apart; the excess against those was noise (Zen 4 VM, 2026-12-07)
+REFERENCE_KIB = 2048
+
+
+def _page_run_pools(s: Settings, formats, kind: str) -> list[tuple[str, int, int]]:
+    """(format, KiB a run, bytes the file spans) of the pools in files the page-run jobs of `kind` read, in the order
+    they are timed: 'rowwise' (llama.cpp's in-place rows) the first of s.page_runs_kib for each of `formats` that
+    s.page_runs_formats names, then the others for PAGE_RUNS_FORMAT only (else the first such format: the shape of
+    the cost in the breaks, CPU.file_page_excess); 'kernel' (the executor's) a format at a time, its reference
+    (REFERENCE_KIB) then the last (shortest) run length for each s.kernel_page_runs_formats names (None: all), then
+    the others for PAGE_RUNS_FORMAT only. Spans: page_runs_pool_bytes' first for the first length, its second
+    otherwise."""
+    named = s.page_runs_formats if kind == "rowwise" else s.kernel_page_runs_formats
+    names = [f for f in formats if named is None or f in named]
+    if not names or not s.page_runs_kib:
+        return []
+    shape = PAGE_RUNS_FORMAT if PAGE_RUNS_FORMAT in names else names[0]
+    first, other = s.page_runs_pool_bytes
+    kibs = s.page_runs_kib
+    span = lambda kib: first if kib == kibs[0] else other  # noqa: E731
+    if kind == "rowwise":
+        return [(f, kibs[0], first) for f in names] + [(shape, k, other) for k in kibs[1:]]
+    return ([p for f in names for p in ((f, REFERENCE_KIB, other), (f, kibs[-1], other))]
+            + [(shape, k, span(k)) for k in kibs[:-1]])
+
+
 def _page_run_jobs(s: Settings, formats, isa: list[str], ggml=None, folder: str | os.PathLike = ".") -> list[tuple]:
     """('64KiB', fmt, make_job, what) of the in-place decode jobs on pools in files whose pages lie in physically
-    contiguous runs of each of s.page_runs_kib KiB: the first length for every format _decode_jobs times in place
-    (those of s.page_runs_formats where it names them), the others for PAGE_RUNS_FORMAT only (else the first such
-    format). The files go in `folder` (the disk benchmark's: a disk's, as a GGUF's, not a tmpfs) and are unlinked
-    once mapped."""
-    rowwise = [(fmt, make) for kind, fmt, make, _ in _decode_jobs(formats, isa, ggml)
-               if kind == "rowwise" and (s.page_runs_formats is None or fmt in s.page_runs_formats)]
-    names = [fmt for fmt, _ in rowwise]
-    shape = PAGE_RUNS_FORMAT if PAGE_RUNS_FORMAT in names else (names[0] if names else None)
+    contiguous runs of each of s.page_runs_kib KiB (_page_run_pools' 'rowwise' ones, of the formats _decode_jobs times
+    in place), then ('kernel-4KiB', ...) the executor's kernel jobs so (its 'kernel' ones, a format's reference and
+    short runs back to back). The files go in `folder` (the disk benchmark's: a disk's, as a GGUF's, not a tmpfs) and
+    are unlinked once mapped."""
+    rowwise = {fmt: make for kind, fmt, make, _ in _decode_jobs(formats, isa, ggml) if kind == "rowwise"}
     jobs = []
-    for i, kib in enumerate(s.page_runs_kib):
-        for fmt, make in rowwise:
-            if i == 0 or fmt == shape:
-                jobs.append((f"{kib}KiB", fmt, partial(make, file_runs=kib << 10, folder=str(folder),
-                                                       file_bytes=s.page_runs_pool_bytes[min(i, 1)]),
-                             f"pool in a file in {kib} KiB runs of pages"))
+    for kind, makers in (("", rowwise), ("kernel-", {f: executor_expert_job for f in formats})):
+        for fmt, kib, span in _page_run_pools(s, list(makers), "rowwise" if not kind else "kernel"):
+            jobs.append((f"{kind}{kib}KiB", fmt, partial(makers[fmt], file_runs=kib << 10, folder=str(folder),
+                                                         file_bytes=span),
+                         f"pool in a file in {kib} KiB runs of pages"))
     return jobs
 
 
@@ -482,20 +519,30 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                 isa = cpu_info()["isa"]  # llama.cpp repacks Q2_K only with AVX-512 F: time what it repacks here
                 # and the in-place ones again on files whose pages lie in short runs (page_layout): a GGUF's pages as
                 # the page cache may hold them, llama.cpp reading them through its mmap
+                # (and the executor's kernel so: it reads its experts and CPU dense weights in place too)
                 jobs = _decode_jobs(formats, isa, ggml) + _page_run_jobs(s, formats, isa, ggml, disk_dir or ".")
                 for kind, fmt, make_job, what in jobs:
-                    paged = kind.endswith("KiB")  # a page-run job: the rowwise job on a pool in a file
-                    label = _decode_label(ggml, "rowwise" if paged else kind, fmt, s.kernel_hidden, s.kernel_ffn)
-                    label += f", {what}" if paged else ""
+                    paged = kind.endswith("KiB")  # a page-run job: the rowwise job (or the kernel's) on a pool in a file
                     for one in ((False, True) if maxt > 1 else (False,)):
                         t0 = time.perf_counter()
                         key = f"{kind} {fmt}" + ("@1t" if one else "")
                         numba.set_num_threads(1 if one else min(maxt, numba.config.NUMBA_NUM_THREADS))
+                        # the executor's kernel on several threads: its decode jobs' structure, whole experts per
+                        # thread (cpu.whole_gbs), at the job sizes that split evenly
+                        even = [k for k in s.kernel_ks if whole_experts_per_thread([1] * k, numba.get_num_threads())]
+                        whole = kind.startswith("kernel-") and numba.get_num_threads() > 1 and len(even) > 1
+                        if kind.startswith("kernel-"):
+                            label = _kernel_label(s, fmt, whole)
+                        else:
+                            label = _decode_label(ggml, "rowwise" if paged else kind, fmt, s.kernel_hidden,
+                                                  s.kernel_ffn)
+                        label += f", {what}" if paged else ""
                         ticks[key] = pg.stage(f"CPU {what} {fmt}" + (", 1 thread" if one else ""), n1)
                         job, eb = make_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes,
-                                           max_k=max(s.kernel_ks))
+                                           max_k=max(s.kernel_ks), **({"whole": True} if whole else {}))
                         # a page-run job's rate from its fewest and most experts a job: its slope is all it gives
-                        ks = (min(s.kernel_ks), max(s.kernel_ks)) if paged else s.kernel_ks
+                        ks = (min(even), max(even)) if whole else (min(s.kernel_ks), max(s.kernel_ks)) if paged \
+                            else s.kernel_ks
                         kb = kbenches[key] = KernelBench(job, ks, eb, label=label, threads=numba.get_num_threads())
                         budgets[key] = bud.take(key, s.kernel_budget_s / 3)
                         kb.sample(n1_first, budgets[key] * n1_first / n1, ticks[key])
@@ -623,8 +670,9 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                 numba.set_num_threads(1 if one else min(maxt, numba.config.NUMBA_NUM_THREADS))
                 if n > first_n:
                     kb.sample(n - first_n, budgets[key] * (1 - first_n / n), ticks[key])
-                if kind.endswith("KiB"):  # a pool in a file in runs of that length: '64KiB Q8_0@1t'
-                    r.file_runs[key] = kb.result()
+                if kind.endswith("KiB"):  # a pool in a file in runs of that length: '64KiB Q8_0@1t', 'kernel-64KiB ...'
+                    into = r.kernel_file_runs if kind.startswith("kernel-") else r.file_runs
+                    into[key.removeprefix("kernel-")] = kb.result()
                     continue
                 dest = getattr(r, kind + ("_1t" if one else ""))  # kernels, rowwise, repacked or whole
                 dest[key.split(" ")[-1].removesuffix("@1t")] = kb.result()

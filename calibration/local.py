@@ -12,6 +12,7 @@ from pathlib import Path
 from specs.plan import ExpertCache, MissPolicy, Placement, Plan, Prefill
 
 from . import store
+from .page_layout import page_breaks_of
 
 ENGINE = "moe-offload-executor"
 MODELS_DIR = Path("runs") / "models"
@@ -105,15 +106,18 @@ def warm_page_cache(path: Path, chunk: int = 16 << 20) -> None:
 
 
 def run_case(case: LocalCase, model_path: Path | None, trace_dir: Path, tag: str = "") -> dict:
-    """Execute one case; returns the executor's result dict (trace written under trace_dir). An
-    Engram case first reads its table into the page cache: its rows are cached, as predicted."""
+    """Execute one case; returns the executor's result dict (trace written under trace_dir), with the model file's
+    page layout right after it (model_page_breaks: page_layout.page_breaks_of, None where unreadable). An Engram
+    case first reads its table into the page cache: its rows are cached, as predicted."""
     from executor.make_model import engram_path
     from executor.runner import execute
     model_path = case.model or model_path
     if case.plan.placement.engram != "none" and engram_path(model_path).exists():
         warm_page_cache(engram_path(model_path))
     trace = trace_dir / f"{case.name}{tag}.jsonl"
-    return execute(case.plan, model_path, prompt_tokens=case.n_prompt, gen_tokens=case.n_gen, trace_path=trace)
+    r = execute(case.plan, model_path, prompt_tokens=case.n_prompt, gen_tokens=case.n_gen, trace_path=trace)
+    r["model_page_breaks"] = page_breaks_of("auto", str(model_path))  # the layout it read, right after the run
+    return r
 
 
 QUIET = 0.10  # a run is clean when other processes used at most this share of the CPUs
@@ -124,6 +128,13 @@ def _keep(runs: list[tuple[float, float, dict]]) -> list[tuple[float, float, dic
     """The runs (value, outside share, result) measured with the least outside load."""
     low = min(o for _, o, _ in runs)
     return [x for x in runs if x[1] <= max(QUIET, low + SLACK)]
+
+
+def with_page_breaks(plan: Plan, result: dict) -> str:
+    """`plan` as JSON, carrying the page layout of the file the run `result` read (its model_page_breaks, where it
+    has one) as cpu_file_page_breaks: what its in-place reads paid (simulator.resources.in_place_page_excess)."""
+    b = result.get("model_page_breaks")
+    return (plan if b is None else plan.model_copy(update={"cpu_file_page_breaks": float(b)})).model_dump_json()
 
 
 def measure(model_path: str | Path | None, cases: list[LocalCase], store_path: str | Path | None = None,
@@ -158,7 +169,7 @@ def measure(model_path: str | Path | None, cases: list[LocalCase], store_path: s
         med = statistics.median(vals)
         _, others, rmed = min(kept, key=lambda x: abs(x[0] - med))
         rows.append(store.make_row(
-            c.name, c.metric, med, engine=ENGINE, model=str(c.model or model_path), plan=c.plan.model_dump_json(),
+            c.name, c.metric, med, engine=ENGINE, model=str(c.model or model_path), plan=with_page_breaks(c.plan, rmed),
             n_prompt=c.n_prompt, n_gen=c.n_gen, routing=rmed["trace"],
             warm_steps=0, repeats=len(vals), runs=len(got[c.name]), outside_cpu=others,
             spread=(max(vals) - min(vals)) / med if med else 0.0, cache_hit_rate=rmed.get("cache_hit_rate") or 0.0,

@@ -28,6 +28,7 @@ def noise_of(r: Results) -> list[tuple[str, Noise]]:
             for k, f in fits.items()]
     out += [(f"whole experts {k}", f.noise) for k, f in r.whole.items()]
     out += [(f"rows from a file in {k}", f.noise) for k, f in r.file_runs.items()]
+    out += [(f"kernel from a file in {k}", f.noise) for k, f in r.kernel_file_runs.items()]
     out += [(name, res.noise) for name, res in (("prefill", r.prefill), ("prefill long", r.prefill_long),
                                                 ("prefill dense", r.dense_prefill),
                                                 ("prefill attention", r.attention_prefill)) if res]
@@ -101,7 +102,7 @@ def typical_state(r: Results) -> Results:
     return dataclasses.replace(r, layer_loop=loop(r.layer_loop), layer_loop_small=loop(r.layer_loop_small),
                                **{name: med(getattr(r, name)) for name in (
                                    "kernels", "kernels_1t", "rowwise", "rowwise_1t", "repacked", "repacked_1t",
-                                   "whole", "file_runs")})
+                                   "whole", "file_runs", "kernel_file_runs")})
 
 
 def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> HardwareSpec:
@@ -177,12 +178,15 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
                 rw["default" + suffix] = _m(fits_rw[src].expert_gbs, f"as {src}: " + fits_rw[src].method(), date)
                 rw.update(derived_block_rates({f: k.expert_gbs for f, k in fits_rw.items()}, others, date, suffix))
         data["cpu"]["rowwise_gbs"] = rw
-    if r.file_runs:  # the in-place rows from files in short runs of pages (CPU.file_runs_gbs): '64KiB' -> 'Q8_0@1t'
+    # the in-place rows from files in short runs of pages (CPU.file_runs_gbs): '64KiB' -> 'Q8_0@1t'; the executor's
+    # kernel so (CPU.kernel_file_runs_gbs)
+    for field_, fits in (("file_runs_gbs", r.file_runs), ("kernel_file_runs_gbs", r.kernel_file_runs)):
         fr: dict[str, dict[str, Any]] = {}
-        for key, f in r.file_runs.items():
+        for key, f in fits.items():
             runs, fmt = key.split(" ")
             fr.setdefault(runs, {})[fmt] = _m(f.expert_gbs, f.method(), date)
-        data["cpu"]["file_runs_gbs"] = fr
+        if fr:
+            data["cpu"][field_] = fr
     if r.whole:  # the executor's decode structure: the rates of its jobs of whole experts (CPU.whole_gbs)
         data["cpu"]["whole_gbs"] = {fmt: _m(f.expert_gbs, f.method(), date) for fmt, f in r.whole.items()}
     if r.repacked:  # llama.cpp's repacked layout: the formats it repacks here (specs.hardware.CPU.repacked_gbs)
@@ -320,8 +324,9 @@ def store_rows(r: Results) -> list[dict]:
             if f.t_ms_median:
                 add(f"cpu_{kind}_{fmt}{suffix}", "expert_gbs_median", f.expert_gbs_median, threads=f.threads,
                     size_bytes=f.expert_bytes, kernel=kv, method=f.method())
-    for key, f in r.file_runs.items():  # '64KiB Q8_0@1t' -> cpu_file_runs_64KiB_Q8_0_1t
-        case = "cpu_file_runs_" + key.replace(" ", "_").replace("@", "_")
+    for key, f, kind in ([(k, f, "file_runs") for k, f in r.file_runs.items()]
+                         + [(k, f, "kernel_file_runs") for k, f in r.kernel_file_runs.items()]):
+        case = f"cpu_{kind}_" + key.replace(" ", "_").replace("@", "_")  # '64KiB Q8_0@1t' -> cpu_file_runs_64KiB_Q8_0_1t
         add(case, "expert_gbs", f.expert_gbs, threads=f.threads, size_bytes=f.expert_bytes, kernel=kv,
             method=f.method())
     for case, ll in (("cpu_layer_loop", r.layer_loop), ("cpu_layer_loop_small", r.layer_loop_small)):

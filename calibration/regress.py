@@ -119,10 +119,13 @@ def to_json(rows: list[dict]) -> str:
 
 def run_against_model(result: dict, plan, model_path: str, hw) -> dict:
     """One executor run (execute()'s result) beside the simulator: each tier's roof (GB/s) and the
-    decode tok/s and TTFT (s) simulated for the same plan, prompt and length, on the run's own routing."""
+    decode tok/s and TTFT (s) simulated for the same plan, prompt and length, on the run's own routing, the model
+    file's page layout as the run left it where the result has it (model_page_breaks)."""
     from simulator.ceilings import tier_roofs_gbs
     from simulator.run import simulate
 
+    if result.get("model_page_breaks") is not None:
+        plan = plan.model_copy(update={"cpu_file_page_breaks": float(result["model_page_breaks"])})
     model = run_model(model_path, plan)
     sim = simulate(model, hw, plan, prompt_tokens=int(result["prompt_tokens"]), gen_tokens=int(result["gen_tokens"]),
                    routing=result["trace"], warm_steps=0)

@@ -21,13 +21,14 @@ def _cmd_plan(a) -> int:
     hw, model = _hw(a.hw), load_model(a.model)
     if a.out:
         output_file(a.out)
+    breaks = _page_breaks(a) or 0.0
     if a.engine:  # that engine's default plan, sized to the machine
-        plan = base_plan(model, hw, context=a.context, engine=a.engine)
+        plan = base_plan(model, hw, context=a.context, engine=a.engine, page_breaks=breaks)
         pred = simulate_plan(model, hw, plan, prompt_tokens=a.prompt_tokens)
     else:
         plan, pred, _, front = search(model, hw, "ttft" if a.objective == "ttft" else "decode", context=a.context,
                                       prompt_tokens=a.prompt_tokens, top=a.simulate_top,
-                                      progress=not a.json and sys.stderr.isatty())
+                                      progress=not a.json and sys.stderr.isatty(), page_breaks=breaks)
     summary = plan_summary(model, hw, plan, pred)
     if not a.engine and a.objective == "pareto":
         summary["pareto"] = pareto_rows(front)
@@ -246,6 +247,8 @@ def _cmd_execute(a) -> int:
                     progress=not a.json and sys.stderr.isatty())
     except SpecError as e:  # the executor names the plan "plan": give the user its file
         raise SpecError(a.plan if e.file == "plan" else e.file, e.field, e.reason) from None
+    from calibration.page_layout import page_breaks_of  # the file's page layout the run read (null: unreadable)
+    r["model_page_breaks"] = page_breaks_of("auto", a.model)
     if a.hw:  # the bandwidth each tier achieved beside the simulator's roof for it, and its prediction
         from calibration.regress import run_against_model
         r.update(run_against_model(r, plan, a.model, hw))
@@ -298,13 +301,8 @@ def _cmd_simulate(a) -> int:
 
     hw, model = _hw(a.hw), load_model(a.model)
     plan = load_plan(a.plan) if a.plan else base_plan(model, hw, context=a.context, engine=a.engine)
-    if a.page_breaks is not None:  # the GGUF's page layout in the page cache (calibration.page_layout)
-        from calibration.page_layout import page_breaks_of
-        b = page_breaks_of(a.page_breaks, a.model if a.model.endswith(".gguf") else "")
-        if b is None:
-            print(f"moe-offload: --page-breaks auto: no page layout of {a.model} to read (a GGUF, half of it in the "
-                  f"page cache, and root are needed): taken as contiguous", file=sys.stderr)
-        plan = plan.model_copy(update={"cpu_file_page_breaks": b or 0.0})
+    if a.page_breaks is not None:
+        plan = plan.model_copy(update={"cpu_file_page_breaks": _page_breaks(a) or 0.0})
     _memory_map(model, hw, plan, a.plan).check_fits(a.plan)
     r = simulate(model, hw, plan, prompt_tokens=a.prompt_tokens, gen_tokens=a.gen_tokens,
                  streams=a.streams, seed=a.seed, routing=a.routing, engram_text=a.engram_text)
@@ -314,6 +312,27 @@ def _cmd_simulate(a) -> int:
         from reports.tables import render_sim_result
         render_sim_result(r.to_dict(), f"{model.name} on {hw.name}, {plan.engine} plan")
     return 0
+
+
+def _page_breaks(a) -> float | None:
+    """--page-breaks: the GGUF's page layout in the page cache (calibration.page_layout), a number or read from
+    --model's file ('auto'; a line on stderr where it cannot be read: taken as contiguous); None where not given."""
+    if a.page_breaks is None:
+        return None
+    from calibration.page_layout import page_breaks_of
+    b = page_breaks_of(a.page_breaks, a.model if a.model.endswith(".gguf") else "")
+    if b is None:
+        print(f"moe-offload: --page-breaks auto: no page layout of {a.model} to read (a GGUF, half of it in the "
+              f"page cache, and root are needed): taken as contiguous", file=sys.stderr)
+    return b
+
+
+def _page_breaks_flag(p: argparse.ArgumentParser) -> None:
+    """--page-breaks, as plan and simulate take it."""
+    p.add_argument("--page-breaks", default=None,
+                   help="the share of the GGUF's page boundaries that are physical breaks in the page cache (the "
+                        "plan's cpu_file_page_breaks: what llama.cpp's in-place weights and the executor's pay), or "
+                        "'auto' to read it from --model's file (root)")
 
 
 def _hw_and_model(p: argparse.ArgumentParser) -> None:
@@ -337,6 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--simulate-top", type=int, default=2, help="screened candidates to simulate")
     p.add_argument("--out", help="write the chosen plan JSON here")
     p.add_argument("--emit", choices=["llamacpp"], help="also give the equivalent llama-server command")
+    _page_breaks_flag(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_plan)
 
@@ -354,10 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engram-text", choices=["seen", "new", "shared"], default="seen",
                    help="Engram rows of the request's text: seen before (cached as far as RAM allows) or new (cold)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--page-breaks", default=None,
-                   help="the share of the GGUF's page boundaries that are physical breaks in the page cache (the "
-                        "plan's cpu_file_page_breaks: what llama.cpp's in-place weights pay), or 'auto' to read it "
-                        "from --model's file (root)")
+    _page_breaks_flag(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_simulate)
 

@@ -77,6 +77,7 @@ def closest_static(plan: Plan, model: ModelSpec) -> tuple[Plan, list[str]]:
                   placement=Placement(dense=p.dense, kv=p.kv, gpu_expert_layers=sorted(gpu_layers),
                                       engram=p.engram, expert_ram_bytes=p.expert_ram_bytes),
                   prefill=prefill, streams=plan.streams, cpu_threads=plan.cpu_threads,
+                  cpu_file_page_breaks=plan.cpu_file_page_breaks,
                   kv=KVCache(context=plan.kv.context, dtype="q8_0" if plan.kv.dtype == "fp8" else plan.kv.dtype))
     return static, lost
 

@@ -17,16 +17,17 @@ def fit_context(model: ModelSpec, context: int | None) -> int:
 
 
 def base_plan(model: ModelSpec, hw: HardwareSpec, context: int | None = None, engine: str | None = None,
-              host_only: bool = False) -> Plan:
+              host_only: bool = False, page_breaks: float = 0.0) -> Plan:
     """The engine's template for this machine: KV context set, cache sized to free VRAM, experts
     beyond RAM left on NVMe (bytes accounted by specs.memory); host_only (or no GPU): dense path, KV
-    and experts on the host, the device left unused."""
+    and experts on the host, the device left unused; page_breaks: the GGUF's page layout in the page cache
+    (cpu_file_page_breaks: what the engines reading it in place pay)."""
     ctx = fit_context(model, context)
     if engine is None:
         engine = "tiered-cache" if hw.gpu is not None else "custom"
     plan = plan_template(engine)
     kv = KVCache(context=ctx, dtype=plan.kv.dtype if engine == "tiered-cache" else "f16")
-    plan = plan.model_copy(update={"kv": kv})
+    plan = plan.model_copy(update={"kv": kv, "cpu_file_page_breaks": page_breaks})
     if hw.gpu is None or host_only:
         plan = plan.model_copy(update={"placement": Placement(dense="cpu", kv="cpu"),
                                        "expert_cache": plan.expert_cache.model_copy(update={"policy": "none", "slots": 0})})
@@ -53,8 +54,10 @@ def _with(plan: Plan, **upd) -> Plan:
     return plan.model_copy(update=upd)
 
 
-def candidate_plans(model: ModelSpec, hw: HardwareSpec, context: int | None = None, streams: int = 1) -> list[Plan]:
-    """Every placement worth screening on this machine, each sized to fit (cache fills free VRAM)."""
+def candidate_plans(model: ModelSpec, hw: HardwareSpec, context: int | None = None, streams: int = 1,
+                    page_breaks: float = 0.0) -> list[Plan]:
+    """Every placement worth screening on this machine, each sized to fit (cache fills free VRAM), each reading a
+    GGUF whose page layout has that share of breaks (base_plan)."""
     from specs.plan import ExpertCache, MissPolicy
 
     fit_context(model, context)  # a context the model cannot take is the user's error, not a misfit
@@ -66,7 +69,7 @@ def candidate_plans(model: ModelSpec, hw: HardwareSpec, context: int | None = No
         try:
             # "custom" beside a GPU: the device left unused (an overhead-bound engine's best)
             base = base_plan(model, hw, context=context, engine=engine,
-                             host_only=engine == "custom" and hw.gpu is not None)
+                             host_only=engine == "custom" and hw.gpu is not None, page_breaks=page_breaks)
         except SpecError as e:
             whys.append(e.reason)
             continue
@@ -115,12 +118,14 @@ def _score(objective: str, r) -> float:
 
 
 def search(model: ModelSpec, hw: HardwareSpec, objective: str = "decode", context: int | None = None,
-           prompt_tokens: int = 512, streams: int = 1, top: int = 4, seed: int = 0, progress: bool = False):
+           prompt_tokens: int = 512, streams: int = 1, top: int = 4, seed: int = 0, progress: bool = False,
+           page_breaks: float = 0.0):
     """Screen every candidate in closed form, simulate the `top` most promising, return
-    (best plan, its Prediction, rows of every simulated candidate, the decode/TTFT Pareto front)."""
+    (best plan, its Prediction, rows of every simulated candidate, the decode/TTFT Pareto front); page_breaks: the
+    GGUF's page layout (candidate_plans)."""
     from .predict import predict, simulate_plan
 
-    cands = candidate_plans(model, hw, context, streams)
+    cands = candidate_plans(model, hw, context, streams, page_breaks)
     screened = []
     track = _progress(progress, len(cands) + top + 1, "screening placements")
     for p in cands:

@@ -176,6 +176,9 @@ def render_execution(r: dict, console: Console | None = None) -> None:
         t.add_row(name, f"{moved.get(name, 0) / 1e9:.3f} GB", f"{a:.1f}" if a else "-", f"{roof:.1f}" if roof else "-",
                   f"{100 * a / roof:.0f}%" if a and roof else "-")
     c.print(t)
+    if r.get("model_page_breaks") is not None:  # calibration.page_layout: what the in-place reads paid
+        c.print(f"the model file's pages in the page cache: {100 * r['model_page_breaks']:.1f}% of their boundaries "
+                f"physical breaks")
     pred = r.get("predicted")
     if pred:
         c.print(f"simulated on {pred['profile']} (the run's own routing): decode {pred['decode_tok_s']:.2f} tok/s "

@@ -107,7 +107,7 @@ def whole_jobs(hw, plan, threads: int) -> bool:
 
 def cpu_gbs(hw, fmt, threads: int, plan, whole: bool = False) -> float:
     """GB/s at which `plan`'s engine computes weights in `fmt` on `threads` host cores (for llama.cpp:
-    the repacked rate of the formats it repacks, the rowwise rate of the others, those read in place from its mmap
+    the repacked rate of the formats it repacks, the rowwise rate of the others), those read in place from its mmap
     slowed by the file's page layout (in_place_page_excess); whole: a job of whole experts per thread, where
     whole_jobs says the engine runs them)."""
     rp = repacked(hw, plan, fmt)
@@ -117,13 +117,16 @@ def cpu_gbs(hw, fmt, threads: int, plan, whole: bool = False) -> float:
 
 
 def in_place_page_excess(hw, fmt, threads: int, plan) -> float:
-    """Extra time, as a fraction, llama.cpp's rows of `fmt` take on `threads` cores read in place through its mmap of
-    a file whose page boundaries are physical breaks in the share plan.cpu_file_page_breaks (CPU.file_page_excess: the
-    prefetcher streams physical addresses and starts again at each break); 0 for other engines (the executor's kernel
-    prefetches its rows in software: not calibrated) and for weights read into buffers at load (--no-mmap)."""
-    if plan.engine != "llamacpp" or not plan.cpu_mmap or not plan.cpu_file_page_breaks:
+    """Extra time, as a fraction, `plan`'s engine's CPU products of `fmt` on `threads` cores take read in place through
+    its mmap of a file whose page boundaries are physical breaks in the share plan.cpu_file_page_breaks
+    (CPU.file_page_excess: the prefetcher streams physical addresses and starts again at each break): llama.cpp's
+    rows at its rowwise rates' excess (none for weights read into buffers at load, --no-mmap), the executor's (which
+    reads its experts and CPU dense weights in place always) at its kernel's; 0 for other engines (not calibrated)."""
+    if not plan.cpu_file_page_breaks or plan.engine not in ("llamacpp", "custom"):
         return 0.0
-    return hw.cpu.file_page_excess(fmt, threads, plan.cpu_file_page_breaks)
+    if plan.engine == "llamacpp" and not plan.cpu_mmap:
+        return 0.0
+    return hw.cpu.file_page_excess(fmt, threads, plan.cpu_file_page_breaks, kernel=plan.engine == "custom")
 
 
 def cpu_expert_gbs(hw, model, threads: int, plan, whole: bool = False) -> float:

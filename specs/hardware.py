@@ -111,6 +111,11 @@ class CPU(_Strict):
     # ('64KiB', '4KiB': calibration.page_layout), keyed as rowwise_gbs: what a file the page cache holds in short runs
     # costs the engines that read it in place (file_page_excess); the calibrated run lengths' formats only
     file_runs_gbs: dict[str, dict[str, Pos]] = Field(default_factory=dict)
+    # The same for the executor's kernel on such files, keyed as expert_gbs: on threads_used cores its decode jobs'
+    # structure (whole_gbs's job), on one its rows (expert_gbs's), with '2048KiB' the same from a file of the same span
+    # in 2 MiB folios (the contiguous reference): its experts and CPU dense weights are read in place through its mmap
+    # of the GGUF too (file_page_excess(kernel=True))
+    kernel_file_runs_gbs: dict[str, dict[str, Pos]] = Field(default_factory=dict)
     # GFLOP/s per core of the experts' products on a prefill batch in the structure llama.cpp's ggml gives each
     # format (calibration.bench_ggml_prefill), keyed by specs.formats.llamacpp_prefill_key ('Q8_0',
     # 'Q4_0:repacked'), with 'KEY@Nt' for a rate measured on N cores; a path without one prefills at the
@@ -160,23 +165,45 @@ class CPU(_Strict):
                 return rate * rd / ed
         return rate
 
-    def file_page_excess(self, fmt: WeightFormat, threads: int | None, breaks: float) -> float:
+    def file_page_excess(self, fmt: WeightFormat, threads: int | None, breaks: float, kernel: bool = False) -> float:
         """Extra time (a fraction of the contiguous time) `fmt`'s rowwise rows take on `threads` cores from a file whose
         page boundaries are physical breaks in that share (PageLayout.breaks): a power of the breaks through none at
         contiguous pages, e_R (breaks / b_R)^g, from the format's excess e_R at the calibrated run length R it has
-        (runs of R bytes: breaks b_R = 4096 / R; the longest where it has several), with the exponent g of the format
-        calibrated at two lengths (ln(e_4KiB / e_64KiB) / ln 16 for Q8_0), within [0.25, 1]; g = 1/2 (each break's
-        cost growing as the root of the run it ends) where no format has two. 0 without such rates or breaks, and for
-        a format not timed so (a quick profile times those whose rows stream at the bus's pace: the others' arithmetic
-        hides the breaks)."""
-        if breaks <= 0 or not self.file_runs_gbs or not self.rowwise_gbs:
+        (runs of R bytes: breaks b_R = 4096 / R; where it has several, the length at which the table times the most
+        formats, so that every format stands on the same footing: 64 KiB for llama.cpp's rows, 4 KiB for the
+        executor's kernel in calibrate's tables), with the exponent g of the format calibrated at two lengths
+        (ln(e_4KiB / e_64KiB) / ln 16 for Q8_0), within [0.25, 1]; g = 1/2 (each break's cost growing as the root of
+        the run it ends) where no format has two. Each excess is against the format's rate from a file in runs of 2 MiB
+        or more where the table has one (timed beside the short runs, on a file of the same span), the breaks then
+        counted beyond that reference's own (1/512: none costs at a file in 2 MiB folios), else against its contiguous
+        rate (rowwise_gbs). 0 without such rates or breaks, and for a format not timed so (a quick profile
+        times those whose rows pay most: in llama.cpp's rows the others' arithmetic hides the breaks). kernel: the
+        executor's kernel instead (kernel_file_runs_gbs; without a reference its jobs' own rates, whole_gbs on several
+        threads where it has the format, else expert_gbs)."""
+        base, runs = (self.expert_gbs, self.kernel_file_runs_gbs) if kernel else (self.rowwise_gbs, self.file_runs_gbs)
+        if breaks <= 0 or not runs or not base:
             return 0.0
-        tables = {4096 / (int(k.removesuffix("KiB")) << 10): t for k, t in self.file_runs_gbs.items()}
+        kib = {k: int(k.removesuffix("KiB")) for k in runs}
+        refs = [runs[k] for k in runs if kib[k] >= 2048]  # contiguous references: the same pools in 2 MiB folios
+        # a reference's own breaks (one at each 2 MiB folio's end) are its zero: breaks counted beyond them
+        b_ref = max((4096 / (kib[k] << 10) for k in runs if kib[k] >= 2048), default=0.0)
+        tables = {4096 / (kib[k] << 10) - b_ref: t for k, t in runs.items() if kib[k] < 2048}
+        if not tables or breaks <= b_ref:
+            return 0.0
+        several = (threads or self.threads_used) > 1
+
+        def contiguous(name: str) -> float | None:
+            """The format's rate from contiguous pages: its reference, else the job's rate in anonymous memory."""
+            for t in refs:
+                r = self._rate(t, (name,), threads)
+                if r:
+                    return r
+            whole = kernel and several and name in self.whole_gbs  # the executor's jobs of whole experts
+            return self._rate(self.whole_gbs, (name,), threads) if whole else self._rate(base, (name,), threads)
 
         def points(name: str) -> list[tuple[float, float]]:
             """(breaks, excess) at each calibrated run length, fewest breaks first."""
-            r0 = self._rate(self.rowwise_gbs, (name,), threads)
-            out = []
+            r0, out = contiguous(name), []
             for b, table in sorted(tables.items()):
                 r = self._rate(table, (name,), threads)
                 if r0 and r:
@@ -193,8 +220,9 @@ class CPU(_Strict):
         own = points(fmt.name) or points(fmt.name.split(":")[0])
         if not own:
             return 0.0
-        b0, e0 = own[0]
-        return e0 * (breaks / b0) ** g
+        common = max(sorted(tables), key=lambda b: len(tables[b]))  # the length timed for the most formats
+        b0, e0 = next((p for p in own if p[0] == common), own[0])
+        return e0 * ((breaks - b_ref) / b0) ** g
 
     def ggml_prefill_gflops_for(self, key: str, threads: int | None = None) -> float | None:
         """GFLOP/s per core of ggml's prefill products under `key` on `threads` cores: the rate measured on that

@@ -98,6 +98,27 @@ def test_in_place_rows_timed_again_from_files_in_short_page_runs(run):
     assert {f"calibrate:cpu_file_runs_64KiB_{fmt}", f"calibrate:cpu_file_runs_4KiB_{fmt}"} <= cases
 
 
+def test_the_executors_kernel_timed_again_from_files_in_short_page_runs(run):
+    """The executor reads its experts and CPU dense weights in place from its mmap too: its kernel's jobs again on
+    their pool in files in shuffled 64 KiB runs and 4 KiB runs and in 2 MiB folios (the reference those are priced
+    against), keyed as expert_gbs in cpu.kernel_file_runs_gbs
+    (CPU.file_page_excess(kernel=True)), its method line the kernel's (on several threads its decode jobs' whole
+    experts per thread, as whole_gbs), each with its store row."""
+    hw, _, st, _ = run
+    if not executor_kernel_available():
+        pytest.skip("no executor kernel")
+    fmt, fr = TINY.kernel_formats[0], hw.cpu.kernel_file_runs_gbs
+    assert set(fr) == {"2048KiB", "64KiB", "4KiB"}  # 2 MiB folios: the contiguous reference
+    for runs in ("2048KiB", "64KiB", "4KiB"):
+        f = fr[runs][fmt]
+        assert f.source == "measured" and f > 0
+        assert "executor.cpu_experts.moe_cpu" in f.ref and f"pool in a file in {runs[:-3]} KiB runs of pages" in f.ref
+        assert ("whole experts per thread" in f.ref) == (hw.cpu.threads_used > 1 and fmt in hw.cpu.whole_gbs)
+        assert (f"{fmt}@1t" in fr[runs]) == (hw.cpu.threads_used > 1)
+    cases = {r["case"] for r in store.read_rows(st)}
+    assert {f"calibrate:cpu_kernel_file_runs_{k}KiB_{fmt}" for k in (2048, 64, 4)} <= cases
+
+
 def test_the_typical_state_profile_takes_each_kernels_median_rounds(run):
     """--typical-out: the same run's profile with each CPU kernel's rate fitted on its median clean rounds (the
     figure the fast profile's ref quotes as "median rounds"), every other figure as measured."""
@@ -470,17 +491,24 @@ def test_the_tiled_gemm_timed_again_at_a_full_window_gives_its_fixed_tokens(tmp_
 
 def test_the_page_run_pools_stay_within_a_third_of_the_available_memory():
     """quick times three formats' in-place rows from files in 64 KiB runs, 192 MiB each, and Q8_0's from 4 KiB runs,
-    384 MiB: 0.94 GiB where 24 GiB are available; with 1.5 GiB, both scaled to a third of it (0.5 GiB in all); without
-    page-run jobs, untouched."""
+    384 MiB; the executor's kernel shares those two Q8_0 pools and reads F16's and Q4_K's from 4 KiB runs and all three
+    from 2 MiB folios, 384 MiB each: 2.8 GiB where 24 GiB are available; with 1.5 GiB, all scaled to a third of it
+    (0.5 GiB in all); without page-run jobs, untouched."""
     assert cal.QUICK.page_runs_formats == ("Q8_0", "F16", "Q6_K")
     assert cal.kernel_pool_for(cal.QUICK, 32 << 20, 24 << 30).page_runs_pool_bytes == (192 << 20, 384 << 20)
     first, other = cal.kernel_pool_for(cal.QUICK, 32 << 20, 3 << 29).page_runs_pool_bytes
-    assert other == pytest.approx(2 * first, abs=1) and 3 * first + other == pytest.approx(1 << 29, rel=1e-6)
+    assert other == pytest.approx(2 * first, abs=1) and 3 * first + 6 * other == pytest.approx(1 << 29, rel=1e-6)
     none = replace(cal.QUICK, page_runs_kib=())
     assert cal.kernel_pool_for(none, 32 << 20, 1 << 30).page_runs_pool_bytes == none.page_runs_pool_bytes
 
 
-def test_quick_times_the_formats_that_stream_at_the_buss_pace_from_files():
-    """The page-run jobs quick runs: Q8_0, F16 and Q6_K from 64 KiB runs, Q8_0 again from 4 KiB runs (the exponent)."""
+def test_quick_times_the_formats_that_pay_most_from_files():
+    """The page-run jobs quick runs: llama.cpp's rows of Q8_0, F16 and Q6_K from 64 KiB runs, Q8_0 again from 4 KiB
+    runs (the exponent); the executor's kernel of Q8_0, F16 and Q4_K each from a file in 2 MiB folios (its contiguous
+    reference) and then from 4 KiB runs, where its cost is largest, and Q8_0 from 64 KiB runs (its exponent)."""
     jobs = cal._page_run_jobs(cal.QUICK, cal.QUICK.kernel_formats, ["avx2", "avx512f"])
-    assert [(k, f) for k, f, _, _ in jobs] == [("64KiB", "Q8_0"), ("64KiB", "F16"), ("64KiB", "Q6_K"), ("4KiB", "Q8_0")]
+    assert [(k, f) for k, f, _, _ in jobs] == [("64KiB", "Q8_0"), ("64KiB", "F16"), ("64KiB", "Q6_K"), ("4KiB", "Q8_0"),
+                                               ("kernel-2048KiB", "Q8_0"), ("kernel-4KiB", "Q8_0"),
+                                               ("kernel-2048KiB", "F16"), ("kernel-4KiB", "F16"),
+                                               ("kernel-2048KiB", "Q4_K"), ("kernel-4KiB", "Q4_K"),
+                                               ("kernel-64KiB", "Q8_0")]

@@ -64,6 +64,19 @@ def test_measure_appends_predictable_rows(measured):
     assert {r["metric"] for r in out} == {"decode_tok_s", "ttft_s"}
 
 
+def test_each_stored_plan_carries_the_page_layout_its_run_read(measured):
+    """Each stored plan's cpu_file_page_breaks is the model file's page layout right after its median run
+    (page_layout.page_breaks_of, a share in [0, 1]; where frame numbers are hidden the plan's own, 0); a result
+    without one leaves the plan as it was."""
+    from specs.plan import Plan
+    _, _, _, st, _ = measured
+    for r in store.read_rows(st):
+        assert 0.0 <= Plan.model_validate_json(r["plan"]).cpu_file_page_breaks <= 1.0
+    assert Plan.model_validate_json(local.with_page_breaks(Plan(), {"model_page_breaks": 0.25})).cpu_file_page_breaks \
+        == 0.25
+    assert local.with_page_breaks(Plan(), {"model_page_breaks": None}) == Plan().model_dump_json()
+
+
 def test_engram_sidecar_makes_the_model_read_it(measured):
     path, m, *_ = measured
     assert m.engram is None

@@ -1,6 +1,7 @@
 """The whole pipeline through the CLI on this machine: make-model, plan --hw auto, execute, hw."""
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +69,31 @@ def test_execute_reports_each_tier_beside_the_simulators_roof(tiny, capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "roof GB/s" in out and "simulated on epyc8ch-3090" in out
+
+
+def test_execute_says_the_model_files_page_layout_and_simulates_the_run_on_it(tiny, capsys):
+    """`execute --json` gives model_page_breaks, the share of the GGUF's page boundaries that are physical breaks in
+    the page cache after the run (calibration.page_layout; null where frame numbers are hidden); run_against_model
+    prices them: on a profile whose executor kernel runs 1.2x the time from a file in 4 KiB runs as from one in 2 MiB
+    folios, a run that read a file with every boundary a break gets the CPU roof 1/1.2 of the contiguous one, and a
+    slower prediction."""
+    from calibration.regress import run_against_model
+    from specs.figure import Figure
+    from specs.loaders import load_hardware
+    from specs.plan import Plan
+    plan = tiny / "cpu-pages.json"
+    plan.write_text(json.dumps({"placement": {"dense": "cpu", "kv": "cpu", "engram": "none"}, "cpu_threads": 2}))
+    model = str(tiny / "tiny.gguf")
+    assert main(["execute", "--plan", str(plan), "--model", model, "--gen-tokens", "4", "--prompt-tokens", "4",
+                 "--trace", str(tiny / "pages.jsonl"), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert "model_page_breaks" in r and (r["model_page_breaks"] is None or 0.0 <= r["model_page_breaks"] <= 1.0)
+    data = Path(__file__).resolve().parents[1] / "calibration" / "data" / "zen4-2026-12-07"
+    hw = load_hardware(str(data / "host-calibrated-0101.yaml")).model_copy(deep=True)  # every format's kernel rate
+    hw.cpu.kernel_file_runs_gbs = {k: {f: Figure(float(v) / slow, "measured", "test") for f, v in
+                                       hw.cpu.expert_gbs.items()} for k, slow in (("2048KiB", 1.0), ("4KiB", 1.2))}
+    hw.memory.efficiency = Figure(1.0, "measured", "test")  # the kernel's rate, not DDR, is the CPU roof
+    p = Plan.model_validate_json(plan.read_text())
+    flat, broken = (run_against_model(dict(r, model_page_breaks=b), p, model, hw) for b in (0.0, 1.0))
+    assert broken["roof_gbs"]["cpu"] == pytest.approx(flat["roof_gbs"]["cpu"] / 1.2)
+    assert broken["predicted"]["decode_tok_s"] < flat["predicted"]["decode_tok_s"]

@@ -148,3 +148,27 @@ def test_simulate_page_breaks_auto_without_a_gguf_says_it_takes_contiguous_pages
                  "--gen-tokens", "4", "--page-breaks", "auto", "--json"]) == 0
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "taken as contiguous" in err
+
+
+def test_plan_page_breaks_go_into_the_plan_and_slow_its_prediction(capsys):
+    """`plan --page-breaks 1`: the chosen plan (and the closest llama.cpp plan --emit gives) carries
+    cpu_file_page_breaks 1, and llama.cpp's in-place decode of `small` on the profile of 01:01, 2026-12-07 is
+    predicted slower than at 0; a searched plan carries it too."""
+    data = Path(__file__).resolve().parents[1] / "calibration" / "data"
+    args = ["plan", "--hw", str(data / "zen4-2026-12-07" / "host-calibrated-0101.yaml"),
+            "--model", str(data / "xeon-2026-12-05" / "small.yaml"), "--json"]
+    out = {}
+    for b in ("0", "1"):
+        assert main(args + ["--engine", "llamacpp", "--emit", "llamacpp", "--page-breaks", b]) == 0
+        out[b] = json.loads(capsys.readouterr().out)
+        assert out[b]["plan"]["cpu_file_page_breaks"] == float(b)
+        assert out[b]["llamacpp"]["closest_static_plan"]["cpu_file_page_breaks"] == float(b)
+    assert out["1"]["predicted"]["decode_tok_s"] < out["0"]["predicted"]["decode_tok_s"]
+    assert main(args + ["--page-breaks", "0.25", "--simulate-top", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["cpu_file_page_breaks"] == 0.25
+
+
+def test_plan_bad_page_breaks_is_one_line_exit_2(capsys):
+    assert main(["plan", "--hw", "epyc8ch-3090", "--page-breaks", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--page-breaks: must be 'auto' or a share in [0, 1] (got '2')" in err

@@ -143,9 +143,14 @@ def test_file_page_excess_is_a_power_of_the_breaks_through_none_at_contiguous_pa
 @pytest.mark.parametrize("slow_4k, g", [(1.2, 0.25), (1 + 0.2 * 64, 1.0)])
 def test_the_exponent_stays_within_a_quarter_and_one(slow_4k, g):
     """Noise can make the two calibrated points flat (+20% at both: exponent 0) or steep (+20%, +1280%: 1.5): the
-    exponent is held to [1/4, 1], so that long runs still cost little and short ones not without bound."""
-    cpu = _paged({"Q8_0": 24.0}, {"64KiB": {"Q8_0": 24 / 1.2}, "4KiB": {"Q8_0": 24 / slow_4k}})
+    exponent is held to [1/4, 1], so that long runs still cost little and short ones not without bound; the power
+    runs through the point of the run length the table times the most formats at (64 KiB here, where F16 is timed
+    too: 0.2 x 4^g at breaks 1/4; with F16 timed at 4 KiB only, through the 4 KiB point: e_4 (1/4)^g)."""
+    cpu = _paged({"Q8_0": 24.0, "F16": 30.0}, {"64KiB": {"Q8_0": 24 / 1.2, "F16": 25.0}, "4KiB": {"Q8_0": 24 / slow_4k}})
     assert cpu.file_page_excess(parse_format("Q8_0"), 2, 1 / 4) == pytest.approx(0.2 * 4 ** g)
+    cpu = _paged({"Q8_0": 24.0, "F16": 30.0}, {"64KiB": {"Q8_0": 24 / 1.2}, "4KiB": {"Q8_0": 24 / slow_4k, "F16": 25.0}})
+    assert cpu.file_page_excess(parse_format("Q8_0"), 2, 1.0) == pytest.approx(slow_4k - 1)
+    assert cpu.file_page_excess(parse_format("Q8_0"), 2, 1 / 4) == pytest.approx((slow_4k - 1) * 0.25 ** g)
 
 
 def test_a_format_calibrated_at_one_run_length_takes_the_references_exponent():
@@ -168,3 +173,56 @@ def test_file_page_excess_reads_the_one_thread_rates_on_one_thread():
 def test_no_file_runs_table_means_no_excess():
     """A profile calibrated before page layouts were timed: the file's layout changes nothing."""
     assert _cpu(Q8_0=30.0, default=20.0).file_page_excess(parse_format("Q8_0"), 2, 0.5) == 0.0
+
+
+def test_the_executors_excess_reads_its_kernel_rates_and_their_file_tables():
+    """kernel=True: the executor's kernel, expert_gbs against kernel_file_runs_gbs (Q8_0 24 GB/s, 24 / 1.1 from 64 KiB
+    runs, 24 / 1.4 from 4 KiB runs: its own exponent ln 4 / ln 16 = 1/2, +20% at breaks 1/4); llama.cpp's rowwise
+    tables (+20% / +80% here) do not enter it, nor its into theirs."""
+    fig = lambda t: {k: Figure(v, "measured", "test") for k, v in t.items()}  # noqa: E731
+    cpu = _paged({"Q8_0": 24.0}, {"64KiB": {"Q8_0": 24 / 1.2}, "4KiB": {"Q8_0": 24 / 1.8}}).model_copy(update={
+        "expert_gbs": fig({"Q8_0": 24.0, "default": 20.0}),
+        "kernel_file_runs_gbs": {"64KiB": fig({"Q8_0": 24 / 1.1}), "4KiB": fig({"Q8_0": 24 / 1.4})}})
+    q8 = parse_format("Q8_0")
+    assert cpu.file_page_excess(q8, 2, 1.0, kernel=True) == pytest.approx(0.4)
+    assert cpu.file_page_excess(q8, 2, 1 / 4, kernel=True) == pytest.approx(0.2)
+    assert cpu.file_page_excess(q8, 2, 1.0) == pytest.approx(0.8)
+    assert _paged({"Q8_0": 24.0}, {"64KiB": {"Q8_0": 20.0}}).file_page_excess(q8, 2, 1.0, kernel=True) == 0.0
+
+
+def test_the_executors_excess_on_several_threads_is_its_whole_expert_jobs():
+    """On several threads the executor's decode jobs run whole experts per thread (whole_gbs: Q8_0 40 GB/s), and
+    calibrate times that job from files there: 40 / 1.5 from 4 KiB runs is +50%, against whole_gbs, not against the
+    rows' 24; on one thread its rows (expert_gbs 'Q8_0@1t' 20, 20 / 1.25 from files: +25%)."""
+    fig = lambda t: {k: Figure(v, "measured", "test") for k, v in t.items()}  # noqa: E731
+    cpu = _cpu(Q8_0=24.0, default=20.0).model_copy(update={
+        "expert_gbs": fig({"Q8_0": 24.0, "Q8_0@1t": 20.0, "default": 20.0}), "whole_gbs": fig({"Q8_0": 40.0}),
+        "kernel_file_runs_gbs": {"4KiB": fig({"Q8_0": 40 / 1.5, "Q8_0@1t": 20 / 1.25})}})
+    q8 = parse_format("Q8_0")
+    assert cpu.file_page_excess(q8, 2, 1.0, kernel=True) == pytest.approx(0.5)
+    assert cpu.file_page_excess(q8, 1, 1.0, kernel=True) == pytest.approx(0.25)
+
+
+def test_a_reference_from_2_mib_folios_is_the_contiguous_rate():
+    """A '2048KiB' table (the same pool from a file in 2 MiB folios, timed beside the short runs) is the contiguous rate
+    the excess is against, not the job's rate in anonymous memory: Q8_0 30 GB/s from folios, 20 from 4 KiB runs: +50%,
+    whatever whole_gbs (60) or expert_gbs say; a format without a reference falls back to them."""
+    fig = lambda t: {k: Figure(v, "measured", "test") for k, v in t.items()}  # noqa: E731
+    cpu = _cpu(Q8_0=24.0, default=20.0).model_copy(update={
+        "expert_gbs": fig({"Q8_0": 24.0, "F16": 24.0, "default": 20.0}), "whole_gbs": fig({"Q8_0": 60.0}),
+        "kernel_file_runs_gbs": {"2048KiB": fig({"Q8_0": 30.0}), "4KiB": fig({"Q8_0": 20.0, "F16": 20.0})}})
+    assert cpu.file_page_excess(parse_format("Q8_0"), 2, 1.0, kernel=True) == pytest.approx(0.5)
+    assert cpu.file_page_excess(parse_format("F16"), 2, 1.0, kernel=True) == pytest.approx(0.2)
+
+
+def test_breaks_up_to_the_references_own_cost_nothing():
+    """The reference file in 2 MiB folios has a break at each folio's end (1/512 of its boundaries): a file with as few
+    costs nothing, and the breaks beyond count from there: +50% at every boundary a break, +50% x ((1/2 - 1/512) /
+    (1 - 1/512))^(1/2) at half of them (the exponent 1/2 where no format has two points)."""
+    fig = lambda t: {k: Figure(v, "measured", "test") for k, v in t.items()}  # noqa: E731
+    cpu = _cpu(Q8_0=24.0, default=20.0).model_copy(update={
+        "kernel_file_runs_gbs": {"2048KiB": fig({"Q8_0": 30.0}), "4KiB": fig({"Q8_0": 20.0})}})
+    q8, r = parse_format("Q8_0"), 1 / 512
+    assert cpu.file_page_excess(q8, 2, r, kernel=True) == 0.0
+    assert cpu.file_page_excess(q8, 2, 0.001, kernel=True) == 0.0
+    assert cpu.file_page_excess(q8, 2, 0.5, kernel=True) == pytest.approx(0.5 * ((0.5 - r) / (1 - r)) ** 0.5)
