@@ -57,7 +57,7 @@ import numba
 
 from simulator.policies import whole_experts_per_thread
 from specs.formats import llamacpp_repacks, parse_format
-from specs.hardware import HardwareSpec
+from specs.hardware import REFERENCE_RUN_KIB, HardwareSpec
 from specs.loaders import dump_hardware, write_atomic
 
 from . import store
@@ -406,7 +406,7 @@ PAGE_RUNS_FORMAT = "Q8_0"
 # the executor's reference run length: its kernel timed from a file of the same span in 2 MiB folios (its runs written
 # in 2 MiB pieces), beside each shorter-run file. Its jobs on several threads read 40-60 GB/s from anonymous pools an
 # eighth to a third the span, timed a minute apart; the excess against those was noise (Zen 4 VM, 2026-12-07)
-REFERENCE_KIB = 2048
+REFERENCE_KIB = REFERENCE_RUN_KIB
 
 
 def _page_run_pools(s: Settings, formats, kind: str) -> list[tuple[str, int, int]]:

@@ -89,6 +89,11 @@ class Memory(_Strict):
         return self.peak_gbs * self.efficiency
 
 
+# a page-run table of runs this long (KiB) or longer is a contiguous reference (CPU.file_page_excess): a file in 2 MiB
+# folios, which PMD mapping and the prefetcher read as contiguous memory
+REFERENCE_RUN_KIB = 2048
+
+
 class CPU(_Strict):
     model: str
     cores: int = Field(ge=1)
@@ -184,10 +189,10 @@ class CPU(_Strict):
         if breaks <= 0 or not runs or not base:
             return 0.0
         kib = {k: int(k.removesuffix("KiB")) for k in runs}
-        refs = [runs[k] for k in runs if kib[k] >= 2048]  # contiguous references: the same pools in 2 MiB folios
+        refs = [runs[k] for k in runs if kib[k] >= REFERENCE_RUN_KIB]  # the same pools in 2 MiB folios
         # a reference's own breaks (one at each 2 MiB folio's end) are its zero: breaks counted beyond them
-        b_ref = max((4096 / (kib[k] << 10) for k in runs if kib[k] >= 2048), default=0.0)
-        tables = {4096 / (kib[k] << 10) - b_ref: t for k, t in runs.items() if kib[k] < 2048}
+        b_ref = max((4096 / (kib[k] << 10) for k in runs if kib[k] >= REFERENCE_RUN_KIB), default=0.0)
+        tables = {4096 / (kib[k] << 10) - b_ref: t for k, t in runs.items() if kib[k] < REFERENCE_RUN_KIB}
         if not tables or breaks <= b_ref:
             return 0.0
         several = (threads or self.threads_used) > 1
