@@ -293,7 +293,8 @@ def expert_pool(fmt: str, hidden: int = 2048, ffn: int = 768, pool_bytes: int = 
 def pool_in_files(p: ExpertPool, run_bytes: int, folder: str | Path = ".", total_bytes: int = 0) -> ExpertPool:
     """A copy of `p` whose tensors' bytes lie in files in `folder` (a disk's, as a GGUF: not a tmpfs), written in
     shuffled runs of run_bytes so that their pages lie in physically contiguous runs of that length, as the pages of a
-    file the page cache read back piecemeal do (calibration.page_layout); its experts repeated to total_bytes in all
+    file the page cache read back piecemeal do (calibration.page_layout); its experts repeated to at least total_bytes
+    in all (whole repetitions: a 124 MiB Q8_0 pool to 248 MiB for 192, to 496 MiB for 384)
     (what such a layout costs grows with the memory the pages span: on the Zen 4 VM ggml's Q8_0 rows from 4 KiB runs
     took 1.09-1.19x the contiguous time in a 128 MiB pool, 1.44x in 192, 1.70-1.73x in 384 and 1024); each mapped back
     privately (frames of the page cache, arrays numba already compiled for) and unlinked (its pages stay while the map

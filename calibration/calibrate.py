@@ -46,6 +46,7 @@ before that leaves the previous profile and the store as they were.
 """
 from __future__ import annotations
 
+import gc
 import os
 import time
 from dataclasses import dataclass, field, replace
@@ -57,9 +58,10 @@ import numba
 
 from simulator.policies import whole_experts_per_thread
 from specs.formats import llamacpp_repacks, parse_format
-from specs.hardware import REFERENCE_RUN_KIB, HardwareSpec
+from specs.hardware import HardwareSpec
 from specs.loaders import dump_hardware, write_atomic
 
+from . import page_runs as PR
 from . import store
 from .bench_device import DenseResult, H2DResult, HitResult, bench_dense, bench_h2d, bench_hit, torch_device
 from .bench_disk import DiskResult, bench_disk
@@ -112,7 +114,7 @@ class Settings:
     page_runs_kib: tuple[int, ...] = (64, 4)
     # bytes such a file pool spans (its experts repeated), for the first run length and for the others: what a layout
     # costs grows with the memory its pages span, to ~192 MiB for 64 KiB runs and ~384 MiB for 4 KiB runs on the Zen 4
-    # VM (bench_kernel.pool_in_files); at most a third of the available memory over all of them (kernel_pool_for)
+    # VM (bench_kernel.pool_in_files); a format's together at most a third of the available memory (kernel_pool_for)
     page_runs_pool_bytes: tuple[int, int] = (192 << 20, 384 << 20)
     # the formats timed so (None: every in-place one). quick times those whose rows stream at the bus's pace, where the
     # breaks show: the K-quants' and IQ4's arithmetic hid them to 0-8% from 64 KiB runs on the Zen 4 VM, within one
@@ -338,8 +340,8 @@ def kernel_pool_for(s: Settings, llc: int | None, avail: int | None) -> Settings
     L3 and read a 128 MiB array at 43 GB/s, 192 MiB and more at 23-25, where the quick profile's 128 MiB pools put
     ggml's rebuilt Q8_0 rows at 16.5 GB/s against 13.8-14.8 from a 1 GiB pool. Every format's pool stays alive
     through the run, so together they stay within a third of `avail` (bytes of available memory); so do the pools in
-    files of the page-run jobs (_page_run_pools: page_runs_pool_bytes' first or second each, those of a format at a
-    run length shared by llama.cpp's rows and the executor's kernel)."""
+    files of the page-run jobs, which live a format at a time (page_runs.format_pool_bytes: page_runs_pool_bytes'
+    first or second each, a pool shared by llama.cpp's rows and the executor's kernel counted once)."""
     if s.kernel_pool_llc_times and llc:
         want = s.kernel_pool_llc_times * llc
         if avail:
@@ -347,9 +349,7 @@ def kernel_pool_for(s: Settings, llc: int | None, avail: int | None) -> Settings
         s = replace(s, kernel_pool_bytes=max(s.kernel_pool_bytes, int(want)))
     if avail and s.page_runs_kib:
         first, other = s.page_runs_pool_bytes
-        # llama.cpp's rows and the executor's kernel share a format's pool at a run length (bench_kernel.expert_pool)
-        pools = set(_page_run_pools(s, s.kernel_formats, "rowwise")) | set(_page_run_pools(s, s.kernel_formats, "kernel"))
-        total = sum(span for _, _, span in pools)
+        total = PR.format_pool_bytes(s, s.kernel_formats)
         if total > avail // 3:
             s = replace(s, page_runs_pool_bytes=(first * (avail // 3) // total, other * (avail // 3) // total))
     return s
@@ -397,54 +397,53 @@ def _decode_jobs(formats, isa: list[str], ggml=None) -> list[tuple]:
     return jobs
 
 
-# the format timed at every page run length (the others at one only): the shape of the page layout's cost in the
-# breaks (CPU.file_page_excess). Q8_0's rows stream at the bus's pace and so pay the layout most: from 64 KiB runs
-# 18-25% on one thread, 4-18% on two, where the K-quants' arithmetic hid it to 0-8% (Zen 4 VM, 2026-12-07)
-PAGE_RUNS_FORMAT = "Q8_0"
-
-
-# the executor's reference run length: its kernel timed from a file of the same span in 2 MiB folios (its runs written
-# in 2 MiB pieces), beside each shorter-run file. Its jobs on several threads read 40-60 GB/s from anonymous pools an
-# eighth to a third the span, timed a minute apart; the excess against those was noise (Zen 4 VM, 2026-12-07)
-REFERENCE_KIB = REFERENCE_RUN_KIB
-
-
-def _page_run_pools(s: Settings, formats, kind: str) -> list[tuple[str, int, int]]:
-    """(format, KiB a run, bytes the file spans) of the pools in files the page-run jobs of `kind` read, in the order
-    they are timed: 'rowwise' (llama.cpp's in-place rows) the first of s.page_runs_kib for each of `formats` that
-    s.page_runs_formats names, then the others for PAGE_RUNS_FORMAT only (else the first such format: the shape of
-    the cost in the breaks, CPU.file_page_excess); 'kernel' (the executor's) a format at a time, its reference
-    (REFERENCE_KIB) then the last (shortest) run length for each s.kernel_page_runs_formats names (None: all), then
-    the others for PAGE_RUNS_FORMAT only. Spans: page_runs_pool_bytes' first for the first length, its second
-    otherwise."""
-    named = s.page_runs_formats if kind == "rowwise" else s.kernel_page_runs_formats
-    names = [f for f in formats if named is None or f in named]
-    if not names or not s.page_runs_kib:
-        return []
-    shape = PAGE_RUNS_FORMAT if PAGE_RUNS_FORMAT in names else names[0]
-    first, other = s.page_runs_pool_bytes
-    kibs = s.page_runs_kib
-    span = lambda kib: first if kib == kibs[0] else other  # noqa: E731
-    if kind == "rowwise":
-        return [(f, kibs[0], first) for f in names] + [(shape, k, other) for k in kibs[1:]]
-    return ([p for f in names for p in ((f, REFERENCE_KIB, other), (f, kibs[-1], other))]
-            + [(shape, k, span(k)) for k in kibs[:-1]])
-
-
 def _page_run_jobs(s: Settings, formats, isa: list[str], ggml=None, folder: str | os.PathLike = ".") -> list[tuple]:
-    """('64KiB', fmt, make_job, what) of the in-place decode jobs on pools in files whose pages lie in physically
-    contiguous runs of each of s.page_runs_kib KiB (_page_run_pools' 'rowwise' ones, of the formats _decode_jobs times
-    in place), then ('kernel-4KiB', ...) the executor's kernel jobs so (its 'kernel' ones, a format's reference and
-    short runs back to back). The files go in `folder` (the disk benchmark's: a disk's, as a GGUF's, not a tmpfs) and
-    are unlinked once mapped."""
+    """page_runs.page_run_jobs of `formats` with llama.cpp's in-place rows where _decode_jobs times them here."""
     rowwise = {fmt: make for kind, fmt, make, _ in _decode_jobs(formats, isa, ggml) if kind == "rowwise"}
-    jobs = []
-    for kind, makers in (("", rowwise), ("kernel-", {f: executor_expert_job for f in formats})):
-        for fmt, kib, span in _page_run_pools(s, list(makers), "rowwise" if not kind else "kernel"):
-            jobs.append((f"{kind}{kib}KiB", fmt, partial(makers[fmt], file_runs=kib << 10, folder=str(folder),
-                                                         file_bytes=span),
-                         f"pool in a file in {kib} KiB runs of pages"))
-    return jobs
+    return PR.page_run_jobs(s, rowwise, formats, str(folder))
+
+
+def _time_page_runs(s: Settings, r: Results, jobs: list[tuple], maxt: int, pg, bud: _Budget, ggml=None) -> None:
+    """Time one format's page-run jobs (page_runs.by_format) into r.file_runs (llama.cpp's rows, '64KiB Q8_0@1t')
+    and r.kernel_file_runs (the executor's kernel, the same keys): each on all the threads and on one, a job's rate
+    from its fewest and most experts (its slope is all it gives), the executor's on several threads as its decode
+    runs (whole experts per thread, cpu.whole_gbs, at the job sizes that split evenly). Every job is built first,
+    then all are sampled in turn, a window each, twice over: a reference and its short runs see the same spells of
+    the VM's speed. The pools, in files, go when this returns, so the next format's take their frames again: on the
+    Firecracker VM a frame the guest has not touched for ~20 s costs ~5 s a GiB to touch again, and the pools kept
+    to a second pass at the run's end took 14 s of a 72-s quick run (session 52)."""
+    n = max(3, s.kernel_repeats // 3)
+    benches = []
+    for kind, fmt, make_job, what in jobs:
+        for one in ((False, True) if maxt > 1 else (False,)):
+            t0 = time.perf_counter()
+            key = f"{kind} {fmt}" + ("@1t" if one else "")
+            threads = 1 if one else min(maxt, numba.config.NUMBA_NUM_THREADS)
+            numba.set_num_threads(threads)
+            even = [k for k in s.kernel_ks if whole_experts_per_thread([1] * k, threads)]
+            kernel = kind.startswith("kernel-")
+            whole = kernel and threads > 1 and len(even) > 1
+            label = _kernel_label(s, fmt, whole) if kernel else _decode_label(ggml, "rowwise", fmt, s.kernel_hidden,
+                                                                              s.kernel_ffn)
+            tick = pg.stage(f"CPU {what} {fmt}" + (", 1 thread" if one else ""), n)
+            job, eb = make_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes, max_k=max(s.kernel_ks),
+                               **({"whole": True} if whole else {}))
+            ks = (min(even), max(even)) if whole else (min(s.kernel_ks), max(s.kernel_ks))
+            kb = KernelBench(job, ks, eb, label=f"{label}, {what}", threads=threads)
+            benches.append((key, kb, threads, tick, bud.take(key, s.kernel_budget_s / 3)))
+            r.wall_s[key] = time.perf_counter() - t0  # writing its pool (the first job on it) and its warm-up
+    for want in ((n + 1) // 2, n // 2):
+        for key, kb, threads, tick, budget in benches:
+            t0 = time.perf_counter()
+            numba.set_num_threads(threads)
+            kb.sample(want, budget * want / n, tick)
+            r.wall_s[key] += time.perf_counter() - t0
+    for key, kb, *_ in benches:
+        into = r.kernel_file_runs if key.startswith("kernel-") else r.file_runs
+        into[key.removeprefix("kernel-")] = kb.result()
+    numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
+    del benches, kb
+    gc.collect()  # a KernelBench's job refers to the bench itself: only the collector frees it, and its pool, now
 
 
 def _decode_label(ggml, kind: str, fmt: str, hidden: int, ffn: int) -> str:
@@ -517,33 +516,17 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
             if use_exec:  # the same jobs in ggml's structure: the rates of the simulator's llama.cpp plans
                 from .detect import cpu_info
                 isa = cpu_info()["isa"]  # llama.cpp repacks Q2_K only with AVX-512 F: time what it repacks here
-                # and the in-place ones again on files whose pages lie in short runs (page_layout): a GGUF's pages as
-                # the page cache may hold them, llama.cpp reading them through its mmap
-                # (and the executor's kernel so: it reads its experts and CPU dense weights in place too)
-                jobs = _decode_jobs(formats, isa, ggml) + _page_run_jobs(s, formats, isa, ggml, disk_dir or ".")
-                for kind, fmt, make_job, what in jobs:
-                    paged = kind.endswith("KiB")  # a page-run job: the rowwise job (or the kernel's) on a pool in a file
+                for kind, fmt, make_job, what in _decode_jobs(formats, isa, ggml):
                     for one in ((False, True) if maxt > 1 else (False,)):
                         t0 = time.perf_counter()
                         key = f"{kind} {fmt}" + ("@1t" if one else "")
                         numba.set_num_threads(1 if one else min(maxt, numba.config.NUMBA_NUM_THREADS))
-                        # the executor's kernel on several threads: its decode jobs' structure, whole experts per
-                        # thread (cpu.whole_gbs), at the job sizes that split evenly
-                        even = [k for k in s.kernel_ks if whole_experts_per_thread([1] * k, numba.get_num_threads())]
-                        whole = kind.startswith("kernel-") and numba.get_num_threads() > 1 and len(even) > 1
-                        if kind.startswith("kernel-"):
-                            label = _kernel_label(s, fmt, whole)
-                        else:
-                            label = _decode_label(ggml, "rowwise" if paged else kind, fmt, s.kernel_hidden,
-                                                  s.kernel_ffn)
-                        label += f", {what}" if paged else ""
                         ticks[key] = pg.stage(f"CPU {what} {fmt}" + (", 1 thread" if one else ""), n1)
                         job, eb = make_job(fmt, s.kernel_hidden, s.kernel_ffn, s.kernel_pool_bytes,
-                                           max_k=max(s.kernel_ks), **({"whole": True} if whole else {}))
-                        # a page-run job's rate from its fewest and most experts a job: its slope is all it gives
-                        ks = (min(even), max(even)) if whole else (min(s.kernel_ks), max(s.kernel_ks)) if paged \
-                            else s.kernel_ks
-                        kb = kbenches[key] = KernelBench(job, ks, eb, label=label, threads=numba.get_num_threads())
+                                           max_k=max(s.kernel_ks))
+                        kb = kbenches[key] = KernelBench(job, s.kernel_ks, eb, threads=numba.get_num_threads(),
+                                                         label=_decode_label(ggml, kind, fmt, s.kernel_hidden,
+                                                                             s.kernel_ffn))
                         budgets[key] = bud.take(key, s.kernel_budget_s / 3)
                         kb.sample(n1_first, budgets[key] * n1_first / n1, ticks[key])
                         r.wall_s[key] = time.perf_counter() - t0
@@ -601,6 +584,9 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                     del parts, run
                 r.wall_s["prefill"] = time.perf_counter() - t0
                 _ggml_prefill(s, r, formats, maxt, pg, bud, ggml)
+                # the pools in files go last before the layer loop, whose experts take their frames again
+                for unit in PR.by_format(_page_run_jobs(s, formats, isa, ggml, disk_dir or ".")):
+                    _time_page_runs(s, r, unit, maxt, pg, bud, ggml)
                 t0 = time.perf_counter()
                 lf = "Q8_0" if "Q8_0" in formats else fmt
                 ticks["layers"] = pg.stage(f"CPU decode layer loop {lf}", s.prefill_repeats)
@@ -670,10 +656,6 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                 numba.set_num_threads(1 if one else min(maxt, numba.config.NUMBA_NUM_THREADS))
                 if n > first_n:
                     kb.sample(n - first_n, budgets[key] * (1 - first_n / n), ticks[key])
-                if kind.endswith("KiB"):  # a pool in a file in runs of that length: '64KiB Q8_0@1t', 'kernel-64KiB ...'
-                    into = r.kernel_file_runs if kind.startswith("kernel-") else r.file_runs
-                    into[key.removeprefix("kernel-")] = kb.result()
-                    continue
                 dest = getattr(r, kind + ("_1t" if one else ""))  # kernels, rowwise, repacked or whole
                 dest[key.split(" ")[-1].removesuffix("@1t")] = kb.result()
             numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from calibration import calibrate as cal, store
+from calibration import calibrate as cal, page_runs, store
 from calibration.bench_device import torch_device
 from calibration.bench_kernel import executor_kernel_available
 from calibration.bench_memory import MemBandwidth
@@ -490,16 +490,47 @@ def test_the_tiled_gemm_timed_again_at_a_full_window_gives_its_fixed_tokens(tmp_
 
 
 def test_the_page_run_pools_stay_within_a_third_of_the_available_memory():
-    """quick times three formats' in-place rows from files in 64 KiB runs, 192 MiB each, and Q8_0's from 4 KiB runs,
-    384 MiB; the executor's kernel shares those two Q8_0 pools and reads F16's and Q4_K's from 4 KiB runs and all three
-    from 2 MiB folios, 384 MiB each: 2.8 GiB where 24 GiB are available; with 1.5 GiB, all scaled to a third of it
-    (0.5 GiB in all); without page-run jobs, untouched."""
+    """The pools in files live a format at a time (calibrate._time_page_runs): quick's Q8_0 holds the most, its rows
+    from 64 KiB runs (192 MiB, the executor's kernel's there too), from 4 KiB runs (384 MiB, shared by the two) and
+    its kernel's 2 MiB folios (384 MiB), 960 MiB where 24 GiB are available; with 1.5 GiB, scaled to a third of it
+    (0.5 GiB); without page-run jobs, untouched."""
     assert cal.QUICK.page_runs_formats == ("Q8_0", "F16", "Q6_K")
+    assert page_runs.format_pool_bytes(cal.QUICK, cal.QUICK.kernel_formats) == 960 << 20
     assert cal.kernel_pool_for(cal.QUICK, 32 << 20, 24 << 30).page_runs_pool_bytes == (192 << 20, 384 << 20)
     first, other = cal.kernel_pool_for(cal.QUICK, 32 << 20, 3 << 29).page_runs_pool_bytes
-    assert other == pytest.approx(2 * first, abs=1) and 3 * first + 6 * other == pytest.approx(1 << 29, rel=1e-6)
+    assert other == pytest.approx(2 * first, abs=1) and first + 2 * other == pytest.approx(1 << 29, rel=1e-6)
     none = replace(cal.QUICK, page_runs_kib=())
     assert cal.kernel_pool_for(none, 32 << 20, 1 << 30).page_runs_pool_bytes == none.page_runs_pool_bytes
+
+
+def test_the_page_run_jobs_are_timed_a_format_at_a_time():
+    """page_runs.by_format: quick's page-run jobs in four groups, in the order each format first comes: Q8_0's five
+    (its rows' and kernel's pools shared at 64 KiB and 4 KiB, its kernel's reference between), F16's three, Q6_K's
+    one, Q4_K's two."""
+    jobs = cal._page_run_jobs(cal.QUICK, cal.QUICK.kernel_formats, ["avx2", "avx512f"])
+    assert [[k for k, *_ in g] for g in page_runs.by_format(jobs)] == [
+        ["64KiB", "4KiB", "kernel-2048KiB", "kernel-4KiB", "kernel-64KiB"],
+        ["64KiB", "kernel-2048KiB", "kernel-4KiB"], ["64KiB"], ["kernel-2048KiB", "kernel-4KiB"]]
+    assert [g[0][1] for g in page_runs.by_format(jobs)] == ["Q8_0", "F16", "Q6_K", "Q4_K"]
+
+
+def test_a_formats_pools_in_files_are_gone_once_it_is_timed(tmp_path):
+    """_time_page_runs times a format's page-run jobs on all the threads and on one into r.file_runs and
+    r.kernel_file_runs, and returns holding none of their pools in files (bench_kernel's live pools): the next
+    format's are written into the frames they leave."""
+    from calibration import bench_kernel
+    if not executor_kernel_available():
+        pytest.skip("no executor kernel")
+    s = cal.kernel_pool_for(TINY, None, None)
+    r = cal.Results(settings=s)
+    (unit,) = page_runs.by_format(cal._page_run_jobs(s, s.kernel_formats, ["avx2"], folder=tmp_path))
+    with cal._Progress(False) as pg:
+        cal._time_page_runs(s, r, unit, 2, pg, cal._Budget(s, 1, False))
+    fmt = s.kernel_formats[0]
+    assert set(r.kernel_file_runs) == {f"{k}KiB {fmt}{t}" for k in (2048, 4, 64) for t in ("", "@1t")}
+    assert set(r.file_runs) == {f"{k}KiB {fmt}{t}" for k in (64, 4) for t in ("", "@1t")}
+    assert not [key for key in bench_kernel._POOLS.keys() if len(key) > 6]  # (fmt, ..., seed, file_runs, bytes)
+    assert not list(tmp_path.iterdir())  # each file unlinked once mapped
 
 
 def test_quick_times_the_formats_that_pay_most_from_files():
