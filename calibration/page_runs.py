@@ -31,7 +31,7 @@ def page_run_pools(s, formats, kind: str) -> list[tuple[str, int, int]]:
     the cost in the breaks, CPU.file_page_excess); 'kernel' (the executor's) a format at a time, its reference
     (REFERENCE_KIB) then the last (shortest) run length for each s.kernel_page_runs_formats names (None: all), then
     the others for PAGE_RUNS_FORMAT only. Spans: page_runs_pool_bytes' first for the first length, its second
-    otherwise. `s`: calibrate.Settings."""
+    otherwise. `s`: settings.Settings."""
     named = s.page_runs_formats if kind == "rowwise" else s.kernel_page_runs_formats
     names = [f for f in formats if named is None or f in named]
     if not names or not s.page_runs_kib:
