@@ -343,7 +343,7 @@ def _time_page_runs(s: Settings, r: Results, jobs: list[tuple], maxt: int, pg, b
         into = r.kernel_file_runs if key.startswith("kernel-") else r.file_runs
         into[key.removeprefix("kernel-")] = kb.result()
     numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
-    del benches, kb
+    del benches, kb, job
     gc.collect()  # a KernelBench's job refers to the bench itself: only the collector frees it, and its pool, now
 
 

@@ -12,6 +12,7 @@ from typing import Callable
 from specs.hardware import REFERENCE_RUN_KIB
 
 from .bench_kernel import executor_expert_job
+from .settings import Settings
 
 # the format timed at every page run length (the others at one only): the shape of the page layout's cost in the
 # breaks (CPU.file_page_excess). Q8_0's rows stream at the bus's pace and so pay the layout most: from 64 KiB runs
@@ -24,14 +25,14 @@ PAGE_RUNS_FORMAT = "Q8_0"
 REFERENCE_KIB = REFERENCE_RUN_KIB
 
 
-def page_run_pools(s, formats, kind: str) -> list[tuple[str, int, int]]:
+def page_run_pools(s: Settings, formats, kind: str) -> list[tuple[str, int, int]]:
     """(format, KiB a run, bytes the file spans) of the pools in files the page-run jobs of `kind` read, in the order
     they are timed: 'rowwise' (llama.cpp's in-place rows) the first of s.page_runs_kib for each of `formats` that
     s.page_runs_formats names, then the others for PAGE_RUNS_FORMAT only (else the first such format: the shape of
     the cost in the breaks, CPU.file_page_excess); 'kernel' (the executor's) a format at a time, its reference
     (REFERENCE_KIB) then the last (shortest) run length for each s.kernel_page_runs_formats names (None: all), then
     the others for PAGE_RUNS_FORMAT only. Spans: page_runs_pool_bytes' first for the first length, its second
-    otherwise. `s`: settings.Settings."""
+    otherwise."""
     named = s.page_runs_formats if kind == "rowwise" else s.kernel_page_runs_formats
     names = [f for f in formats if named is None or f in named]
     if not names or not s.page_runs_kib:
@@ -46,7 +47,7 @@ def page_run_pools(s, formats, kind: str) -> list[tuple[str, int, int]]:
             + [(shape, k, span(k)) for k in kibs[:-1]])
 
 
-def page_run_jobs(s, rowwise: dict[str, Callable], formats, folder: str = ".") -> list[tuple]:
+def page_run_jobs(s: Settings, rowwise: dict[str, Callable], formats, folder: str = ".") -> list[tuple]:
     """('64KiB', fmt, make_job, what) of the in-place decode jobs on pools in files whose pages lie in physically
     contiguous runs of each of s.page_runs_kib KiB (page_run_pools' 'rowwise' ones, of the formats `rowwise` has a
     job maker for: llama.cpp's rows), then ('kernel-4KiB', ...) the executor's kernel jobs so (its 'kernel' ones of
@@ -70,7 +71,7 @@ def by_format(jobs: list[tuple]) -> list[list[tuple]]:
     return list(groups.values())
 
 
-def format_pool_bytes(s, formats) -> int:
+def format_pool_bytes(s: Settings, formats) -> int:
     """Bytes of the pools in files of the format with the most (s.kernel_formats' rows and kernel together, a pool
     shared by the two counted once): what the page-run jobs hold at once."""
     pools = set(page_run_pools(s, formats, "rowwise")) | set(page_run_pools(s, formats, "kernel"))
