@@ -92,6 +92,7 @@ class Results:
     repacked: dict[str, KernelFit] = field(default_factory=dict)  # llama.cpp's repacked layout (bench_rowwise)
     repacked_1t: dict[str, KernelFit] = field(default_factory=dict)
     whole: dict[str, KernelFit] = field(default_factory=dict)  # whole experts per thread (the executor's decode)
+    whole_1t: dict[str, KernelFit] = field(default_factory=dict)
     # the rowwise jobs on pools in files in runs of Settings.page_runs_kib, keyed '64KiB Q8_0', '64KiB Q8_0@1t'
     file_runs: dict[str, KernelFit] = field(default_factory=dict)
     kernel_file_runs: dict[str, KernelFit] = field(default_factory=dict)  # the executor's kernel so, keyed the same
@@ -431,19 +432,24 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                         budgets[key] = bud.take(key, s.kernel_budget_s / 3)
                         kb.sample(n1_first, budgets[key] * n1_first / n1, ticks[key])
                         r.wall_s[key] = time.perf_counter() - t0
-                numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
                 # the executor's decode structure, where a job's experts split evenly over the threads (its jobs of
-                # those sizes only): whole experts per thread (cpu.whole_gbs, the executor's plans)
-                ks = [k for k in s.kernel_ks if whole_experts_per_thread([1] * k, numba.get_num_threads())]
-                for fmt in formats if len(ks) > 1 and numba.get_num_threads() > 1 else ():
-                    t0 = time.perf_counter()
-                    key = f"whole {fmt}"
-                    ticks[key] = pg.stage(f"CPU whole experts per thread {fmt}", n1)
-                    job, eb, label = _kernel_job(s, fmt, use_exec, whole=True)
-                    kb = kbenches[key] = KernelBench(job, ks, eb, label=label, threads=numba.get_num_threads())
-                    budgets[key] = bud.take(key, s.kernel_budget_s / 3)
-                    kb.sample(n1_first, budgets[key] * n1_first / n1, ticks[key])
-                    r.wall_s[key] = time.perf_counter() - t0
+                # those sizes only): whole experts per thread (cpu.whole_gbs, the executor's plans); on one thread
+                # too, where every decode job runs so (its rows split ran Q4_K_M 1.44x slower there, session 53)
+                for one in ((False, True) if maxt > 1 else (False,)):
+                    nt = 1 if one else min(maxt, numba.config.NUMBA_NUM_THREADS)
+                    numba.set_num_threads(nt)
+                    ks = [k for k in s.kernel_ks if whole_experts_per_thread([1] * k, nt)]
+                    for fmt in formats if len(ks) > 1 else ():
+                        t0 = time.perf_counter()
+                        key = f"whole {fmt}" + ("@1t" if one else "")
+                        ticks[key] = pg.stage(f"CPU whole experts per thread {fmt}" + (", 1 thread" if one else ""),
+                                              n1)
+                        job, eb, label = _kernel_job(s, fmt, use_exec, whole=True)
+                        kb = kbenches[key] = KernelBench(job, ks, eb, label=label, threads=nt)
+                        budgets[key] = bud.take(key, s.kernel_budget_s / 3)
+                        kb.sample(n1_first, budgets[key] * n1_first / n1, ticks[key])
+                        r.wall_s[key] = time.perf_counter() - t0
+                numba.set_num_threads(min(maxt, numba.config.NUMBA_NUM_THREADS))
             if use_exec:
                 from executor.qgemm import gemm_activations  # the label says which GEMM the rate is of
                 t0 = time.perf_counter()

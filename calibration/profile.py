@@ -26,7 +26,8 @@ def noise_of(r: Results) -> list[tuple[str, Noise]]:
             for k, f in fits.items()]
     out += [(f"repacked rows {k}{t}", f.noise) for t, fits in (("", r.repacked), (" 1 thread", r.repacked_1t))
             for k, f in fits.items()]
-    out += [(f"whole experts {k}", f.noise) for k, f in r.whole.items()]
+    out += [(f"whole experts {k}{t}", f.noise) for t, fits in (("", r.whole), (" 1 thread", r.whole_1t))
+            for k, f in fits.items()]
     out += [(f"rows from a file in {k}", f.noise) for k, f in r.file_runs.items()]
     out += [(f"kernel from a file in {k}", f.noise) for k, f in r.kernel_file_runs.items()]
     out += [(name, res.noise) for name, res in (("prefill", r.prefill), ("prefill long", r.prefill_long),
@@ -102,7 +103,7 @@ def typical_state(r: Results) -> Results:
     return dataclasses.replace(r, layer_loop=loop(r.layer_loop), layer_loop_small=loop(r.layer_loop_small),
                                **{name: med(getattr(r, name)) for name in (
                                    "kernels", "kernels_1t", "rowwise", "rowwise_1t", "repacked", "repacked_1t",
-                                   "whole", "file_runs", "kernel_file_runs")})
+                                   "whole", "whole_1t", "file_runs", "kernel_file_runs")})
 
 
 def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> HardwareSpec:
@@ -187,8 +188,10 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
             fr.setdefault(runs, {})[fmt] = _m(f.expert_gbs, f.method(), date)
         if fr:
             data["cpu"][field_] = fr
-    if r.whole:  # the executor's decode structure: the rates of its jobs of whole experts (CPU.whole_gbs)
-        data["cpu"]["whole_gbs"] = {fmt: _m(f.expert_gbs, f.method(), date) for fmt, f in r.whole.items()}
+    if r.whole:  # the executor's decode structure: the rates of its jobs of whole experts (CPU.whole_gbs), '@1t' too
+        data["cpu"]["whole_gbs"] = {fmt + suffix: _m(f.expert_gbs, f.method(), date)
+                                    for suffix, fits_w in (("", r.whole), ("@1t", r.whole_1t))
+                                    for fmt, f in fits_w.items()}
     if r.repacked:  # llama.cpp's repacked layout: the formats it repacks here (specs.hardware.CPU.repacked_gbs)
         data["cpu"]["repacked_gbs"] = {fmt + suffix: _m(f.expert_gbs, f.method(), date)
                                        for suffix, fits_rp in (("", r.repacked), ("@1t", r.repacked_1t))
@@ -317,7 +320,7 @@ def store_rows(r: Results) -> list[dict]:
             method=f.method())
     for kind, suffix, fits_rw in (("rowwise", "", r.rowwise), ("rowwise", "_1t", r.rowwise_1t),
                                   ("repacked", "", r.repacked), ("repacked", "_1t", r.repacked_1t),
-                                  ("whole", "", r.whole)):
+                                  ("whole", "", r.whole), ("whole", "_1t", r.whole_1t)):
         for fmt, f in fits_rw.items():
             add(f"cpu_{kind}_{fmt}{suffix}", "expert_gbs", f.expert_gbs, threads=f.threads, size_bytes=f.expert_bytes,
                 kernel=kv, method=f.method())

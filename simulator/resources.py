@@ -96,13 +96,13 @@ def repacked(hw, plan, fmt) -> bool:
 
 def whole_jobs(hw, plan, threads: int) -> bool:
     """Whether `plan`'s engine runs a CPU job whose experts split evenly over the threads as whole experts per
-    thread (simulator.policies.whole_experts_per_thread): the executor's, on more than one thread, unless the plan
-    gives experts to a device of torch on these same cores (a cache, static layers, misses sent there: beside
+    thread (simulator.policies.whole_experts_per_thread): the executor's (on one thread, every decode job), unless
+    the plan gives experts to a device of torch on these same cores (a cache, static layers, misses sent there: beside
     it a thread that loses its core delays its whole experts, so it splits rows: executor.experts); where the
-    profile has whole-expert rates."""
+    profile has whole-expert rates on that many threads (CPU.whole_timed: on one, where it timed them on one)."""
     device_experts = bool(plan.expert_cache.slots or plan.placement.gpu_expert_layers or plan.miss_policy.kind != "cpu")
     shares = hw.gpu is not None and hw.gpu.shares_host and device_experts
-    return plan.engine == "custom" and threads > 1 and not shares and bool(hw.cpu.whole_gbs)
+    return plan.engine == "custom" and not shares and hw.cpu.whole_timed(threads)
 
 
 def cpu_gbs(hw, fmt, threads: int, plan, whole: bool = False) -> float:

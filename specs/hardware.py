@@ -110,7 +110,8 @@ class CPU(_Strict):
     repacked_gbs: dict[str, Pos] = Field(default_factory=dict)
     # The same for the executor's decode structure where a job's experts split evenly over the threads: each
     # expert start to end on one thread (executor.cpu_experts: one parallel region, no barrier between its up and
-    # down products; simulator.policies.whole_experts_per_thread), per format; its plans read these there
+    # down products; simulator.policies.whole_experts_per_thread), per format, with 'FMT@1t' the same job on one
+    # thread (where the executor runs every decode job so); its plans read these there (whole_timed)
     whole_gbs: dict[str, Pos] = Field(default_factory=dict)
     # The rowwise rates again on weights in a file whose pages lie in physically contiguous runs of a given length
     # ('64KiB', '4KiB': calibration.page_layout), keyed as rowwise_gbs: what a file the page cache holds in short runs
@@ -142,7 +143,7 @@ class CPU(_Strict):
         rowwise / kernel ratio of the default format. repacked (llama.cpp plans whose weights of `fmt`
         are repacked): the format's `repacked_gbs` rate where the profile has one, else the same weights a second
         as the rebuilt format's (specs.formats.LLAMACPP_REPACKED_STAND_IN), else as rowwise. whole (the
-        executor's jobs of whole experts per thread, on more than one thread): the format's `whole_gbs` rate where
+        executor's jobs of whole experts per thread, where whole_timed): the format's `whole_gbs` rate where
         the profile has one, else its kernel rate."""
         family = fmt.name.split(":")[0]
         floats = ("F16",) if fmt.block_weights == 1 else ()  # F32 / BF16 rows read at F16's GB/s, unless timed
@@ -157,7 +158,7 @@ class CPU(_Strict):
                 own = ref * fmt.bits / parse_format(LLAMACPP_REPACKED_STAND_IN).bits if ref else None
             if own is not None:
                 return own
-        if whole and self.whole_gbs and (threads or self.threads_used) > 1:
+        if whole and self.whole_timed(threads):
             own = self._rate(self.whole_gbs, (fmt.name, family, *floats), threads)
             if own is not None:
                 return own
@@ -169,6 +170,15 @@ class CPU(_Strict):
             if rd and ed:
                 return rate * rd / ed
         return rate
+
+    def whole_timed(self, threads: int | None) -> bool:
+        """Whether whole_gbs prices the executor's jobs of whole experts on `threads` cores (default threads_used):
+        on several (rates at threads_used scale to the others), or on one where the profile timed them on one
+        ('FMT@1t', or threads_used 1). Scaled down from several, a bus-bound rate would halve on one core."""
+        n = threads or self.threads_used
+        if not self.whole_gbs:
+            return False
+        return n > 1 or n == self.threads_used or any(k.endswith(f"@{n}t") for k in self.whole_gbs)
 
     def file_page_excess(self, fmt: WeightFormat, threads: int | None, breaks: float, kernel: bool = False) -> float:
         """Extra time (a fraction of the contiguous time) `fmt`'s rowwise rows take on `threads` cores from a file whose

@@ -51,12 +51,26 @@ def test_llamacpp_splits_rows_whatever_the_profile():
 
 
 def test_a_job_that_does_not_balance_splits_rows():
-    """3 experts a token on 2 threads (loads 2 and 1): the executor splits rows, so the whole rates change nothing;
-    on one thread there is no such structure either."""
+    """3 experts a token on 2 threads (loads 2 and 1): the executor splits rows, so the whole rates change nothing."""
     three = EXECUTOR.model_copy(update={"experts_per_token": 3})
     assert _decode(WHOLE, three) == pytest.approx(_decode(ROWS, three), rel=1e-12)
+
+
+def test_one_thread_runs_whole_experts_where_the_profile_timed_them_on_one():
+    """On one thread every decode job runs its experts whole (executor.cpu_experts._whole), so a profile with
+    whole-expert rates timed on one thread ('Q2_K@1t', calibrate since session 53) prices one-thread decode at them:
+    1.4x the rows' one-thread rates here. A profile with whole rates on two threads only keeps the rows' one-thread
+    rates (scaled down, a bus-bound two-thread rate would halve)."""
     one = EXECUTOR.model_copy(update={"cpu_threads": 1})
     assert _decode(WHOLE, one) == pytest.approx(_decode(ROWS, one), rel=1e-12)
+    assert not whole_jobs(WHOLE, one, 1)
+    timed = {k: Figure(float(ROWS.cpu.expert_gbs[k]) * 1.4, "measured", "test") for k in ROWS.cpu.expert_gbs
+             if k.endswith("@1t")}
+    on_one = WHOLE.model_copy(update={"cpu": WHOLE.cpu.model_copy(update={"whole_gbs": {**WHOLE.cpu.whole_gbs,
+                                                                                           **timed}})})
+    assert whole_jobs(on_one, one, 1)
+    assert cpu_expert_gbs(on_one, Q2K, 1, one, whole=True) == pytest.approx(1.4 * cpu_expert_gbs(ROWS, Q2K, 1, one))
+    assert _decode(on_one, one) > _decode(ROWS, one) * 1.15
 
 
 def test_a_device_of_torch_on_the_same_cores_splits_rows():

@@ -83,8 +83,9 @@ def test_a_second_card_joins_a_profile_by_name():
 
 def test_whole_expert_rates_are_read_for_whole_jobs_on_several_threads():
     """whole=True (the executor's jobs of whole experts per thread) reads cpu.whole_gbs by the format, then its
-    family; one thread has no such structure (its rate is the kernel's), nor has a format the profile did not time
-    whole, nor a profile without the table."""
+    family; on one thread only a rate timed on one ('Q4_K@1t'; without it the kernel's own: scaling the two-thread
+    whole rate down would halve a bus-bound rate), not a format the profile did not time whole, nor a profile
+    without the table."""
     f = lambda v: Figure(v, "measured", "test")  # noqa: E731
     cpu = _cpu(Q8_0=30.0, Q4_K=22.0, **{"Q4_K@1t": 12.0}, default=20.0)
     q4k, q8 = parse_format("Q4_K"), parse_format("Q8_0")
@@ -94,6 +95,11 @@ def test_whole_expert_rates_are_read_for_whole_jobs_on_several_threads():
     assert cpu.expert_gbs_for(q4k, 2) == 22.0  # rows split
     assert cpu.expert_gbs_for(q4k, 1, whole=True) == 12.0  # one thread: the kernel's own
     assert cpu.expert_gbs_for(q8, 2, whole=True) == 30.0  # not timed whole
+    assert not cpu.whole_timed(1) and cpu.whole_timed(2) and cpu.whole_timed(None)
+    cpu = cpu.model_copy(update={"whole_gbs": {"Q4_K": f(31.0), "Q4_K@1t": f(17.0)}})
+    assert cpu.whole_timed(1)
+    assert cpu.expert_gbs_for(q4k, 1, whole=True) == 17.0 and cpu.expert_gbs_for(q4k, 1) == 12.0
+    assert cpu.expert_gbs_for(q4k, 2, whole=True) == 31.0
 
 
 def test_a_windows_fixed_tokens_are_read_by_thread_count():
