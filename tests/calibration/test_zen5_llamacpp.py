@@ -1,12 +1,13 @@
-"""llama.cpp's decode on the Zen 4 VM in its fast state (session 53), against the simulator: no constant fitted on it.
+"""llama.cpp's decode on a Zen 5 VM (session 53: AMD family 26 model 2, LLVM's `znver5`; 2 vCPUs, 32 MiB L3), against the
+simulator: no constant fitted on it.
 
-Data (../zen4-2026-12-07d): two sittings, 08:16 and 08:18 of 2026-12-07, of llama-bench tg64 -r 3 (llama.cpp 0c1e570,
+Data (../zen5-2026-12-07): two sittings, 08:16 and 08:18 of 2026-12-07, of llama-bench tg64 -r 3 (llama.cpp 0c1e570,
 built from llama-cpp-python 0.3.36) on `small` (Q8_0), `small-q4` (Q4_0) and `small-q4k` (Q4_K_M), 1 and 2 threads, in
 place (--repack 0) and repacked, each sitting on copies written just before it in 64 MiB writes
 (calibration.page_layout.write_in_runs) and ingested with the layout they had right after (`ingest --page-breaks
 auto`); three `calibrate --quick` profiles of this tree (6daea14: 08:15, 08:17, 08:19) before, between and after.
-This host read memory faster than the VM of sessions 42-52 (the F16 kernel 52.6-73.7 GB/s on two threads, where those
-read ~35-39), and in the second sitting the page cache was fragmented: the copies of `small-q4` and `small-q4k` came
+This host reads memory faster than the Zen 4 VM of sessions 42-52 (the F16 kernel 52.6-73.7 GB/s on two threads, where
+that read ~35-39), and in the second sitting the page cache was fragmented: the copies of `small-q4` and `small-q4k` came
 out with two thirds of their page boundaries breaks, though written in 64 MiB writes."""
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from calibration.store import read_rows
 from stored_runs import stored_profile, stored_rows, tg_case
 
-DATA = Path("tests/calibration/data/zen4-2026-12-07d")
+DATA = Path("tests/calibration/data/zen5-2026-12-07")
 PROFILES = ("0815", "0817", "0819")
 SITTINGS = ("0816", "0818")
 FILES = ("small", "small-q4", "small-q4k")
@@ -58,15 +59,15 @@ def test_the_second_sittings_copies_were_fragmented():
 
 
 def test_the_profiles_read_memory_above_the_assumed_ddr4_3200_peak():
-    """The F16 kernel's read set each profile's memory peak above 2 channels x 3200 MT/s (51.2 GB/s): 52.6, 55.4 and
-    73.7 GB/s (the last in one of the VM's fast spells of the bus)."""
+    """The F16 kernel's read set each profile's memory peak above 2 channels x 3200 MT/s (51.2 GB/s, assumed: the VM
+    cannot read its DIMMs): 52.6, 55.4 and 73.7 GB/s (the last in one of the bus's fast spells)."""
     peaks = [2 * stored_profile(DATA, p)["memory"]["mts"]["value"] * 8 / 1000 for p in PROFILES]
     assert [round(x, 1) for x in peaks] == [52.6, 55.4, 73.7]
 
 
 def test_llama_cpp_decode_is_predicted_within_7_percent_on_average():
-    """Mean error over the 12 cases, both sittings, all three profiles: +6.2% (sessions 49-50, on the VM's slower
-    bus, +12-15% on contiguous files). Per profile +4.0%, -0.0% and +14.7%: the profile taken in a fast spell
+    """Mean error over the 12 cases, both sittings, all three profiles: +6.2% (sessions 49-50, on the Zen 4 VM,
+    +12-15% on contiguous files). Per profile +4.0%, -0.0% and +14.7%: the profile taken in a fast spell
     (73.7 GB/s) over-predicts every two-thread run, by up to 33%."""
     assert abs(_mean_error() - 0.062) < 0.005
     for p, want in zip(PROFILES, (0.040, 0.000, 0.147)):

@@ -2,12 +2,12 @@
 balances on one thread), and calibrate now times that job on one thread too (cpu.whole_gbs 'FMT@1t', session 53);
 before, one-thread decode was priced at the rows-split job's one-thread rate and under-predicted, `small-q4k` by 27-29%.
 
-Data (../zen4-2026-12-07e): two sittings, 08:35 and 08:37 of 2026-12-07, of the executor's all-CPU decode (16-token
+Data (../zen5-2026-12-07b): two sittings, 08:35 and 08:37 of 2026-12-07, of the executor's all-CPU decode (16-token
 prompt, 64 tokens, `calibration.local.measure`: the median of five rounds) of `small` (Q8_0) and `small-q4k` (Q4_K_M)
 on 1 and 2 threads, each from a copy written just before in 64 MiB writes (`pm`: 13-74% breaks, the page cache
 fragmented) and one in shuffled 4 KiB runs (`s4`); three `calibrate --quick` profiles of this tree (08:34, 08:36,
-08:38), before, between and after. The Zen 4 VM in its fast state (the bus 52-60 GB/s to the whole-expert Q8_0 job on
-two threads), where a file's 4 KiB runs cost the executor under 5%. No constant is fitted on these runs; "before" is
+08:38), before, between and after. A Zen 5 VM (AMD family 26 model 2, LLVM's `znver5`; the whole-expert Q8_0 job on two
+threads read 52-60 GB/s), where a file's 4 KiB runs cost the executor under 5%. No constant is fitted on these runs; "before" is
 the same profiles without their one-thread whole-expert rates."""
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from specs.loaders import load_hardware
 from specs.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = Path("tests/calibration/data/zen4-2026-12-07e")  # the stores' paths are relative to the repo root
+DATA = Path("tests/calibration/data/zen5-2026-12-07b")  # the stores' paths are relative to the repo root
 PROFILES = ("0834", "0836", "0838")
 SITTINGS = ("0835", "0837")
 CASES = tuple(f"{lay}-{f}-t{t}" for f in ("small", "small-q4k") for t in (1, 2) for lay in ("pm", "s4"))
@@ -136,8 +136,8 @@ def test_two_threads_are_unchanged_and_within_7_percent():
 def test_here_4_kib_runs_cost_little_and_are_priced_within_0_05_on_both_thread_counts():
     """Time from 4 KiB runs over time from the 64 MiB writes' copy, predicted / measured: `small` 1.01 / 1.05 on one
     thread and 1.01 / 1.00 on two, `small-q4k` 1.03 / 0.99 and 1.01 / 1.00: within 0.05 on both thread counts on this
-    host, where the profiles' two-thread jobs from 4 KiB runs pay little too (session 52's, on the slower bus, 1.22 /
-    1.23 measured on two threads, are not priced: test_zen4_executor_two_threads)."""
+    host, where the profiles' two-thread jobs from 4 KiB runs pay little too (session 52's, on the Zen 4 VM's slower
+    bus, 1.22 / 1.23 measured on two threads, are not priced: test_zen4_executor_two_threads)."""
     for f in ("small", "small-q4k"):
         for t in (1, 2):
             meas = _tok_s(f"pm-{f}-t{t}", False) / _tok_s(f"s4-{f}-t{t}", False)
