@@ -1,4 +1,5 @@
-"""Stored llama-bench sittings predicted on stored `calibrate` profiles (regress's local rows), for the data tests."""
+"""Stored llama-bench sittings predicted on stored `calibrate` profiles (regress's local rows), and stored executor
+sittings simulated on them, for the data tests."""
 from __future__ import annotations
 
 import tempfile
@@ -8,7 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from calibration import regress
+from calibration import regress, store
+from simulator.run import simulate
+from specs.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -136,3 +139,28 @@ def mean_errors(data: Path, sittings, profiles, kernels_from=None, keys: tuple[s
             for r in rows:
                 acc.setdefault(tg_case(r), []).append(r["error"])
     return {k: sum(v) / len(v) for k, v in acc.items()}
+
+
+@lru_cache(maxsize=None)
+def executor_rows(data: Path, sitting: str) -> tuple[dict, ...]:
+    """The rows of data/results-executor-<sitting>.csv (calibration.local.measure's)."""
+    return tuple(store.read_rows(ROOT / data / f"results-executor-{sitting}.csv"))
+
+
+def executor_measured(data: Path, sitting: str, case: str) -> float:
+    """The measured value (decode tok/s) of that sitting's run `case`."""
+    return float(next(r["value"] for r in executor_rows(data, sitting) if r["case"] == case))
+
+
+def executor_predicted(data: Path, sitting: str, case: str, hw) -> float:
+    """decode tok/s of that sitting's run `case` simulated on the profile `hw`, on its own routing and page layout
+    (run from the repo root: the stores' paths are relative to it)."""
+    mp = pytest.MonkeyPatch()
+    mp.chdir(ROOT)
+    try:
+        r = next(r for r in executor_rows(data, sitting) if r["case"] == case)
+        plan = Plan.model_validate_json(r["plan"])
+        return simulate(regress.run_model(r["model"], plan), hw, plan, prompt_tokens=int(r["n_prompt"]),
+                        gen_tokens=int(r["n_gen"]), routing=r["routing"], warm_steps=0).decode_tok_s
+    finally:
+        mp.undo()

@@ -20,12 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from calibration import store
-from calibration.regress import run_model
-from simulator.run import simulate
 from specs.formats import parse_format
 from specs.loaders import load_hardware
 from specs.plan import Plan
+from stored_runs import executor_measured, executor_predicted, executor_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path("tests/calibration/data/zen4-2026-12-07b")  # the stores' paths are relative to the repo root
@@ -40,27 +38,18 @@ def _hw(profile: str, priced: bool):
     return hw if priced else hw.model_copy(update={"cpu": hw.cpu.model_copy(update={"kernel_file_runs_gbs": {}})})
 
 
-@lru_cache(maxsize=None)
 def _rows(sitting: str) -> tuple[dict, ...]:
-    return tuple(store.read_rows(ROOT / DATA / f"results-executor-{sitting}.csv"))
+    return executor_rows(DATA, sitting)
 
 
 @lru_cache(maxsize=None)
 def _predicted(sitting: str, case: str, profile: str, priced: bool) -> float:
     """decode tok/s of the sitting's run `case` simulated on the profile, on its own routing."""
-    mp = pytest.MonkeyPatch()
-    mp.chdir(ROOT)
-    try:
-        r = next(r for r in _rows(sitting) if r["case"] == case)
-        plan = Plan.model_validate_json(r["plan"])
-        return simulate(run_model(r["model"], plan), _hw(profile, priced), plan, prompt_tokens=int(r["n_prompt"]),
-                        gen_tokens=int(r["n_gen"]), routing=r["routing"], warm_steps=0).decode_tok_s
-    finally:
-        mp.undo()
+    return executor_predicted(DATA, sitting, case, _hw(profile, priced))
 
 
 def _measured(sitting: str, case: str) -> float:
-    return float(next(r["value"] for r in _rows(sitting) if r["case"] == case))
+    return executor_measured(DATA, sitting, case)
 
 
 def _slowdown(kind: str, f: str, threads: int, predicted: bool | None) -> float:

@@ -14,11 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from calibration import store
-from calibration.regress import run_model
-from simulator.run import simulate
 from specs.loaders import load_hardware
 from specs.plan import Plan
+from stored_runs import executor_measured, executor_predicted, executor_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path("tests/calibration/data/zen4-2026-12-07c")  # the stores' paths are relative to the repo root
@@ -27,31 +25,21 @@ SITTINGS = ("0715", "0718")
 FILES = ("small", "small-q4k")
 
 
-@lru_cache(maxsize=None)
 def _rows(sitting: str) -> tuple[dict, ...]:
-    return tuple(store.read_rows(ROOT / DATA / f"results-executor-{sitting}.csv"))
+    return executor_rows(DATA, sitting)
 
 
 @lru_cache(maxsize=None)
 def _predicted(sitting: str, case: str, profile: str) -> float:
     """decode tok/s of the sitting's run `case` simulated on the profile, on its own routing and page layout."""
-    mp = pytest.MonkeyPatch()
-    mp.chdir(ROOT)
-    try:
-        r = next(r for r in _rows(sitting) if r["case"] == case)
-        plan = Plan.model_validate_json(r["plan"])
-        hw = load_hardware(str(ROOT / DATA / f"host-calibrated-{profile}.yaml"))
-        return simulate(run_model(r["model"], plan), hw, plan, prompt_tokens=int(r["n_prompt"]),
-                        gen_tokens=int(r["n_gen"]), routing=r["routing"], warm_steps=0).decode_tok_s
-    finally:
-        mp.undo()
+    return executor_predicted(DATA, sitting, case, load_hardware(str(ROOT / DATA / f"host-calibrated-{profile}.yaml")))
 
 
 def _tok_s(case: str, predicted: bool) -> float:
     """Mean decode tok/s of `case` over the sittings (and, predicted, the profiles)."""
     if predicted:
         return statistics.mean(_predicted(s, case, p) for s in SITTINGS for p in PROFILES)
-    return statistics.mean(float(next(r["value"] for r in _rows(s) if r["case"] == case)) for s in SITTINGS)
+    return statistics.mean(executor_measured(DATA, s, case) for s in SITTINGS)
 
 
 def _slowdown(f: str, threads: int, predicted: bool) -> float:

@@ -21,11 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from calibration import store
-from calibration.regress import run_model
-from simulator.run import simulate
 from specs.loaders import load_hardware
 from specs.plan import Plan
+from stored_runs import executor_measured, executor_predicted, executor_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path("tests/calibration/data/zen5-2026-12-07b")  # the stores' paths are relative to the repo root
@@ -34,9 +32,8 @@ SITTINGS = ("0835", "0837")
 CASES = tuple(f"{lay}-{f}-t{t}" for f in ("small", "small-q4k") for t in (1, 2) for lay in ("pm", "s4"))
 
 
-@lru_cache(maxsize=None)
 def _rows(sitting: str) -> tuple[dict, ...]:
-    return tuple(store.read_rows(ROOT / DATA / f"results-executor-{sitting}.csv"))
+    return executor_rows(DATA, sitting)
 
 
 def _profile(p: str) -> dict:
@@ -57,22 +54,14 @@ def _hardware(p: str, before: bool):
 @lru_cache(maxsize=None)
 def _predicted(sitting: str, case: str, profile: str, before: bool) -> float:
     """decode tok/s of the sitting's run `case` simulated on the profile, on its own routing and page layout."""
-    mp = pytest.MonkeyPatch()
-    mp.chdir(ROOT)
-    try:
-        r = next(r for r in _rows(sitting) if r["case"] == case)
-        plan = Plan.model_validate_json(r["plan"])
-        return simulate(run_model(r["model"], plan), _hardware(profile, before), plan, prompt_tokens=int(r["n_prompt"]),
-                        gen_tokens=int(r["n_gen"]), routing=r["routing"], warm_steps=0).decode_tok_s
-    finally:
-        mp.undo()
+    return executor_predicted(DATA, sitting, case, _hardware(profile, before))
 
 
 def _tok_s(case: str, predicted: bool, before: bool = False) -> float:
     """Mean decode tok/s of `case` over the sittings (and, predicted, the profiles)."""
     if predicted:
         return statistics.mean(_predicted(s, case, p, before) for s in SITTINGS for p in PROFILES)
-    return statistics.mean(float(next(r["value"] for r in _rows(s) if r["case"] == case)) for s in SITTINGS)
+    return statistics.mean(executor_measured(DATA, s, case) for s in SITTINGS)
 
 
 def _error(case: str, before: bool = False) -> float:
