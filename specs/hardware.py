@@ -144,7 +144,7 @@ class CPU(_Strict):
         are repacked): the format's `repacked_gbs` rate where the profile has one, else the same weights a second
         as the rebuilt format's (specs.formats.LLAMACPP_REPACKED_STAND_IN), else as rowwise. whole (the
         executor's jobs of whole experts per thread, where whole_timed): the format's `whole_gbs` rate where
-        the profile has one, else its kernel rate."""
+        the profile has one (on one thread, one timed on one), else its kernel rate."""
         family = fmt.name.split(":")[0]
         floats = ("F16",) if fmt.block_weights == 1 else ()  # F32 / BF16 rows read at F16's GB/s, unless timed
         keys = (fmt.name, family, *floats, "codebook" if fmt.codebook else "block", "default")
@@ -159,7 +159,11 @@ class CPU(_Strict):
             if own is not None:
                 return own
         if whole and self.whole_timed(threads):
-            own = self._rate(self.whole_gbs, (fmt.name, family, *floats), threads)
+            wkeys = (fmt.name, family, *floats)
+            if (threads or self.threads_used) == 1 < self.threads_used:  # timed on one thread only (whole_timed)
+                own = next((float(self.whole_gbs[f"{k}@1t"]) for k in wkeys if f"{k}@1t" in self.whole_gbs), None)
+            else:
+                own = self._rate(self.whole_gbs, wkeys, threads)
             if own is not None:
                 return own
         if rowwise and self.rowwise_gbs:

@@ -96,10 +96,11 @@ def test_whole_expert_rates_are_read_for_whole_jobs_on_several_threads():
     assert cpu.expert_gbs_for(q4k, 1, whole=True) == 12.0  # one thread: the kernel's own
     assert cpu.expert_gbs_for(q8, 2, whole=True) == 30.0  # not timed whole
     assert not cpu.whole_timed(1) and cpu.whole_timed(2) and cpu.whole_timed(None)
-    cpu = cpu.model_copy(update={"whole_gbs": {"Q4_K": f(31.0), "Q4_K@1t": f(17.0)}})
+    cpu = cpu.model_copy(update={"whole_gbs": {"Q4_K": f(31.0), "Q4_K@1t": f(17.0), "Q8_0": f(40.0)}})
     assert cpu.whole_timed(1)
     assert cpu.expert_gbs_for(q4k, 1, whole=True) == 17.0 and cpu.expert_gbs_for(q4k, 1) == 12.0
     assert cpu.expert_gbs_for(q4k, 2, whole=True) == 31.0
+    assert cpu.expert_gbs_for(q8, 1, whole=True) == cpu.expert_gbs_for(q8, 1) == 15.0  # whole on two threads only
 
 
 def test_a_windows_fixed_tokens_are_read_by_thread_count():
