@@ -308,8 +308,8 @@ def _page_run_jobs(s: Settings, formats, isa: list[str], ggml=None, folder: str 
 def _time_page_runs(s: Settings, r: Results, jobs: list[tuple], maxt: int, pg, bud: _Budget, ggml=None) -> None:
     """Time one format's page-run jobs (page_runs.by_format) into r.file_runs (llama.cpp's rows, '64KiB Q8_0@1t')
     and r.kernel_file_runs (the executor's kernel, the same keys): each on all the threads and on one, a job's rate
-    from its fewest and most experts (its slope is all it gives), the executor's on several threads as its decode
-    runs (whole experts per thread, cpu.whole_gbs, at the job sizes that split evenly). Every job is built first,
+    from its fewest and most experts (its slope is all it gives), the executor's as its decode runs (whole experts
+    per thread, cpu.whole_gbs, at the job sizes that split evenly: on one thread, every job). Every job is built first,
     then all are sampled in turn, a window each, twice over: a reference and its short runs see the same spells of
     the VM's speed. The pools, in files, go when this returns, so the next format's take their frames again: on the
     Firecracker VM a frame the guest has not touched for ~20 s costs ~5 s a GiB to touch again, and the pools kept
@@ -324,7 +324,7 @@ def _time_page_runs(s: Settings, r: Results, jobs: list[tuple], maxt: int, pg, b
             numba.set_num_threads(threads)
             even = [k for k in s.kernel_ks if whole_experts_per_thread([1] * k, threads)]
             kernel = kind.startswith("kernel-")
-            whole = kernel and threads > 1 and len(even) > 1
+            whole = kernel and len(even) > 1  # the executor's decode structure, on one thread too (session 53)
             label = _kernel_label(s, fmt, whole) if kernel else _decode_label(ggml, "rowwise", fmt, s.kernel_hidden,
                                                                               s.kernel_ffn)
             tick = pg.stage(f"CPU {what} {fmt}" + (", 1 thread" if one else ""), n)

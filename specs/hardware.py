@@ -117,8 +117,8 @@ class CPU(_Strict):
     # ('64KiB', '4KiB': calibration.page_layout), keyed as rowwise_gbs: what a file the page cache holds in short runs
     # costs the engines that read it in place (file_page_excess); the calibrated run lengths' formats only
     file_runs_gbs: dict[str, dict[str, Pos]] = Field(default_factory=dict)
-    # The same for the executor's kernel on such files, keyed as expert_gbs: on threads_used cores its decode jobs'
-    # structure (whole_gbs's job), on one its rows (expert_gbs's), with '2048KiB' the same from a file of the same span
+    # The same for the executor's kernel on such files, keyed as expert_gbs: its decode jobs' structure (whole_gbs's
+    # job; profiles before session 53 split rows on one thread), with '2048KiB' the same from a file of the same span
     # in 2 MiB folios (the contiguous reference): its experts and CPU dense weights are read in place through its mmap
     # of the GGUF too (file_page_excess(kernel=True))
     kernel_file_runs_gbs: dict[str, dict[str, Pos]] = Field(default_factory=dict)
@@ -197,8 +197,8 @@ class CPU(_Strict):
         counted beyond that reference's own (1/512: none costs at a file in 2 MiB folios), else against its contiguous
         rate (rowwise_gbs). 0 without such rates or breaks, and for a format not timed so (a quick profile
         times those whose rows pay most: in llama.cpp's rows the others' arithmetic hides the breaks). kernel: the
-        executor's kernel instead (kernel_file_runs_gbs; without a reference its jobs' own rates, whole_gbs on several
-        threads where it has the format, else expert_gbs)."""
+        executor's kernel instead (kernel_file_runs_gbs; without a reference its jobs' own rates, whole_gbs where it
+        has the format on that many threads, else expert_gbs)."""
         base, runs = (self.expert_gbs, self.kernel_file_runs_gbs) if kernel else (self.rowwise_gbs, self.file_runs_gbs)
         if breaks <= 0 or not runs or not base:
             return 0.0
@@ -217,7 +217,8 @@ class CPU(_Strict):
                 r = self._rate(t, (name,), threads)
                 if r:
                     return r
-            whole = kernel and several and name in self.whole_gbs  # the executor's jobs of whole experts
+            timed = several or f"{name}@1t" in self.whole_gbs  # whole_gbs where timed on that many threads
+            whole = kernel and timed and name in self.whole_gbs  # the executor's jobs of whole experts
             return self._rate(self.whole_gbs, (name,), threads) if whole else self._rate(base, (name,), threads)
 
         def points(name: str) -> list[tuple[float, float]]:
