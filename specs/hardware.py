@@ -158,12 +158,8 @@ class CPU(_Strict):
                 own = ref * fmt.bits / parse_format(LLAMACPP_REPACKED_STAND_IN).bits if ref else None
             if own is not None:
                 return own
-        if whole and self.whole_timed(threads):
-            wkeys = (fmt.name, family, *floats)
-            if (threads or self.threads_used) == 1 < self.threads_used:  # timed on one thread only (whole_timed)
-                own = next((float(self.whole_gbs[f"{k}@1t"]) for k in wkeys if f"{k}@1t" in self.whole_gbs), None)
-            else:
-                own = self._rate(self.whole_gbs, wkeys, threads)
+        if whole:
+            own = self.whole_rate((fmt.name, family, *floats), threads)
             if own is not None:
                 return own
         if rowwise and self.rowwise_gbs:
@@ -183,6 +179,15 @@ class CPU(_Strict):
         if not self.whole_gbs:
             return False
         return n > 1 or n == self.threads_used or any(k.endswith(f"@{n}t") for k in self.whole_gbs)
+
+    def whole_rate(self, keys: tuple[str, ...], threads: int | None) -> float | None:
+        """GB/s of the executor's jobs of whole experts for the first of `keys` in whole_gbs on `threads` cores, where
+        whole_timed: on one thread of several only a rate timed on one ('KEY@1t'); else None."""
+        if not self.whole_timed(threads):
+            return None
+        if (threads or self.threads_used) == 1 < self.threads_used:
+            return next((float(self.whole_gbs[f"{k}@1t"]) for k in keys if f"{k}@1t" in self.whole_gbs), None)
+        return self._rate(self.whole_gbs, keys, threads)
 
     def file_page_excess(self, fmt: WeightFormat, threads: int | None, breaks: float, kernel: bool = False) -> float:
         """Extra time (a fraction of the contiguous time) `fmt`'s rowwise rows take on `threads` cores from a file whose
@@ -209,7 +214,6 @@ class CPU(_Strict):
         tables = {4096 / (kib[k] << 10) - b_ref: t for k, t in runs.items() if kib[k] < REFERENCE_RUN_KIB}
         if not tables or breaks <= b_ref:
             return 0.0
-        several = (threads or self.threads_used) > 1
 
         def contiguous(name: str) -> float | None:
             """The format's rate from contiguous pages: its reference, else the job's rate in anonymous memory."""
@@ -217,9 +221,8 @@ class CPU(_Strict):
                 r = self._rate(t, (name,), threads)
                 if r:
                     return r
-            timed = several or f"{name}@1t" in self.whole_gbs  # whole_gbs where timed on that many threads
-            whole = kernel and timed and name in self.whole_gbs  # the executor's jobs of whole experts
-            return self._rate(self.whole_gbs, (name,), threads) if whole else self._rate(base, (name,), threads)
+            whole = self.whole_rate((name,), threads) if kernel else None  # the executor's jobs of whole experts
+            return whole or self._rate(base, (name,), threads)
 
         def points(name: str) -> list[tuple[float, float]]:
             """(breaks, excess) at each calibrated run length, fewest breaks first."""
