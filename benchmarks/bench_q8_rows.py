@@ -9,8 +9,9 @@ Each round reads 1 GiB first (kernels.read_bandwidth) and runs every variant onc
 in rotating order, a token's worth of experts a call (top-k drawn for each of `layers` layers; one layer a
 call, before session 16, timed each call's start-up as well, so its percentages of the read were low, its
 ratios between variants alike); printed: each variant's median GB/s of expert bytes, its median per-round
-ratio to the most rows, and the read. Why row_products.rows_token computes Q8_0 2 rows a pass, Q4_0 8 and the
-K-quants 2 (session 16, 2 rows against 4: Q4_K 1.00-1.05x, Q6_K 1.02-1.20x, the most while slow).
+ratio to the most rows, and the read. Why row_products.rows_token computes Q8_0 2 rows a pass, Q4_0 8 (2 with
+AVX-512 VNNI: session 54) and the K-quants 2 (session 16, 2 rows against 4: Q4_K 1.00-1.05x, Q6_K 1.02-1.20x, the
+most while slow).
 --l2: the kernels' arithmetic alone, one core, 128 rows of one expert's gate in L2 (1 row a pass too).
 --l2 --tokens T (K-quants): T tokens a pass, 2 and 4 rows (the fused rows of prefill and several streams), in
 G token-weights/s.
@@ -89,13 +90,14 @@ def in_l2_threads(kernel, nr: int):
 
 
 class DecodeRowsL2:
-    """The executor's one-token rows for `fmt` (row_products.rows_token: Q8_0 2 rows a pass, Q4_0 8) over `rows`
-    rows in L2, each thread its own copy: the arithmetic ceiling of a decode kernel, nothing read from DRAM.
+    """The executor's one-token rows for `fmt` (its largest row group in row_products.rows_token: Q8_0 2 rows a
+    pass, Q4_0 8, or 2 with AVX-512 VNNI) over `rows` rows in L2, each thread its own copy: the arithmetic ceiling of
+    a decode kernel, nothing read from DRAM.
     Called with n threads -> G weights/s (~20 ms a call); `gbs_per_gw`: GB/s of `fmt` bytes per G weights/s."""
 
     def __init__(self, fmt: str, threads: int, hidden: int = 2048, rows: int = 128):
         rng = np.random.default_rng(0)
-        nr, kernel = (8, RP.rows8_q4) if fmt == "Q4_0" else (2, RP.rows2_q8)
+        nr, kernel = RP._TOKEN[RP.Q4_0 if fmt == "Q4_0" else RP.Q8_0][0]
         w = np.ascontiguousarray(_synth_tensor(fmt, 1, rows, hidden, rng).data.reshape(-1))
         self.ws = np.ascontiguousarray(np.broadcast_to(w, (threads, w.size)))
         self.x16, self.dx = K._quant_rows(rng.standard_normal((1, hidden)).astype(np.float32))

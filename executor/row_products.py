@@ -41,17 +41,17 @@ from .vnni import HAVE_VNNI512, vnni_kernel
 # 15.1 (36.9 / 22.3 / 15.5 by vpermb); all-CPU decode against llama.cpp's repacked rows: README
 ROWS_INT8 = INT8 and HAVE_VNNI512
 if HAVE_VNNI512:
-    rows8_q4, rows4_q4, rows1_q4, rows4x2_q4, rows8x4_q4 = (vnni_kernel(n, t, int8=ROWS_INT8) for n, t in
-                                                            ((8, 1), (4, 1), (1, 1), (4, 2), (8, 4)))
+    rows8_q4, rows4_q4, rows2_q4, rows1_q4, rows4x2_q4, rows8x4_q4 = (vnni_kernel(n, t, int8=ROWS_INT8) for n, t in
+                                                                      ((8, 1), (4, 1), (2, 1), (1, 1), (4, 2), (8, 4)))
 else:
-    rows8_q4, rows4_q4, rows1_q4, rows4x2_q4, rows8x4_q4 = (simd.rows8_q4, simd.rows4_q4, simd.rows1_q4,
-                                                            simd.rows4x2_q4, simd.rows8x4_q4)
+    rows8_q4, rows4_q4, rows2_q4, rows1_q4, rows4x2_q4, rows8x4_q4 = (simd.rows8_q4, simd.rows4_q4, simd.rows2_q4,
+                                                                      simd.rows1_q4, simd.rows4x2_q4, simd.rows8x4_q4)
 # IQ4_NL rows: its blocks are Q4_0's with a codebook, so with AVX-512 VNNI they take vnni.py's rows with a lookup
 # (vpshufb; the codebook's +128 bias off in the integer sums): one core in L2, a `small` expert matrix, 1 / 2 / 4 tokens
 # 23.2 / 16.2 / 9.7 -> 27.3 / 15.9 / 9.4 G weights/s (session 37); from DRAM (226 MB, one core) both ~12 GB/s, the
 # core's memory bound on this VM; else iquants.py's 256-bit rows
 if HAVE_VNNI512:
-    _IQ4NL_TOKEN = tuple((n, vnni_kernel(n, 1, KVALUES, ROWS_INT8)) for n in (4, 1))
+    _IQ4NL_TOKEN = tuple((n, vnni_kernel(n, 1, KVALUES, ROWS_INT8)) for n in (2, 1))
     _IQ4NL_PAIR, _IQ4NL_QUAD = vnni_kernel(4, 2, KVALUES, ROWS_INT8), (8, vnni_kernel(8, 4, KVALUES, ROWS_INT8))
 else:
     _IQ4NL_TOKEN, _IQ4NL_PAIR, _IQ4NL_QUAD = ((2, rows2_iq4_nl), (1, rows1_iq4_nl)), rows4x2_iq4_nl, (2, rows2x4_iq4_nl)
@@ -119,11 +119,15 @@ _FUSED = _FUSED_INT8 if ROWS_INT8 else (0, 16, 7, 6, 6, 5, 6, 5, 5, 5, 4) if HAV
 # Each type's row kernels (numba intrinsics: simd.py, kquants.py, iquants.py), chosen when a product is typed for a
 # literal type code, so that a type's copy holds its own kernels only. One token: (rows a pass, kernel) from the
 # largest group down to single rows; two tokens: a 4-row group decoded once for both; four tokens: (rows, kernel).
-# Q4_0 and IQ4_NL on VNNI: 4 rows a pass, not 8 (the same bits in any row group). Decode reads them from DRAM, where
-# fewer streams read faster, as Q8_0's 2: 226 MB of rows, two threads, three processes (session 38), Q4_0 int16
-# 21.5-22.8 -> 24.8-30.9 GB/s, int8 and IQ4_NL even (23-27 GB/s either way, this VM's noise)
+# Q4_0 and IQ4_NL on VNNI: 2 rows a pass, as Q8_0 (the same bits in any row group). Decode reads them from DRAM, where
+# fewer streams read faster: 8 -> 4 rows on a Zen 4 (226 MB of rows, two threads, three processes, session 38) Q4_0 int16
+# 21.5-22.8 -> 24.8-30.9 GB/s, int8 and IQ4_NL even; 4 -> 2 rows on a Zen 5 (session 54, `bench_q8_rows.py --fmt Q4_0`,
+# 1 GiB of experts, 2 threads, per-round ratios to 8 rows: 4 rows 0.95-0.96x, 2 rows 1.11-1.12x, 43.1-45.8 GB/s, 92-97%
+# of the read; in L2, one core, 2 rows 54.4 against 4 rows' 47.7 G weights/s). All-CPU decode, alternating with the
+# tree before (`small-q4` tg32, 6 rounds): 156.8 -> 186.7 tok/s, the experts 34.4-38.3 -> 41.1-46.4 GB/s; `small-iq4nl`
+# 150.0 -> 164.3; the int8 build's `small-q4` even (180.0 -> 182.6)
 _TOKEN = {Q8_0: ((2, rows2_q8), (1, rows1_q8)),
-          Q4_0: ((4, rows4_q4), (1, rows1_q4)) if HAVE_VNNI512 else ((8, rows8_q4), (4, rows4_q4), (1, rows1_q4)),
+          Q4_0: ((2, rows2_q4), (1, rows1_q4)) if HAVE_VNNI512 else ((8, rows8_q4), (4, rows4_q4), (1, rows1_q4)),
           Q4_K: _Q4K[0], Q6_K: _Q6K[0], Q5_K: _Q5K[0], Q3_K: _Q3K[0], Q2_K: _Q2K[0], IQ4_NL: _IQ4NL_TOKEN,
           IQ4_XS: _IQ4XS[0]}
 _PAIR = {Q8_0: rows4x2_q8, Q4_0: rows4x2_q4, Q4_K: _Q4K[1], Q6_K: _Q6K[1], Q5_K: _Q5K[1], Q3_K: _Q3K[1], Q2_K: _Q2K[1],
@@ -250,7 +254,8 @@ def rows_token(code, w, r0, r1, rb, X16, DX, k, res, off):
 
     Q8_0 runs 2 rows a pass: from DRAM, on 2 threads, 1.28-1.35x its 8-row rate at 1024- to 4096-wide rows
     (bench_q8_rows.py: 91% of the read against 68% at 2048), and no slower in cache; Q4_0, whose arithmetic
-    per byte is twice Q8_0's, keeps 8 (2 rows 0.80-0.85x, 4 rows 0.96-1.02x). The K-quants run 2 rows a pass
+    per byte is twice Q8_0's, keeps 8 with AVX2 (2 rows 0.80-0.85x, 4 rows 0.96-1.02x) and runs 2 with AVX-512
+    VNNI, whose row pair is one register (_TOKEN's comment). The K-quants run 2 rows a pass
     too: never slower than 4 in any run here, faster while the machine runs slow (bench_q8_rows.py --fmt
     Q4_K|Q6_K: from DRAM Q4_K 1.00-1.05x, Q6_K 1.02-1.20x; --l2, one core, 1.00-1.13x)."""
     _token_rows(code, w, r0, r1, rb, X16, DX, k, np.int64(X16.shape[1] // 32), res, off - r0)

@@ -67,7 +67,7 @@ def _kernel_loop(kernel, NR):
 
 
 _PAIRS = {(NR, MT): (_kernel_loop(vnni.vnni_kernel(NR, MT), NR), _kernel_loop(simd._qkernel(True, NR, MT), NR))
-          for NR, MT in ((8, 1), (4, 1), (1, 1), (4, 2), (8, 4))} if vnni.HAVE_VNNI512 else {}
+          for NR, MT in ((8, 1), (4, 1), (2, 1), (1, 1), (4, 2), (8, 4))} if vnni.HAVE_VNNI512 else {}
 
 
 @needs_vnni
@@ -75,7 +75,7 @@ _PAIRS = {(NR, MT): (_kernel_loop(vnni.vnni_kernel(NR, MT), NR), _kernel_loop(si
 @given(shape=st.sampled_from(sorted(_PAIRS) or [(1, 1)]), groups=st.integers(1, 5), nb=st.integers(1, 12),
        seed=st.integers(0, 2**31))
 def test_vnni_rows_give_the_int16_kernels_bits(qk, shape, groups, nb, seed):
-    """Each VNNI row kernel (8, 4 or 1 rows a pass; 2 or 4 tokens) gives simd.py's kernel of the same shape its
+    """Each VNNI row kernel (8, 4, 2 or 1 rows a pass; 2 or 4 tokens) gives simd.py's kernel of the same shape its
     bits exactly: the same int32 sum per lane of four weights, the same float products, adds and final halving
     sum (vnni.py's docstring), and both match gguf.dequantize then a float product."""
     NR, MT = shape
@@ -97,6 +97,7 @@ def test_vnni_rows_give_the_int16_kernels_bits(qk, shape, groups, nb, seed):
 def test_executor_runs_the_vnni_rows_where_the_cpu_has_them():
     """row_products' Q4_0 rows are vnni.py's on an AVX-512 VNNI CPU, and _quant_rows writes their split bytes."""
     assert RP.rows8_q4 is not simd.rows8_q4 and RP.rows8x4_q4 is not simd.rows8x4_q4
+    assert RP._TOKEN[RP.Q4_0][0] == (2, RP.rows2_q4)  # a decode token's rows two a pass (row_products' _TOKEN)
     x16, dx = K._quant_rows(np.ones((2, 64), np.float32))
     assert dx.shape == (2, (2 + vnni.SPLIT_FLOATS) * 2 + 8)  # 2 blocks: the split bytes, then a group of run sums
 
@@ -134,7 +135,7 @@ def test_lanes8_writes_qpack8s_int8_values_at_the_split_places(qk, nb, scale, se
 
 
 _INT8 = {(qt, NR, MT): _kernel_loop(vnni.vnni_kernel(NR, MT, tuple(KVALUES) if qt == QT.IQ4_NL else (), int8=True), NR)
-         for qt in (QT.Q4_0, QT.IQ4_NL) for NR, MT in ((8, 1), (4, 1), (1, 1), (4, 2), (8, 4))
+         for qt in (QT.Q4_0, QT.IQ4_NL) for NR, MT in ((8, 1), (4, 1), (2, 1), (1, 1), (4, 2), (8, 4))
          } if vnni.HAVE_VNNI512 else {}
 
 
@@ -145,7 +146,7 @@ _INT8 = {(qt, NR, MT): _kernel_loop(vnni.vnni_kernel(NR, MT, tuple(KVALUES) if q
 def test_int8_rows_are_the_int8_activations_times_ggufs_values(qk, shape, groups, nb, seed):
     """The int8 build's Q4_0 and IQ4_NL rows (vnni_kernel(int8=True), one vpdpbusd a row pair and block): each token's
     result is its int8 activations (x8 dx8, lanes8's) times gguf's dequantised rows up to float32 rounding (1e-5 of
-    the terms: the integer sums are exact), the same bits whichever row group (8, 4, 1) computed it, and within int8
+    the terms: the integer sums are exact), the same bits whichever row group (8, 4, 2, 1) computed it, and within int8
     precision (llama.cpp's) of the float product."""
     qt, NR, MT = shape
     rng = np.random.default_rng(seed)
