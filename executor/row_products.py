@@ -41,20 +41,23 @@ from .vnni import HAVE_VNNI512, vnni_kernel
 # 15.1 (36.9 / 22.3 / 15.5 by vpermb); all-CPU decode against llama.cpp's repacked rows: README
 ROWS_INT8 = INT8 and HAVE_VNNI512
 if HAVE_VNNI512:
-    rows8_q4, rows4_q4, rows2_q4, rows1_q4, rows4x2_q4, rows8x4_q4 = (vnni_kernel(n, t, int8=ROWS_INT8) for n, t in
-                                                                      ((8, 1), (4, 1), (2, 1), (1, 1), (4, 2), (8, 4)))
+    rows8_q4, rows4_q4, rows2_q4, rows1_q4, rows8x2_q4, rows8x4_q4 = (vnni_kernel(n, t, int8=ROWS_INT8) for n, t in
+                                                                      ((8, 1), (4, 1), (2, 1), (1, 1), (8, 2), (8, 4)))
+    _Q4_PAIR = (8, rows8x2_q4)
 else:
-    rows8_q4, rows4_q4, rows2_q4, rows1_q4, rows4x2_q4, rows8x4_q4 = (simd.rows8_q4, simd.rows4_q4, simd.rows2_q4,
-                                                                      simd.rows1_q4, simd.rows4x2_q4, simd.rows8x4_q4)
+    rows8_q4, rows4_q4, rows2_q4, rows1_q4, rows8x4_q4 = (simd.rows8_q4, simd.rows4_q4, simd.rows2_q4, simd.rows1_q4,
+                                                          simd.rows8x4_q4)
+    _Q4_PAIR = (4, simd.rows4x2_q4)
 # IQ4_NL rows: its blocks are Q4_0's with a codebook, so with AVX-512 VNNI they take vnni.py's rows with a lookup
 # (vpshufb; the codebook's +128 bias off in the integer sums): one core in L2, a `small` expert matrix, 1 / 2 / 4 tokens
 # 23.2 / 16.2 / 9.7 -> 27.3 / 15.9 / 9.4 G weights/s (session 37); from DRAM (226 MB, one core) both ~12 GB/s, the
 # core's memory bound on this VM; else iquants.py's 256-bit rows
 if HAVE_VNNI512:
     _IQ4NL_TOKEN = tuple((n, vnni_kernel(n, 1, KVALUES, ROWS_INT8)) for n in (2, 1))
-    _IQ4NL_PAIR, _IQ4NL_QUAD = vnni_kernel(4, 2, KVALUES, ROWS_INT8), (8, vnni_kernel(8, 4, KVALUES, ROWS_INT8))
+    _IQ4NL_PAIR, _IQ4NL_QUAD = (8, vnni_kernel(8, 2, KVALUES, ROWS_INT8)), (8, vnni_kernel(8, 4, KVALUES, ROWS_INT8))
 else:
-    _IQ4NL_TOKEN, _IQ4NL_PAIR, _IQ4NL_QUAD = ((2, rows2_iq4_nl), (1, rows1_iq4_nl)), rows4x2_iq4_nl, (2, rows2x4_iq4_nl)
+    _IQ4NL_TOKEN, _IQ4NL_PAIR, _IQ4NL_QUAD = (((2, rows2_iq4_nl), (1, rows1_iq4_nl)), (4, rows4x2_iq4_nl),
+                                              (2, rows2x4_iq4_nl))
 # The K-quants' and IQ4_XS's rows in an int8 build: kquants_vnni.py's, on int8 activations (lanes8's), one vpdpbusd a
 # 64-byte load of a row's values where kquants.py's int16 rows take four vpmaddwd. A `small` expert matrix, one core in
 # L2, one token, int16 -> int8 (session 39, `python benchmarks/bench_int8_rows.py`, G weights/s): Q4_K 34.3 -> 43.1, Q6_K
@@ -68,16 +71,16 @@ if ROWS_INT8:
     def _k_rows(kind: str, one: int) -> tuple:
         """(one token's groups, two tokens' kernel, four tokens' group) of kind's int8 rows, `one` rows a pass."""
         return (((2, k_vnni_kernel(2, 1, kind)),) if one == 2 else ()) + ((1, k_vnni_kernel(1, 1, kind)),), \
-            k_vnni_kernel(4, 2, kind), (2, k_vnni_kernel(2, 4, kind))
+            (4, k_vnni_kernel(4, 2, kind)), (2, k_vnni_kernel(2, 4, kind))
     _Q4K, _Q6K, _Q5K, _Q3K, _Q2K, _IQ4XS = (_k_rows(k, n) for k, n in (("q4_k", 2), ("q6_k", 1), ("q5_k", 1),
                                                                        ("q3_k", 2), ("q2_k", 2), ("iq4_xs", 2)))
 else:
-    _Q4K = ((2, rows2_q4_k), (1, rows1_q4_k)), rows4x2_q4_k, (2, rows2x4_q4_k)
-    _Q6K = ((2, rows2_q6_k), (1, rows1_q6_k)), rows4x2_q6_k, (2, rows2x4_q6_k)
-    _Q5K = ((2, rows2_q5_k), (1, rows1_q5_k)), rows4x2_q5_k, (2, rows2x4_q5_k)
-    _Q3K = ((2, rows2_q3_k), (1, rows1_q3_k)), rows4x2_q3_k, (2, rows2x4_q3_k)
-    _Q2K = ((2, rows2_q2_k), (1, rows1_q2_k)), rows4x2_q2_k, (2, rows2x4_q2_k)
-    _IQ4XS = ((2, rows2_iq4_xs), (1, rows1_iq4_xs)), rows4x2_iq4_xs, (2, rows2x4_iq4_xs)
+    _Q4K = ((2, rows2_q4_k), (1, rows1_q4_k)), (4, rows4x2_q4_k), (2, rows2x4_q4_k)
+    _Q6K = ((2, rows2_q6_k), (1, rows1_q6_k)), (4, rows4x2_q6_k), (2, rows2x4_q6_k)
+    _Q5K = ((2, rows2_q5_k), (1, rows1_q5_k)), (4, rows4x2_q5_k), (2, rows2x4_q5_k)
+    _Q3K = ((2, rows2_q3_k), (1, rows1_q3_k)), (4, rows4x2_q3_k), (2, rows2x4_q3_k)
+    _Q2K = ((2, rows2_q2_k), (1, rows1_q2_k)), (4, rows4x2_q2_k), (2, rows2x4_q2_k)
+    _IQ4XS = ((2, rows2_iq4_xs), (1, rows1_iq4_xs)), (4, rows4x2_iq4_xs), (2, rows2x4_iq4_xs)
 
 # Tokens per expert up to which each token gets fused in-place dots, by type code (-, F16, Q8_0, Q4_0, Q4_K, Q6_K, Q5_K,
 # Q3_K, Q2_K, IQ4_NL, IQ4_XS); more take a GEMM. Without VNNI (_FUSED_FLOAT) that GEMM dequantises each row once
@@ -118,19 +121,23 @@ _FUSED = _FUSED_INT8 if ROWS_INT8 else (0, 16, 7, 6, 6, 5, 6, 5, 5, 5, 4) if HAV
 
 # Each type's row kernels (numba intrinsics: simd.py, kquants.py, iquants.py), chosen when a product is typed for a
 # literal type code, so that a type's copy holds its own kernels only. One token: (rows a pass, kernel) from the
-# largest group down to single rows; two tokens: a 4-row group decoded once for both; four tokens: (rows, kernel).
+# largest group down to single rows; two tokens: (rows, kernel), a row group decoded once for both; four tokens: the
+# same.
 # Q4_0 and IQ4_NL on VNNI: 2 rows a pass, as Q8_0 (the same bits in any row group). Decode reads them from DRAM, where
 # fewer streams read faster: 8 -> 4 rows on a Zen 4 (226 MB of rows, two threads, three processes, session 38) Q4_0 int16
 # 21.5-22.8 -> 24.8-30.9 GB/s, int8 and IQ4_NL even; 4 -> 2 rows on a Zen 5 (session 54, `bench_q8_rows.py --fmt Q4_0`,
 # 1 GiB of experts, 2 threads, per-round ratios to 8 rows: 4 rows 0.95-0.96x, 2 rows 1.11-1.12x, 43.1-45.8 GB/s, 92-97%
 # of the read; in L2, one core, 2 rows 54.4 against 4 rows' 47.7 G weights/s). All-CPU decode, alternating with the
 # tree before (`small-q4` tg32, 6 rounds): 156.8 -> 186.7 tok/s, the experts 34.4-38.3 -> 41.1-46.4 GB/s; `small-iq4nl`
-# 150.0 -> 164.3; the int8 build's `small-q4` even (180.0 -> 182.6)
+# 150.0 -> 164.3; the int8 build's `small-q4` even (180.0 -> 182.6). Two tokens (several streams' decode) take them 8
+# rows a pass: from DRAM, 2 threads (session 54, a scratch of bench_q8_rows' loop), against 4 rows 1.29x (int8 1.27x),
+# IQ4_NL 1.18x (1.26x), 2 rows 0.86-0.93x; `small-q4` decode alternating with 4 rows, 4 rounds each: 2 streams 220.2
+# -> 267.2 tok/s, 4 streams 316.0 -> 337.0
 _TOKEN = {Q8_0: ((2, rows2_q8), (1, rows1_q8)),
           Q4_0: ((2, rows2_q4), (1, rows1_q4)) if HAVE_VNNI512 else ((8, rows8_q4), (4, rows4_q4), (1, rows1_q4)),
           Q4_K: _Q4K[0], Q6_K: _Q6K[0], Q5_K: _Q5K[0], Q3_K: _Q3K[0], Q2_K: _Q2K[0], IQ4_NL: _IQ4NL_TOKEN,
           IQ4_XS: _IQ4XS[0]}
-_PAIR = {Q8_0: rows4x2_q8, Q4_0: rows4x2_q4, Q4_K: _Q4K[1], Q6_K: _Q6K[1], Q5_K: _Q5K[1], Q3_K: _Q3K[1], Q2_K: _Q2K[1],
+_PAIR = {Q8_0: (4, rows4x2_q8), Q4_0: _Q4_PAIR, Q4_K: _Q4K[1], Q6_K: _Q6K[1], Q5_K: _Q5K[1], Q3_K: _Q3K[1], Q2_K: _Q2K[1],
          IQ4_NL: _IQ4NL_PAIR, IQ4_XS: _IQ4XS[1]}
 _QUAD = {Q4_0: (8, rows8x4_q4), Q4_K: _Q4K[2], Q6_K: _Q6K[2], Q5_K: _Q5K[2], Q3_K: _Q3K[2], Q2_K: _Q2K[2],
          IQ4_NL: _IQ4NL_QUAD, IQ4_XS: _IQ4XS[2]}
@@ -184,19 +191,20 @@ def _token_rows_typed(code, w, r, r1, rb, X16, DX, k, nb, res, base):
 
 
 def _pair_rows(code, w, r, r1, rb, X16, DX, k, nb, res, base):
-    """_token_rows for tokens k and k + 1 at once: 4-row groups decoded once for both, the last r % 4 rows a token."""
+    """_token_rows for tokens k and k + 1 at once: the type's pair groups (_PAIR: 4 rows, Q4_0 / IQ4_NL 8 on VNNI)
+    decoded once for both, the rows left over a token at a time."""
 
 
 @_overload(_pair_rows)
 def _pair_rows_typed(code, w, r, r1, rb, X16, DX, k, nb, res, base):
-    kern = _PAIR.get(_literal(code))
+    g, kern = _PAIR.get(_literal(code), (0, None))
     if kern is None:
         return _nothing
 
     def impl(code, w, r, r1, rb, X16, DX, k, nb, res, base):
-        while r + 4 <= r1:
+        while r + g <= r1:
             kern(w, np.int64(r * rb), np.int64(rb), X16, DX, k, nb, res, np.int64(base + r))
-            r += 4
+            r += g
         if r < r1:
             _token_rows(code, w, r, r1, rb, X16, DX, k, nb, res, base)
             _token_rows(code, w, r, r1, rb, X16, DX, k + 1, nb, res, base)
@@ -263,8 +271,8 @@ def rows_token(code, w, r0, r1, rb, X16, DX, k, res, off):
 
 @njit(fastmath=True, inline="always")
 def rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off):
-    """rows_token for tokens k and k + 1 at once: 4-row groups decoded once for both (the same products
-    and float adds per row and token, so the same bits), the last r % 4 rows per token."""
+    """rows_token for tokens k and k + 1 at once: row groups (4 rows, or _PAIR's) decoded once for both (the
+    same products and float adds per row and token, so the same bits), the rows left over per token."""
     _pair_rows(code, w, r0, r1, rb, X16, DX, k, np.int64(X16.shape[1] // 32), res, off - r0)
 
 

@@ -67,7 +67,7 @@ def _kernel_loop(kernel, NR):
 
 
 _PAIRS = {(NR, MT): (_kernel_loop(vnni.vnni_kernel(NR, MT), NR), _kernel_loop(simd._qkernel(True, NR, MT), NR))
-          for NR, MT in ((8, 1), (4, 1), (2, 1), (1, 1), (4, 2), (8, 4))} if vnni.HAVE_VNNI512 else {}
+          for NR, MT in ((8, 1), (4, 1), (2, 1), (1, 1), (4, 2), (8, 2), (8, 4))} if vnni.HAVE_VNNI512 else {}
 
 
 @needs_vnni
@@ -135,7 +135,7 @@ def test_lanes8_writes_qpack8s_int8_values_at_the_split_places(qk, nb, scale, se
 
 
 _INT8 = {(qt, NR, MT): _kernel_loop(vnni.vnni_kernel(NR, MT, tuple(KVALUES) if qt == QT.IQ4_NL else (), int8=True), NR)
-         for qt in (QT.Q4_0, QT.IQ4_NL) for NR, MT in ((8, 1), (4, 1), (2, 1), (1, 1), (4, 2), (8, 4))
+         for qt in (QT.Q4_0, QT.IQ4_NL) for NR, MT in ((8, 1), (4, 1), (2, 1), (1, 1), (4, 2), (8, 2), (8, 4))
          } if vnni.HAVE_VNNI512 else {}
 
 
