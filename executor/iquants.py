@@ -170,10 +170,10 @@ def _rows_iq4_xs_ir(NR: int, MT: int = 1, prefetch: bool = True):
     return _rows_iq4_ir(NR, MT, prefetch, xs=True)
 
 
-rows2_iq4_nl, rows1_iq4_nl, rows4x2_iq4_nl, rows2x4_iq4_nl = (_k_kernel(_rows_iq4_ir, _slow_iq4_nl, n, t)
-                                                              for n, t in ((2, 1), (1, 1), (4, 2), (2, 4)))
-rows2_iq4_xs, rows1_iq4_xs, rows4x2_iq4_xs, rows2x4_iq4_xs = (_k_kernel(_rows_iq4_xs_ir, _slow_iq4_xs, n, t)
-                                                              for n, t in ((2, 1), (1, 1), (4, 2), (2, 4)))
+rows2_iq4_nl, rows1_iq4_nl, rows2x2_iq4_nl, rows2x4_iq4_nl = (_k_kernel(_rows_iq4_ir, _slow_iq4_nl, n, t)
+                                                              for n, t in ((2, 1), (1, 1), (2, 2), (2, 4)))
+rows2_iq4_xs, rows1_iq4_xs, rows2x2_iq4_xs, rows2x4_iq4_xs = (_k_kernel(_rows_iq4_xs_ir, _slow_iq4_xs, n, t)
+                                                              for n, t in ((2, 1), (1, 1), (2, 2), (2, 4)))
 # one row per call, no software prefetch: ggml's structure (calibration.bench_rowwise)
 row_iq4_nl_noprefetch = _k_kernel(_rows_iq4_ir, _slow_iq4_nl, 1, 1, prefetch=False)
 row_iq4_xs_noprefetch = _k_kernel(_rows_iq4_xs_ir, _slow_iq4_xs, 1, 1, prefetch=False)

@@ -318,8 +318,8 @@ def _slow_q5_k(n, w, wo, rb, X16, DX, k0, nb, res, ro):
     _slow_runs(176, n, w, wo, rb, X16, DX, k0, nb, res, ro)
 
 
-rows2_q4_k, rows1_q4_k, rows4x2_q4_k = (_k_kernel(_rows_q4_k_ir, _slow_q4_k, n, t) for n, t in ((2, 1), (1, 1), (4, 2)))
-rows2_q5_k, rows1_q5_k, rows4x2_q5_k = (_k_kernel(_rows_q5_k_ir, _slow_q5_k, n, t) for n, t in ((2, 1), (1, 1), (4, 2)))
+rows2_q4_k, rows1_q4_k, rows2x2_q4_k = (_k_kernel(_rows_q4_k_ir, _slow_q4_k, n, t) for n, t in ((2, 1), (1, 1), (2, 2)))
+rows2_q5_k, rows1_q5_k, rows2x2_q5_k = (_k_kernel(_rows_q5_k_ir, _slow_q5_k, n, t) for n, t in ((2, 1), (1, 1), (2, 2)))
 
 
 def _rows_q3_k_ir(NR: int, MT: int = 1, prefetch: bool = True):
@@ -332,9 +332,9 @@ def _rows_q2_k_ir(NR: int, MT: int = 1, prefetch: bool = True):
     return _rows_q6_k_ir(NR, MT, prefetch, q2=True)
 
 
-rows2_q6_k, rows1_q6_k, rows4x2_q6_k = (_k_kernel(_rows_q6_k_ir, _slow_q6_k, n, t) for n, t in ((2, 1), (1, 1), (4, 2)))
-rows2_q3_k, rows1_q3_k, rows4x2_q3_k = (_k_kernel(_rows_q3_k_ir, _slow_q3_k, n, t) for n, t in ((2, 1), (1, 1), (4, 2)))
-rows2_q2_k, rows1_q2_k, rows4x2_q2_k = (_k_kernel(_rows_q2_k_ir, _slow_q2_k, n, t) for n, t in ((2, 1), (1, 1), (4, 2)))
+rows2_q6_k, rows1_q6_k, rows2x2_q6_k = (_k_kernel(_rows_q6_k_ir, _slow_q6_k, n, t) for n, t in ((2, 1), (1, 1), (2, 2)))
+rows2_q3_k, rows1_q3_k, rows2x2_q3_k = (_k_kernel(_rows_q3_k_ir, _slow_q3_k, n, t) for n, t in ((2, 1), (1, 1), (2, 2)))
+rows2_q2_k, rows1_q2_k, rows2x2_q2_k = (_k_kernel(_rows_q2_k_ir, _slow_q2_k, n, t) for n, t in ((2, 1), (1, 1), (2, 2)))
 # four tokens a pass, 2 rows (row_products.rows_quad: one core, in L2, against two 4-row pairs Q4_K 1.16x, Q6_K 1.20x;
 # 4 rows 1.15x / 0.95x, 8 rows 0.95x / 0.89x)
 rows2x4_q4_k, rows2x4_q6_k = _k_kernel(_rows_q4_k_ir, _slow_q4_k, 2, 4), _k_kernel(_rows_q6_k_ir, _slow_q6_k, 2, 4)

@@ -22,10 +22,10 @@ from numba.extending import overload
 from .gemm import (F16, GEMM_TOKENS, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0,
                    deq_dots, deq_matmul)
 from .iquants import (KVALUES, rows1_iq4_nl, rows1_iq4_xs, rows2_iq4_nl, rows2_iq4_xs, rows2x4_iq4_nl, rows2x4_iq4_xs,
-                      rows4x2_iq4_nl, rows4x2_iq4_xs)
+                      rows2x2_iq4_nl, rows2x2_iq4_xs)
 from .kquants import (rows1_q2_k, rows1_q3_k, rows1_q4_k, rows1_q5_k, rows1_q6_k, rows2_q2_k, rows2_q3_k, rows2_q4_k,
                       rows2_q5_k, rows2_q6_k, rows2x4_q2_k, rows2x4_q3_k, rows2x4_q4_k, rows2x4_q5_k, rows2x4_q6_k,
-                      rows4x2_q2_k, rows4x2_q3_k, rows4x2_q4_k, rows4x2_q5_k, rows4x2_q6_k)
+                      rows2x2_q2_k, rows2x2_q3_k, rows2x2_q4_k, rows2x2_q5_k, rows2x2_q6_k)
 from . import simd
 from .simd import rows1_f16, rows1_q8, rows2_q8, rows4_f16, rows4x2_q8
 from .kquants_vnni import k_vnni_kernel
@@ -56,7 +56,7 @@ if HAVE_VNNI512:
     _IQ4NL_TOKEN = tuple((n, vnni_kernel(n, 1, KVALUES, ROWS_INT8)) for n in (2, 1))
     _IQ4NL_PAIR, _IQ4NL_QUAD = (8, vnni_kernel(8, 2, KVALUES, ROWS_INT8)), (8, vnni_kernel(8, 4, KVALUES, ROWS_INT8))
 else:
-    _IQ4NL_TOKEN, _IQ4NL_PAIR, _IQ4NL_QUAD = (((2, rows2_iq4_nl), (1, rows1_iq4_nl)), (4, rows4x2_iq4_nl),
+    _IQ4NL_TOKEN, _IQ4NL_PAIR, _IQ4NL_QUAD = (((2, rows2_iq4_nl), (1, rows1_iq4_nl)), (2, rows2x2_iq4_nl),
                                               (2, rows2x4_iq4_nl))
 # The K-quants' and IQ4_XS's rows in an int8 build: kquants_vnni.py's, on int8 activations (lanes8's), one vpdpbusd a
 # 64-byte load of a row's values where kquants.py's int16 rows take four vpmaddwd. A `small` expert matrix, one core in
@@ -71,16 +71,16 @@ if ROWS_INT8:
     def _k_rows(kind: str, one: int) -> tuple:
         """(one token's groups, two tokens' kernel, four tokens' group) of kind's int8 rows, `one` rows a pass."""
         return (((2, k_vnni_kernel(2, 1, kind)),) if one == 2 else ()) + ((1, k_vnni_kernel(1, 1, kind)),), \
-            (4, k_vnni_kernel(4, 2, kind)), (2, k_vnni_kernel(2, 4, kind))
+            (2, k_vnni_kernel(2, 2, kind)), (2, k_vnni_kernel(2, 4, kind))
     _Q4K, _Q6K, _Q5K, _Q3K, _Q2K, _IQ4XS = (_k_rows(k, n) for k, n in (("q4_k", 2), ("q6_k", 1), ("q5_k", 1),
                                                                        ("q3_k", 2), ("q2_k", 2), ("iq4_xs", 2)))
 else:
-    _Q4K = ((2, rows2_q4_k), (1, rows1_q4_k)), (4, rows4x2_q4_k), (2, rows2x4_q4_k)
-    _Q6K = ((2, rows2_q6_k), (1, rows1_q6_k)), (4, rows4x2_q6_k), (2, rows2x4_q6_k)
-    _Q5K = ((2, rows2_q5_k), (1, rows1_q5_k)), (4, rows4x2_q5_k), (2, rows2x4_q5_k)
-    _Q3K = ((2, rows2_q3_k), (1, rows1_q3_k)), (4, rows4x2_q3_k), (2, rows2x4_q3_k)
-    _Q2K = ((2, rows2_q2_k), (1, rows1_q2_k)), (4, rows4x2_q2_k), (2, rows2x4_q2_k)
-    _IQ4XS = ((2, rows2_iq4_xs), (1, rows1_iq4_xs)), (4, rows4x2_iq4_xs), (2, rows2x4_iq4_xs)
+    _Q4K = ((2, rows2_q4_k), (1, rows1_q4_k)), (2, rows2x2_q4_k), (2, rows2x4_q4_k)
+    _Q6K = ((2, rows2_q6_k), (1, rows1_q6_k)), (2, rows2x2_q6_k), (2, rows2x4_q6_k)
+    _Q5K = ((2, rows2_q5_k), (1, rows1_q5_k)), (2, rows2x2_q5_k), (2, rows2x4_q5_k)
+    _Q3K = ((2, rows2_q3_k), (1, rows1_q3_k)), (2, rows2x2_q3_k), (2, rows2x4_q3_k)
+    _Q2K = ((2, rows2_q2_k), (1, rows1_q2_k)), (2, rows2x2_q2_k), (2, rows2x4_q2_k)
+    _IQ4XS = ((2, rows2_iq4_xs), (1, rows1_iq4_xs)), (2, rows2x2_iq4_xs), (2, rows2x4_iq4_xs)
 
 # Tokens per expert up to which each token gets fused in-place dots, by type code (-, F16, Q8_0, Q4_0, Q4_K, Q6_K, Q5_K,
 # Q3_K, Q2_K, IQ4_NL, IQ4_XS); more take a GEMM. Without VNNI (_FUSED_FLOAT) that GEMM dequantises each row once
@@ -132,7 +132,10 @@ _FUSED = _FUSED_INT8 if ROWS_INT8 else (0, 16, 7, 6, 6, 5, 6, 5, 5, 5, 4) if HAV
 # 150.0 -> 164.3; the int8 build's `small-q4` even (180.0 -> 182.6). Two tokens (several streams' decode) take them 8
 # rows a pass: from DRAM, 2 threads (session 54, a scratch of bench_q8_rows' loop), against 4 rows 1.29x (int8 1.27x),
 # IQ4_NL 1.18x (1.26x), 2 rows 0.86-0.93x; `small-q4` decode alternating with 4 rows, 4 rounds each: 2 streams 220.2
-# -> 267.2 tok/s, 4 streams 316.0 -> 337.0
+# -> 267.2 tok/s, 4 streams 316.0 -> 337.0. The K-quants' and IQ4s' pairs (kquants.py / iquants.py, kquants_vnni.py in
+# an int8 build) run 2 rows a pass, as their single tokens, not 4: the same scratch, against 4 rows Q4_K 1.11x, Q5_K
+# 1.12x, Q6_K 1.22x, Q3_K 1.02x, Q2_K and IQ4_XS 1.00x, int8 Q4_K 1.16x, Q6_K 1.11x; `small-q4k` 2 streams alternating,
+# 6 rounds: 167.0 -> 189.8 tok/s
 _TOKEN = {Q8_0: ((2, rows2_q8), (1, rows1_q8)),
           Q4_0: ((2, rows2_q4), (1, rows1_q4)) if HAVE_VNNI512 else ((8, rows8_q4), (4, rows4_q4), (1, rows1_q4)),
           Q4_K: _Q4K[0], Q6_K: _Q6K[0], Q5_K: _Q5K[0], Q3_K: _Q3K[0], Q2_K: _Q2K[0], IQ4_NL: _IQ4NL_TOKEN,
