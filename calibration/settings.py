@@ -5,6 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+# A pool of synthetic experts this many times the last-level cache is read from DRAM, as a model's experts are, by
+# calibrate's jobs cycling through it (bench_kernel.token_experts). Twice was enough on the Emerald Rapids Xeon (300 MiB
+# L3, session 40); on the Zen 5 VM (32 MiB L3) calibrate's whole-expert jobs on 2 threads read, by pool, 64 / 128 / 256
+# / 512 / 1024 MiB: Q8_0 50.2-51.8 / 45.3-46.4 / 42.5-42.9 / 42.5-43.4 / 42.4-43.2 GB/s, F16 55.8 / 48.6 / 47.0 / 47.3
+# / 45.1 (session 54, `python benchmarks/bench_pool_size.py`; Q8_0 two runs): a 4x pool still hits the L3 in part
+# (a victim L3 need not evict a cyclic sweep in order), the rates level from 8x
+DRAM_POOL_LLC_TIMES = 8
+
+
 @dataclass(frozen=True)
 class Settings:
     """Sizes and repeat counts of one calibration run."""
@@ -36,7 +45,7 @@ class Settings:
     kernel_ffn: int = 768
     kernel_pool_bytes: int = 128 << 20
     # a format's pool at least this many times the last-level cache, so the jobs read DRAM (kernel_pool_for); 0: as set
-    kernel_pool_llc_times: int = 2
+    kernel_pool_llc_times: int = DRAM_POOL_LLC_TIMES
     kernel_ks: tuple[int, ...] = (1, 2, 4, 6, 8)
     # llama.cpp's in-place decode jobs again on pools in files whose pages lie in physically contiguous runs of these
     # many KiB (calibration.page_layout): the first for every format page_runs_formats names, the others for
