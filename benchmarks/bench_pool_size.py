@@ -1,6 +1,7 @@
 """calibrate's whole-expert job (a token's k experts through executor.cpu_experts.moe_cpu, whole experts per thread)
 on pools of synthetic experts of several sizes, interleaved: how large a pool must be, against the last-level cache,
-before its jobs read DRAM as a model's experts do (settings.DRAM_POOL_LLC_TIMES).
+before its jobs read DRAM as a model's experts do (settings.Settings.kernel_pool_llc_times; its comment has session 54's
+figures and why quick's pools stayed at 2x the LLC).
 
     python benchmarks/bench_pool_size.py [--fmt Q8_0] [--pools-mib 64 128 256 512 1024] [--rounds 15] [--k 8]
 

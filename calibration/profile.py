@@ -11,7 +11,6 @@ from specs.hardware import HardwareSpec
 from . import store
 from .bench_kernel import kernel_version, prefill_fixed_tokens
 from .sampling import Noise, today
-from .settings import DRAM_POOL_LLC_TIMES
 
 if TYPE_CHECKING:
     from .calibrate import Results
@@ -82,9 +81,9 @@ def _is_block_key(key: str) -> bool:
 
 def _kernel_read_floor(r: Results) -> tuple[float, str] | None:
     """(GB/s, format) of the fastest CPU expert kernel of the run when its pool of experts is at least
-    settings.DRAM_POOL_LLC_TIMES x the last-level cache (so it read from DRAM): the memory delivers at least that much,
-    whatever the memory benchmark's lower quintile says; None when the cache size is unknown or too large."""
-    if not r.kernels or not r.llc_bytes or r.settings.kernel_pool_bytes < DRAM_POOL_LLC_TIMES * r.llc_bytes:
+    4x the last-level cache (so it read from DRAM): the memory delivers at least that much, whatever
+    the memory benchmark's lower quintile says; None when the cache size is unknown or too large."""
+    if not r.kernels or not r.llc_bytes or r.settings.kernel_pool_bytes < 4 * r.llc_bytes:
         return None
     fmt, f = max(r.kernels.items(), key=lambda kv: kv[1].expert_gbs)
     return f.expert_gbs, fmt

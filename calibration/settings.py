@@ -5,15 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-# A pool of synthetic experts this many times the last-level cache is read from DRAM, as a model's experts are, by
-# calibrate's jobs cycling through it (bench_kernel.token_experts). Twice was enough on the Emerald Rapids Xeon (300 MiB
-# L3, session 40); on the Zen 5 VM (32 MiB L3) calibrate's whole-expert jobs on 2 threads read, by pool, 64 / 128 / 256
-# / 512 / 1024 MiB: Q8_0 50.2-51.8 / 45.3-46.4 / 42.5-42.9 / 42.5-43.4 / 42.4-43.2 GB/s, F16 55.8 / 48.6 / 47.0 / 47.3
-# / 45.1 (session 54, `python benchmarks/bench_pool_size.py`; Q8_0 two runs): a 4x pool still hits the L3 in part
-# (a victim L3 need not evict a cyclic sweep in order), the rates level from 8x
-DRAM_POOL_LLC_TIMES = 8
-
-
 @dataclass(frozen=True)
 class Settings:
     """Sizes and repeat counts of one calibration run."""
@@ -44,8 +35,16 @@ class Settings:
     kernel_hidden: int = 2048
     kernel_ffn: int = 768
     kernel_pool_bytes: int = 128 << 20
-    # a format's pool at least this many times the last-level cache, so the jobs read DRAM (kernel_pool_for); 0: as set
-    kernel_pool_llc_times: int = DRAM_POOL_LLC_TIMES
+    # a format's pool at least this many times the last-level cache, so the jobs read DRAM (kernel_pool_for); 0: as set.
+    # On the Zen 5 VM (32 MiB L3) a 4x pool still hits the L3 in part: the whole-expert Q8_0 job read 64 / 128 / 256 /
+    # 512 / 1024 MiB pools at 50-52 / 45-46 / 42.5-43 / 42.5-43.4 / 42.4-43.2 GB/s, F16 55.8 / 48.6 / 47.0 / 47.3 / 45.1
+    # (session 54, `python benchmarks/bench_pool_size.py`). 8x lowered the quick profile's rates (whole Q8_0 51.5-56.4
+    # -> 44.8-49.4, memory 51-68 -> 48.5-50) but not its errors: the page-run jobs, priced against these rates, then
+    # read faster than the in-memory reference, and beside a campaign's runs (three profiles of each, two sittings)
+    # llama-bench's mean error went +9.6% -> +15.3%, the executor's +48.6% -> +54.8% (a spell where its decode read
+    # 19-37 GB/s against calibrate's 44-49). Left at 2x until the file pools are sized alike and a quiet campaign
+    # decides
+    kernel_pool_llc_times: int = 2
     kernel_ks: tuple[int, ...] = (1, 2, 4, 6, 8)
     # llama.cpp's in-place decode jobs again on pools in files whose pages lie in physically contiguous runs of these
     # many KiB (calibration.page_layout): the first for every format page_runs_formats names, the others for
