@@ -45,8 +45,7 @@ if HAVE_VNNI512:
                                                                       ((8, 1), (4, 1), (2, 1), (1, 1), (8, 2), (8, 4)))
     _Q4_PAIR = (8, rows8x2_q4)
 else:
-    rows8_q4, rows4_q4, rows2_q4, rows1_q4, rows8x4_q4 = (simd.rows8_q4, simd.rows4_q4, simd.rows2_q4, simd.rows1_q4,
-                                                          simd.rows8x4_q4)
+    rows8_q4, rows4_q4, rows1_q4, rows8x4_q4 = simd.rows8_q4, simd.rows4_q4, simd.rows1_q4, simd.rows8x4_q4
     _Q4_PAIR = (4, simd.rows4x2_q4)
 # IQ4_NL rows: its blocks are Q4_0's with a codebook, so with AVX-512 VNNI they take vnni.py's rows with a lookup
 # (vpshufb; the codebook's +128 bias off in the integer sums): one core in L2, a `small` expert matrix, 1 / 2 / 4 tokens
@@ -178,7 +177,7 @@ def _token_rows_typed(code, w, r, r1, rb, X16, DX, k, nb, res, base):
     if groups is None:
         return _nothing
     (g1, k1), one = groups[0], groups[-1][1]
-    g2, k2 = groups[1] if len(groups) == 3 else groups[0]  # Q4_0's (IQ4_NL's) 4-row group; else the first again
+    g2, k2 = groups[1] if len(groups) == 3 else groups[0]  # Q4_0's 4-row group without VNNI; else the first again
 
     def impl(code, w, r, r1, rb, X16, DX, k, nb, res, base):
         while r + g1 <= r1:
@@ -194,8 +193,8 @@ def _token_rows_typed(code, w, r, r1, rb, X16, DX, k, nb, res, base):
 
 
 def _pair_rows(code, w, r, r1, rb, X16, DX, k, nb, res, base):
-    """_token_rows for tokens k and k + 1 at once: the type's pair groups (_PAIR: 4 rows, Q4_0 / IQ4_NL 8 on VNNI)
-    decoded once for both, the rows left over a token at a time."""
+    """_token_rows for tokens k and k + 1 at once: the type's row groups (_PAIR: Q8_0 4 rows, the K-quants and IQ4s
+    2, Q4_0 / IQ4_NL 8 with AVX-512 VNNI) decoded once for both, the rows left over a token at a time."""
 
 
 @_overload(_pair_rows)
@@ -274,8 +273,8 @@ def rows_token(code, w, r0, r1, rb, X16, DX, k, res, off):
 
 @njit(fastmath=True, inline="always")
 def rows_pair(code, w, r0, r1, rb, X16, DX, k, res, off):
-    """rows_token for tokens k and k + 1 at once: row groups (4 rows, or _PAIR's) decoded once for both (the
-    same products and float adds per row and token, so the same bits), the rows left over per token."""
+    """rows_token for tokens k and k + 1 at once: the type's row groups (_PAIR) decoded once for both (the same
+    products and float adds per row and token, so the same bits), the rows left over per token."""
     _pair_rows(code, w, r0, r1, rb, X16, DX, k, np.int64(X16.shape[1] // 32), res, off - r0)
 
 

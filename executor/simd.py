@@ -410,8 +410,7 @@ else:  # portable fallbacks with the same signatures
 # Q8_0 decodes 2 rows a pass (row_products.rows_token: from DRAM 1.3x its 8-row rate), Q4_0 8 (with AVX-512 VNNI
 # vnni.py's rows, 2 a pass)
 rows2_q8, rows1_q8, rows4x2_q8 = (_qkernel(False, n, t) for n, t in ((2, 1), (1, 1), (4, 2)))
-rows8_q4, rows4_q4, rows2_q4, rows1_q4, rows4x2_q4 = (_qkernel(True, n, t) for n, t in ((8, 1), (4, 1), (2, 1), (1, 1),
-                                                                                         (4, 2)))
+rows8_q4, rows4_q4, rows1_q4, rows4x2_q4 = (_qkernel(True, n, t) for n, t in ((8, 1), (4, 1), (1, 1), (4, 2)))
 # Q4_0 four tokens a pass, 8 rows (row_products.rows_quad; one core, 128 rows in L2, against two 4-row pairs: 1.21-1.23x,
 # 4 rows 0.98x, 2 rows 0.85x): 32 accumulators, more than the 16 registers, and still the fastest. Q8_0 8 rows
 # only 1.06x (4 rows 0.92x, 2 rows 0.86x): it stays in pairs (row_products._FUSED)

@@ -110,7 +110,7 @@ def test_kernels_read_in_place(tiny):
 @given(qt=st.sampled_from(TYPES[:2] + TYPES[3:] + KQUANTS), rows=st.integers(1, 40), nb=st.integers(1, 12),
        seed=st.integers(0, 2**31))
 def test_token_pairs_give_each_tokens_bits(qk, qt, rows, nb, seed):
-    """Two tokens through one row group (4 rows, Q4_0's and IQ4_NL's 8 with AVX-512 VNNI; each row decoded once,
+    """Two tokens through one row group (row_products._PAIR's: 2, 4 or 8 rows; each row decoded once,
     row_products.rows_pair) give the bits of
     each token alone (rows_token): the same int16 products, scales and float adds per row (the K-quants'
     rows in 256-weight super-blocks: nb of them)."""
