@@ -4,6 +4,7 @@
     python benchmarks/bench_qgemm.py [--types Q4_K Q6_K ...] [--tokens 4 8 16 32 64 128] [--rounds 7]
     python benchmarks/bench_qgemm.py --decode      # each type's rows decoded to integers (qdecode) against floats
     python benchmarks/bench_qgemm.py --int8        # also the int8 activations' GEMM (q_matmul8, `execute --gemm-int8`)
+    python benchmarks/bench_qgemm.py --tiles       # the GEMM's ymm tiles against its zmm ones (qgemm.WIDE), int16 and int8
 
 Prints GFLOP/s (2 rows x cols x tokens over the median time of `rounds` calls) of each path and the ratios
 qgemm / deq_matmul and qgemm / fused; the fused column up to 32 tokens. The token packing (qpack_into) is timed
@@ -63,6 +64,17 @@ def _matmul8(code: int):
     return run
 
 
+@lru_cache(maxsize=None)
+def _matmul(code: int, int8: bool, wide: bool):
+    """qgemm's GEMM of type `code` on int16 or int8 activations with its ymm or zmm tiles, from Python."""
+    mm = qgemm._q_matmul(int8, wide)
+
+    @njit(fastmath=True)
+    def run(w, r0, r1, rb, P, m, res, off):
+        mm(code, w, r0, r1, rb, P, m, res, off)
+    return run
+
+
 def pack8(x) -> np.ndarray:
     """qgemm.qpack8_into's panels of the float rows x."""
     P = np.empty(((x.shape[0] + 15) // 16, qgemm.panel_width8(x.shape[1]), 16), np.float32)
@@ -95,6 +107,38 @@ def bench_products(names, tokens, rounds: int, int8: bool = False) -> None:
                 P8 = pack8(x)
                 t8 = median_s(lambda: _matmul8(code)(w, 0, rows, rb, P8, m, res, 0), rounds)
                 print(f"{'':6} {m:4d} tokens  int8 qgemm {gf / t8:6.1f} GFLOP/s   int8/int16 {tq / t8:4.2f}", flush=True)
+
+
+def bench_tiles(names, tokens, rounds: int) -> None:
+    """The GEMM with ymm tiles against zmm tiles (qgemm.q_tile / q_tile_wide), int16 and int8 activations, the two
+    timed in alternating rounds; the products must be the same bits."""
+    rng = np.random.default_rng(1)
+    for name in names:
+        rows, cols = (2048, 768) if name == "Q6_K" else (768, 2048)
+        code = EXPERT_TYPES[QT[name]]
+        raw = rows_of(name, rows, cols, rng)
+        w, rb = raw.reshape(-1), raw.shape[1]
+        for m in tokens:
+            x = rng.standard_normal((m, cols)).astype(np.float32)
+            x16, dx = _quant_rows(x)
+            gf = 2 * rows * cols * m / 1e9
+            for int8, P in ((False, panels(x, x16, dx, True, True)), (True, pack8(x))):
+                if int8 and not qgemm.HAVE_VNNI256:
+                    continue
+                out, ts = {}, {False: [], True: []}
+                for wide in (False, True):
+                    out[wide] = np.zeros((m, rows), np.float32)
+                    _matmul(code, int8, wide)(w, 0, rows, rb, P, m, out[wide], 0)
+                for _ in range(rounds):
+                    for wide in (False, True):
+                        f = _matmul(code, int8, wide)
+                        t = time.perf_counter()
+                        f(w, 0, rows, rb, P, m, out[wide], 0)
+                        ts[wide].append(time.perf_counter() - t)
+                ty, tz = statistics.median(ts[False]), statistics.median(ts[True])
+                same = np.array_equal(out[False], out[True])
+                print(f"{name:6} {m:4d} tokens {'int8 ' if int8 else 'int16'}  ymm {gf / ty:6.1f}  zmm {gf / tz:6.1f} "
+                      f"GFLOP/s  zmm/ymm {ty / tz:4.2f}  same bits: {same}", flush=True)
 
 
 def bench_decode(names, rounds: int) -> None:
@@ -138,11 +182,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--decode", action="store_true", help="time the row decoders instead")
     ap.add_argument("--int8", action="store_true", help="also the GEMM on int8 activations (qgemm.q_matmul8)")
+    ap.add_argument("--tiles", action="store_true", help="the GEMM's ymm tiles against its zmm ones")
     a = ap.parse_args()
     numba.set_num_threads(1)
-    print(f"one core; vpdpwssd: {qgemm.HAVE_VNNI256}; the executor takes the integer GEMM: {qgemm.HAVE_QGEMM}")
+    print(f"one core; vpdpwssd: {qgemm.HAVE_VNNI256}, on zmm: {qgemm.HAVE_VNNI512} (the executor's: {qgemm.WIDE}); the executor takes the integer GEMM: {qgemm.HAVE_QGEMM}")
     if a.decode:
         bench_decode(a.types, a.rounds)
+    elif a.tiles:
+        bench_tiles(a.types, a.tokens, a.rounds)
     else:
         bench_products(a.types, a.tokens, a.rounds, a.int8)
 

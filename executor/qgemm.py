@@ -52,6 +52,13 @@ drop_stale_cache(__file__)
 
 _FEATURES = llb.get_host_cpu_features().flatten().split(",")
 HAVE_VNNI256 = all(f"+{f}" in _FEATURES for f in ("avx512vnni", "avx512vl"))  # vpdpwssd on ymm, 32 ymm registers
+# The tiles' width: 16 tokens a 512-bit register (`vpdpwssd` / `vpdpbusd` on zmm) where the core has AVX-512 VNNI, else 8
+# a ymm. A core with full-width 512-bit pipes (Zen 5, Intel's server parts) retires zmm VNNI at its ymm rate: on the
+# Zen 5 VM of session 55, 12 independent chains, 7.4-7.6 G ymm against 7.7-8.2 G zmm `vpdpwssd` a second (118-122
+# against 245-262 G multiply-adds), where the 16-token ymm tile already ran at 83% of the ymm peak; Zen 4 splits a zmm
+# op in two, the same multiply-adds a cycle either way. MOE_OFFLOAD_QGEMM_ZMM=0 / 1 forces it (nbcache._SWITCHES).
+HAVE_VNNI512 = HAVE_VNNI256 and all(f"+{f}" in _FEATURES for f in ("avx512f", "avx512bw"))
+WIDE = HAVE_VNNI512 and {"0": False, "1": True}.get(os.environ.get("MOE_OFFLOAD_QGEMM_ZMM", ""), True)
 # Where prefill's products take the integer GEMM (row_products.rows_matmul): with VNNI; MOE_OFFLOAD_QGEMM=0 / 1 turns
 # it off / on whatever the CPU (to compare or test the paths; the kernels' caches follow it: nbcache._SWITCHES)
 HAVE_QGEMM = HAVE_AVX2 and {"0": False, "1": True}.get(os.environ.get("MOE_OFFLOAD_QGEMM", ""), HAVE_VNNI256)
@@ -221,7 +228,11 @@ def gemm_pack(P, b0, X, X16, DX, idx):
 
 
 def _dp(builder, acc, a, b):
-    """acc + the pairwise int16 products of a and b (<8 x i32> each: two int16 a lane): vpdpwssd, else vpmaddwd + vpaddd."""
+    """acc + the pairwise int16 products of a and b (<8 x i32> or <16 x i32>: two int16 a lane): vpdpwssd, else
+    vpmaddwd + vpaddd (8 lanes only)."""
+    n = a.type.count
+    if n == 16:
+        return builder.call(_fn(builder, "llvm.x86.avx512.vpdpwssd.512", V(I32, 16), [V(I32, 16)] * 3), [acc, a, b])
     if HAVE_VNNI256:
         return builder.call(_fn(builder, "llvm.x86.avx512.vpdpwssd.256", V(I32, 8), [V(I32, 8)] * 3), [acc, a, b])
     pm = builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", V(I32, 8), [V(I16, 16), V(I16, 16)]),
@@ -230,8 +241,11 @@ def _dp(builder, acc, a, b):
 
 
 def _dp8(builder, acc, s, u):
-    """acc + per int32 lane the sum of its four signed bytes of s times the four unsigned bytes of u (<8 x i32> each):
-    vpdpbusd, else the bytes widened to int32 (portable IR: the tests' path without VNNI)."""
+    """acc + per int32 lane the sum of its four signed bytes of s times the four unsigned bytes of u (<8 x i32> or
+    <16 x i32>): vpdpbusd, else the bytes widened to int32 (portable IR: the tests' path without VNNI; 8 lanes)."""
+    n = s.type.count
+    if n == 16:
+        return builder.call(_fn(builder, "llvm.x86.avx512.vpdpbusd.512", V(I32, 16), [V(I32, 16)] * 3), [acc, u, s])
     if HAVE_VNNI256:
         return builder.call(_fn(builder, "llvm.x86.avx512.vpdpbusd.256", V(I32, 8), [V(I32, 8)] * 3), [acc, u, s])
     prod = builder.mul(builder.sext(builder.bitcast(s, V(I8, 32)), V(I32, 32)),
@@ -241,21 +255,23 @@ def _dp8(builder, acc, s, u):
     return acc
 
 
-def _qtile_gen(G: int, mins: bool, NV: int, step: int = 2, bias: int = 0):
+def _qtile_gen(G: int, mins: bool, NV: int, step: int = 2, bias: int = 0, L: int = 8):
     """Codegen: C [blocks, MR, NT] += rows A16 [MR, kc] (int16, natural order; scales SC, negated mins MN [MR,
-    kc / 16]) times the first 8 NV tokens of qpack_into blocks Pk [blocks, panel_width(cols), NT] (8 lanes j at
-    block j // 2, half j % 2), over columns [c0, c0 + kc) of rows of nb 32-blocks: per G-value sub-block, G / 2
-    steps of MR x NV vpdpwssd (a row's pair broadcast, the tokens' pairs loaded), then per accumulator one convert
-    and one fma with (row scale x token dx), and one fma with the min term. The int32 accumulators take MR NV of the
-    32 ymm registers, the float ones as many (NV = 3: LLVM keeps some of those in L1). step 4: int8 activations,
-    qpack8_into's blocks of value quads against rows of unsigned bytes (q_matmul8), G / 4 steps of `vpdpbusd`, each
-    sub-block's integer sums starting at -bias sum(x8) (the weights' bias, BIAS8: no float step for it)."""
+    kc / 16]) times the first L NV tokens of qpack_into blocks Pk [blocks, panel_width(cols), NT] (L = 8: ymm lanes
+    j at block j // 2, half j % 2; L = 16: zmm, lanes j a whole block j), over columns [c0, c0 + kc) of rows of nb
+    32-blocks: per G-value sub-block, G / 2 steps of MR x NV vpdpwssd (a row's pair broadcast, the tokens' pairs
+    loaded), then per accumulator one convert and one fma with (row scale x token dx), and one fma with the min
+    term. The int32 accumulators take MR NV of the 32 registers, the float ones as many (NV = 3: LLVM keeps some of
+    those in L1). step 4: int8 activations, qpack8_into's blocks of value quads against rows of unsigned bytes
+    (q_matmul8), G / 4 steps of `vpdpbusd`, each sub-block's integer sums starting at -bias sum(x8) (the weights'
+    bias, BIAS8: no float step for it). Each lane's integer sums and float steps are the same whatever L: the same
+    bits."""
     def gen(context, builder, sig, args):
         A, SC, MN, Pk, C, W = (cgutils.create_struct_proxy(sig.args[i])(context, builder, value=args[i])
                                for i in (0, 1, 2, 3, 7, 8))
         c0, kc, nb, pfo, rb, sb = args[4], args[5], args[6], args[9], args[10], args[11]
         i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
-        fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
+        fma = _fn(builder, f"llvm.fma.v{L}f32", V(F32, L), [V(F32, L)] * 3)
         a_s = cgutils.unpack_tuple(builder, A.strides, 2)[0]
         s_s = cgutils.unpack_tuple(builder, SC.strides, 2)[0]
         p8 = builder.bitcast(Pk.data, I8.as_pointer())
@@ -267,21 +283,23 @@ def _qtile_gen(G: int, mins: bool, NV: int, step: int = 2, bias: int = 0):
             return builder.bitcast(builder.gep(builder.bitcast(ary.data, I8.as_pointer()), [builder.mul(s, i64(i))]),
                                    ty.as_pointer())
 
-        def pvec(r, j, ty):  # <8 x ty> at row r, tokens 8 j .. 8 j + 7 of the blocks
-            at = builder.add(builder.mul(r, i64(4 * NT)), i64(32 * (j % 2)))
-            p = builder.gep(p8, [builder.add(at, builder.mul(p_blk, i64(j // 2)))])
-            return builder.load(builder.bitcast(p, V(ty, 8).as_pointer()), align=4)
+        def pvec(r, j, ty):  # <L x ty> at row r, tokens L j .. L j + L - 1 of the blocks
+            blk, half = (j // 2, j % 2) if L == 8 else (j, 0)
+            at = builder.add(builder.mul(r, i64(4 * NT)), i64(32 * half))
+            p = builder.gep(p8, [builder.add(at, builder.mul(p_blk, i64(blk)))])
+            return builder.load(builder.bitcast(p, V(ty, L).as_pointer()), align=4)
         K = 32 // step  # a 32-block's rows of token words: value pairs (int16) or quads (int8)
         arows = [row(A, a_s, i, I16 if step == 2 else I8) for i in range(MR)]
         srows = [row(SC, s_s, i, F32) for i in range(MR)]
         mrows = [row(MN, s_s, i, F32) for i in range(MR)] if mins else None
 
         def cp(i, j):
-            at = builder.add(builder.mul(c_blk, i64(j // 2)), i64(4 * (i * NT + 8 * (j % 2))))
-            return builder.bitcast(builder.gep(c8, [at]), V(F32, 8).as_pointer())
+            blk, half = (j // 2, j % 2) if L == 8 else (j, 0)
+            at = builder.add(builder.mul(c_blk, i64(blk)), i64(4 * (i * NT + 8 * half)))
+            return builder.bitcast(builder.gep(c8, [at]), V(F32, L).as_pointer())
         acc = [[cgutils.alloca_once_value(builder, builder.load(cp(i, j), align=4)) for j in range(NV)]
                for i in range(MR)]
-        zero = ir.Constant(V(I32, 8), [0] * 8)
+        zero = ir.Constant(V(I32, L), [0] * L)
         pair0, blk0 = builder.udiv(c0, i64(step)), builder.udiv(c0, i64(32))
         pref = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
         w8 = builder.bitcast(W.data, I8.as_pointer())
@@ -303,7 +321,7 @@ def _qtile_gen(G: int, mins: bool, NV: int, step: int = 2, bias: int = 0):
                       builder.add(builder.mul(nb, i64(K + 2)), builder.add(builder.mul(gb, i64(2)), i64(g))))
                 ia = [[zero] * NV for _ in range(MR)]
                 if bias:  # the weights' bias comes off where the integer sums start: -bias sum(x8), every row's
-                    nbx = [builder.mul(pvec(sr, j, I32), _splat(builder, ir.Constant(I32, -bias), 8)) for j in range(NV)]
+                    nbx = [builder.mul(pvec(sr, j, I32), _splat(builder, ir.Constant(I32, -bias), L)) for j in range(NV)]
                     ia = [list(nbx) for _ in range(MR)]
                 for p in range(G // step):
                     pr = builder.add(pair0, builder.add(builder.mul(b, i64(K)), i64(g * G // step + p)))
@@ -311,18 +329,18 @@ def _qtile_gen(G: int, mins: bool, NV: int, step: int = 2, bias: int = 0):
                     col = builder.add(builder.mul(b, i64(32)), i64(g * G + step * p))
                     for i in range(MR):
                         wp = builder.bitcast(builder.gep(arows[i], [col]), I32.as_pointer())
-                        wv = _splat(builder, builder.load(wp, align=2 if step == 2 else 1), 8)
+                        wv = _splat(builder, builder.load(wp, align=2 if step == 2 else 1), L)
                         for j in range(NV):
                             ia[i][j] = (_dp if step == 2 else _dp8)(builder, ia[i][j], tv[j], wv)
                 sub = builder.add(builder.mul(b, i64(32 // G)), i64(g))
                 if mins:  # dx sum(x) of the block or half
-                    sv = [pvec(sr, j, F32) if step == 2 else _fmul(builder, dv[j], builder.sitofp(pvec(sr, j, I32), V(F32, 8)))
+                    sv = [pvec(sr, j, F32) if step == 2 else _fmul(builder, dv[j], builder.sitofp(pvec(sr, j, I32), V(F32, L)))
                           for j in range(NV)]
                 for i in range(MR):
-                    s = _splat(builder, builder.load(builder.gep(srows[i], [sub])), 8)
-                    mv = _splat(builder, builder.load(builder.gep(mrows[i], [sub])), 8) if mins else None
+                    s = _splat(builder, builder.load(builder.gep(srows[i], [sub])), L)
+                    mv = _splat(builder, builder.load(builder.gep(mrows[i], [sub])), L) if mins else None
                     for j in range(NV):
-                        f = builder.call(fma, [builder.sitofp(ia[i][j], V(F32, 8)), _fmul(builder, s, dv[j]),
+                        f = builder.call(fma, [builder.sitofp(ia[i][j], V(F32, L)), _fmul(builder, s, dv[j]),
                                                builder.load(acc[i][j])])
                         if mins:
                             f = builder.call(fma, [mv, sv[j], f])
@@ -334,17 +352,18 @@ def _qtile_gen(G: int, mins: bool, NV: int, step: int = 2, bias: int = 0):
     return gen
 
 
-def _tile(G: int, mins: bool, NV: int, step: int, bias: int):
+def _tile(G: int, mins: bool, NV: int, step: int, bias: int, L: int = 8):
     @intrinsic
     def tile(typingctx, A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb):
-        return types.none(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb), _qtile_gen(G, mins, NV, step, bias)
+        return types.none(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb), _qtile_gen(G, mins, NV, step, bias, L)
     return tile
 
 
-# (sub-block, mins, step, bias) -> the tiles of 8, 16 and 24 tokens of the types' (SUB, MINS, BIAS8); step 4: int8
-# activations against biased weights (q_matmul8)
+# (sub-block, mins, step, bias) -> the ymm tiles of 8, 16 and 24 tokens of the types' (SUB, MINS, BIAS8), then the zmm
+# ones of 16 and 32 (WIDE); step 4: int8 activations against biased weights (q_matmul8)
 _TILES = {(SUB[c], MINS[c], s, BIAS8[c] if s == 4 else 0): None for c in range(len(SUB)) for s in (2, 4)}
-_TILES = {k: tuple(_tile(*k[:2], nv, *k[2:]) for nv in (1, 2, 3)) for k in _TILES}
+_TILES = {k: tuple(_tile(*k[:2], nv, *k[2:]) for nv in (1, 2, 3)) + tuple(_tile(*k[:2], nv, *k[2:], 16) for nv in (1, 2))
+          for k in _TILES}
 
 
 def q_tile(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
@@ -354,17 +373,41 @@ def q_tile(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
     raise TypeError("qgemm.q_tile runs inside numba code only")
 
 
+def q_tile_wide(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
+    """q_tile with zmm tiles: nv 2 (16 tokens, one block) or 4 (32, two blocks) in 512-bit registers, nv 1 the ymm
+    8-token tile; numba code only."""
+    raise TypeError("qgemm.q_tile_wide runs inside numba code only")
+
+
+def _tiles_of(code, A16):
+    step = 4 if A16.dtype == types.uint8 else 2  # int8 activations against biased unsigned weights (q_matmul8)
+    c = code.literal_value
+    return _TILES[(SUB[c], MINS[c], step, BIAS8[c] if step == 4 else 0)]
+
+
 @overload(q_tile, prefer_literal=True, jit_options={"fastmath": True})
 def _q_tile_typed(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
-    c = code.literal_value
-    step = 4 if A16.dtype == types.uint8 else 2  # int8 activations against biased unsigned weights (q_matmul8)
-    t8, t16, t24 = _TILES[(SUB[c], MINS[c], step, BIAS8[c] if step == 4 else 0)]
+    t8, t16, t24 = _tiles_of(code, A16)[:3]
 
     def impl(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
         if nv == 3:
             t24(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb)
         elif nv == 2:
             t16(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb)
+        else:
+            t8(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb)
+    return impl
+
+
+@overload(q_tile_wide, prefer_literal=True, jit_options={"fastmath": True})
+def _q_tile_wide_typed(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
+    t8, z16, z32 = (_tiles_of(code, A16)[i] for i in (0, 3, 4))
+
+    def impl(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
+        if nv == 4:
+            z32(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb)
+        elif nv == 2:
+            z16(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb)
         else:
             t8(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb)
     return impl
@@ -386,9 +429,11 @@ def _rows8(code, w, o, A, A16, S, N, kc, i):
         A[i, c] = np.uint8(A16[0, c] + bias)
 
 
-def _q_matmul(int8: bool):
-    """q_matmul (int8: q_matmul8): one body, the panel rows' type and its tiles chosen here."""
+def _q_matmul(int8: bool, wide: bool = WIDE):
+    """q_matmul (int8: q_matmul8): one body, the panel rows' type and its tiles (wide: zmm, q_tile_wide) chosen
+    here."""
     den, adt, rows = (12, np.uint8, _rows8) if int8 else (20, np.int16, _rows16)
+    tile = q_tile_wide if wide else q_tile
 
     @njit(fastmath=True, inline="always")
     def q_matmul(code, w, r0, r1, rb, P, m, res, off):
@@ -420,12 +465,17 @@ def _q_matmul(int8: bool):
                 sb = np.int64(_col_bytes(code, kc)) if p + 1 < npn else np.int64(0)
                 pfo = np.int64((r + MR) * rb + cb)
                 kb = 0
-                while kb < nkb:  # 16-token tiles; a last 17-24 tokens in one 24-token tile (two blocks), 1-8 in 8
+                while kb < nkb:
+                    # ymm: 16-token tiles, a last 17-24 tokens in one 24-token tile (two blocks), 1-8 in 8; zmm: 32-token
+                    # tiles (two blocks), a last 9-16 tokens in 16, 1-8 in the ymm 8
                     rem = m - kb * NT
-                    nv = 1 if rem <= 8 else (3 if 16 < rem <= 24 else 2)
-                    q_tile(code, A, S, N, P[kb:kb + 2], np.int64(c0), np.int64(kc), np.int64(nb), C[p, kb:kb + 2],
-                           nv, w, pfo, np.int64(rb), sb if kb == 0 else np.int64(0))
-                    kb += 2 if nv == 3 else 1
+                    if wide:
+                        nv = 1 if rem <= 8 else (2 if rem <= 16 else 4)
+                    else:
+                        nv = 1 if rem <= 8 else (3 if 16 < rem <= 24 else 2)
+                    tile(code, A, S, N, P[kb:kb + 2], np.int64(c0), np.int64(kc), np.int64(nb), C[p, kb:kb + 2],
+                         nv, w, pfo, np.int64(rb), sb if kb == 0 else np.int64(0))
+                    kb += 2 if nv >= 3 else 1
         for p in range(npn):
             nr = min(MR, r1 - r0 - p * MR)
             for k in range(m):

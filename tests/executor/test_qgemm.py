@@ -137,8 +137,9 @@ def test_integer_gemm_matches_dequantised_then_matmul(qk, qt, rows, units, T, se
 @pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q2_K, QT.IQ4_XS], ids=lambda q: q.name)
 @pytest.mark.parametrize("T", [8, 16, 17, 24, 25, 40, 41])
 def test_each_token_tiling_matches_dequantised_then_matmul(qk, qt, T):
-    """Tokens tile as 16s, then a last 1-8 in the 8-token tile, 9-16 in the 16-token one, 17-24 in one 24-token tile
-    over two blocks (40 = 16 + 24, 41 = 16 + 16 + 8); each matches gguf.dequantize then a float matmul (32-value
+    """ymm tiles: tokens tile as 16s, then a last 1-8 in the 8-token tile, 9-16 in the 16-token one, 17-24 in one
+    24-token tile over two blocks (40 = 16 + 24, 41 = 16 + 16 + 8); zmm tiles (qgemm.WIDE): 32s, then 17-32 in 32,
+    9-16 in 16, 1-8 in the ymm 8 (40 = 32 + 8, 41 = 32 + 16); each matches gguf.dequantize then a float matmul (32-value
     sub-blocks with mins, 16-value ones with mins, 32-blocks without)."""
     rng = np.random.default_rng(T)
     raw = _raw_rows(rng, qt, 13, 2)
@@ -176,3 +177,38 @@ def test_rows_wider_than_a_slice_match_dequantised(qk, qt):
     x = rng.standard_normal((11, cols)).astype(np.float32)
     got, _, _ = _q_products(EXPERT_TYPES[qt], raw, x)
     qk.close(got, x @ W.T, np.abs(x) @ np.abs(W).T)
+
+
+@lru_cache(maxsize=None)
+def _tiled(code: int, int8: bool, wide: bool):
+    """qgemm's GEMM of type `code` on int16 / int8 activations with its ymm (wide False) or zmm tiles."""
+    mm = qgemm._q_matmul(int8, wide)
+
+    @njit(fastmath=True)
+    def run(w, rows, rb, P, m, res):
+        mm(code, w, 0, rows, rb, P, m, res, 0)
+    return run
+
+
+@pytest.mark.skipif(not qgemm.HAVE_VNNI512, reason="zmm tiles need AVX-512 VNNI")
+@pytest.mark.parametrize("int8", [False, True], ids=["int16", "int8"])
+@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K, QT.IQ4_XS], ids=lambda q: q.name)
+def test_zmm_tiles_give_the_ymm_tiles_bits(qt, int8):
+    """The zmm tiles (qgemm.WIDE: 32 tokens, a last 9-16 in 16, 1-8 in the ymm 8) give every product the bits of the
+    ymm tiles (16 tokens, 24, 8) at 1-70 tokens: each lane's integer sums and float steps are the same (32-value
+    sub-blocks with mins, 16-value ones without, 32-blocks with a codebook)."""
+    from .test_qgemm_int8 import _pack8
+    rng = np.random.default_rng(int(qt) + 100 * int8)
+    raw = _raw_rows(rng, qt, 13, 8 if gguf.GGML_QUANT_SIZES[qt][0] == 32 else 2)
+    cols = raw.shape[1] // gguf.GGML_QUANT_SIZES[qt][1] * gguf.GGML_QUANT_SIZES[qt][0]
+    code = EXPERT_TYPES[qt]
+    for T in (1, 8, 9, 16, 17, 24, 25, 32, 33, 40, 48, 49, 70):
+        x = rng.standard_normal((T, cols)).astype(np.float32)
+        x16, dx = _quant_rows(x)
+        P = _pack8(x) if int8 else panels(x, x16, dx, True, True)
+        out = {}
+        for wide in (False, True):
+            out[wide] = np.zeros((T, 13), np.float32)
+            _tiled(code, int8, wide)(raw.reshape(-1), 13, raw.shape[1], P, T, out[wide])
+        assert np.array_equal(out[False], out[True]), T
+        assert np.isfinite(out[True]).all() and np.abs(out[True]).max() > 0
