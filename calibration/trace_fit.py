@@ -171,6 +171,14 @@ def _engram_row_us(recs) -> tuple[float, int, int]:
     return (statistics.median(warm) if warm else 0.0), len(warm), len(eng) - len(warm)
 
 
+def _attention_flops(model, r) -> float:
+    """A prefill record's attention FLOPs: each of its streams' tokens against that stream's context (kv_start tokens
+    before the pass; traces before kv_start was recorded: 0, one pass)."""
+    from simulator.prefill import attention_flops
+    s = r.get("streams", 1)
+    return s * attention_flops(model, r.get("kv_start", 0), r["tokens"] // s)
+
+
 def _pairs(r, experts) -> int:
     """(token, expert) products of record r among `experts`."""
     s = set(experts)
@@ -275,10 +283,10 @@ def fit(traces: dict[str, list[dict]], model, dense_gbs: float, threads: int,
         f.prefill_gflops_per_core = flops / t / 1e9 / threads if t > 0 else None
         jobs = sum(len(r["cpu"]) for r in pre)
         f.prefill_tokens_per_expert = sum(_pairs(r, r["cpu"]) for r in pre) / jobs if jobs else None
-        from simulator.prefill import attention_flops
-        # the head once per stream (its last prompt token's logits); traces before `streams` was recorded: one
+        # the head once per stream (its last prompt token's logits); traces before `streams` was recorded: one; each
+        # stream's attention against its own context (kv_start tokens before the pass: the plan's -ub passes)
         dflops = sum((model.prefill_dense_flops(r["tokens"], outputs=r.get("streams", 1))
-                      + attention_flops(model, 0, r["tokens"])) / model.n_layers for r in pre)
+                      + _attention_flops(model, r)) / model.n_layers for r in pre)
         td = sum(r["t_dense_ms"] + r["t_experts_ms"] - r["t_cpu_ms"] - r["t_dev_ms"] for r in pre) * 1e-3
         f.host_gemm_gflops = dflops / td / 1e9 if td > 0 else None
         f.n["prefill_records"] = len(pre)

@@ -114,10 +114,10 @@ def run_layers(x, u8, f32, f4, meta, E, eps, nh, nkv, neox, norm, cos, sin, p0, 
 
 
 def layer_records(out: np.ndarray, i0: int, i1: int, T: int, k: int, ebytes: list[int], step: int, phase: str,
-                  engram: tuple, streams: int = 1) -> list[dict]:
+                  engram: tuple, streams: int = 1, kv_start: int = 0) -> list[dict]:
     """The trace records of layers [i0, i1) from run_layers' output, as CpuStep's per-layer path writes
-    them (experts.cpu_record's fields, then the layer's: T tokens of `streams` streams); engram: (pages,
-    rows, major faults, seconds) of the Engram add before layer i0."""
+    them (experts.cpu_record's fields, then the layer's: T tokens of `streams` streams, after kv_start tokens
+    of each in the KV cache); engram: (pages, rows, major faults, seconds) of the Engram add before layer i0."""
     pages, rows, faults, t_eng = engram
     E = out.shape[1] - 4 - T * k
     recs = []
@@ -125,7 +125,7 @@ def layer_records(out: np.ndarray, i0: int, i1: int, T: int, k: int, ebytes: lis
         t0, t1, t2, nr = o[:4]
         miss, ids = o[4:4 + nr], o[4 + E:]
         rec = X.cpu_record(miss, (t2 - t1) * 1e-6, nr * ebytes[i])
-        rec.update(step=step, phase=phase, streams=streams, layer=i, tokens=T,
+        rec.update(step=step, phase=phase, streams=streams, layer=i, tokens=T, kv_start=kv_start,
                    routed=[ids[t * k:(t + 1) * k] for t in range(T)],
                    t_dense_ms=(t1 - t0) * 1e-6, t_experts_ms=(t2 - t1) * 1e-6, engram_pages=pages,
                    t_engram_ms=t_eng * 1e3, engram_rows=rows, engram_major_faults=faults)

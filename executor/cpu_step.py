@@ -135,7 +135,7 @@ class CpuStep:
             yt, rec = ex.forward(i, torch.from_numpy(h), eid, w)
             x += yt.numpy()
         t2 = pc()
-        rec.update(tag, layer=i, tokens=x.shape[0], routed=eid.tolist(), t_dense_ms=(t1 - t0 - t_eng) * 1e3,
+        rec.update(tag, layer=i, tokens=x.shape[0], kv_start=p0, routed=eid.tolist(), t_dense_ms=(t1 - t0 - t_eng) * 1e3,
                    t_experts_ms=(t2 - t1) * 1e3, engram_pages=pages, t_engram_ms=t_eng * 1e3, engram_rows=rows,
                    engram_major_faults=faults)
         return rec
@@ -161,9 +161,9 @@ class CpuStep:
         """Append the trace records of the fused steps run since the last flush (built here, after the
         timed steps: ~4 us a record in a step, its Python data cache-cold after the kernels)."""
         r, k = self.r, self.r.k
-        for step, phase, S, T, t_embed, t_head, runs in self.pending:
+        for step, phase, S, T, p0, t_embed, t_head, runs in self.pending:
             recs = [rec for i0, i1, eng, out in runs
-                    for rec in CL.layer_records(out, i0, i1, T, k, self.ebytes, step, phase, eng, S)]
+                    for rec in CL.layer_records(out, i0, i1, T, k, self.ebytes, step, phase, eng, S, p0)]
             recs[0]["t_dense_ms"] += t_embed
             recs[-1]["t_dense_ms"] += t_head
             r.trace += recs
@@ -197,7 +197,7 @@ class CpuStep:
         logits = r.dense.head_np(x.reshape(S, n, -1)[:, -1])  # [S, V]
         t_head = (pc() - t0) * 1e3
         if runs:
-            self.pending.append((step, phase, S, T, t_embed, t_head, runs))
+            self.pending.append((step, phase, S, T, p0, t_embed, t_head, runs))
         else:
             recs[-1]["t_dense_ms"] += t_head
             r.trace += recs

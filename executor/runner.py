@@ -147,7 +147,7 @@ class Runner:
                 y = y + sh
             x = xa + y.view(S, n, -1) if g is None else torch.add(xa, y.view(S, n, -1), out=g.x)
             t3 = time.perf_counter()
-            rec.update(step=step, phase=phase, streams=S, layer=i, tokens=S * n, routed=eids.tolist(),
+            rec.update(step=step, phase=phase, streams=S, layer=i, tokens=S * n, kv_start=self.kv.len, routed=eids.tolist(),
                        t_dense_ms=((t1 - t0 - t_eng) + (t3 - t2)) * 1e3 + (t_embed if i == 0 else 0.0),
                        t_experts_ms=(t2 - t1) * 1e3, engram_pages=pages, t_engram_ms=t_eng * 1e3, engram_rows=rows,
                        engram_major_faults=faults)
@@ -176,7 +176,11 @@ class Runner:
         if plan.expert_cache.release_during_prefill and self.experts.cache.slots:
             self.experts.release()
         t0, n0 = time.perf_counter(), len(self.trace)
-        logits = self._run(prompts, "prefill", 0)
+        passes = plan.prefill.passes(prompts.shape[1], prompts.shape[0])  # the plan's -b / -ub, as the simulator's
+        a = 0
+        for n in passes:
+            logits = self._run(prompts[:, a:a + n], "prefill", 0)  # the KV cache holds the tokens before a
+            a += n
         self.experts.end_step()
         tok = _argmax(logits)  # [S]
         ttft = time.perf_counter() - t0
@@ -196,9 +200,11 @@ class Runner:
             print(file=sys.stderr)
         if self.cpu is not None:
             self.cpu.flush()  # the fused steps' records, built after the timed steps
-        L = self.c.n_layers  # every step writes one record a layer
-        for s, wall in enumerate([ttft] + itl):
-            _host_time(self.trace[n0 + s * L:n0 + (s + 1) * L], wall)
+        L = self.c.n_layers  # every pass writes one record a layer: the prefill's passes count as one step
+        n1 = n0 + len(passes) * L
+        _host_time(self.trace[n0:n1], ttft)
+        for s, wall in enumerate(itl):
+            _host_time(self.trace[n1 + s * L:n1 + (s + 1) * L], wall)
         return np.stack(out, axis=1), dict(ttft_s=ttft, itl_s=itl), all_logits
 
 

@@ -123,6 +123,18 @@ class Prefill(_Strict):
             raise ValueError("ubatch_tokens exceeds chunk_tokens")
         return self
 
+    def passes(self, prompt_tokens: int, streams: int = 1) -> list[int]:
+        """Each stream's prompt tokens per forward pass (tokens): chunks of chunk_tokens (llama.cpp -b), each in
+        micro-batches of ubatch_tokens (-ub; stream-all: the whole chunk), as the simulator's prefill runs them;
+        `streams` prompts side by side share a pass's ubatch_tokens (at least one token each)."""
+        chunk, ub = max(1, self.chunk_tokens // streams), max(1, self.ubatch_tokens // streams)
+        out = []
+        for a in range(0, prompt_tokens, chunk):
+            c = min(chunk, prompt_tokens - a)
+            step = c if self.strategy == "stream-all" else min(ub, c)
+            out += [min(step, c - b) for b in range(0, c, step)]
+        return out
+
 
 class KVCache(_Strict):
     context: int = Field(default=32768, ge=1)  # tokens reserved

@@ -170,7 +170,8 @@ def test_engram_time_kept_out_of_the_layer_constants(runs):
 def test_a_prefill_of_several_streams_counts_a_head_per_stream(runs):
     """The executor computes each stream's last-token logits after a prefill step, so a trace record of S
     streams (its `streams` field) carries S heads in the host GEMM rate's FLOPs
-    (ModelSpec.prefill_dense_flops(tokens, outputs=S)); a record without the field (older traces) one."""
+    (ModelSpec.prefill_dense_flops(tokens, outputs=S)), and each stream's tokens / S attend to their own stream's
+    only; a record without the field (older traces) one."""
     from simulator.prefill import attention_flops
     path, m, d, out = runs
     recs = trace_fit.read_trace(out[0][2]["trace"])
@@ -180,8 +181,25 @@ def test_a_prefill_of_several_streams_counts_a_head_per_stream(runs):
     one, old, two = (trace_fit.fit({"t": big(x)}, m, dense, 2, ca).host_gemm_gflops
                      for x in ({"streams": 1}, {}, {"streams": 2}))
     assert one == old
-    flops = lambda s: m.prefill_dense_flops(128, outputs=s) + attention_flops(m, 0, 128)  # noqa: E731
-    assert two / one == pytest.approx(flops(2) / flops(1), rel=1e-12) and two > one
+    flops = lambda s: m.prefill_dense_flops(128, outputs=s) + s * attention_flops(m, 0, 128 // s)  # noqa: E731
+    assert two / one == pytest.approx(flops(2) / flops(1), rel=1e-12)
+
+
+def test_a_prefill_pass_after_others_attends_to_their_tokens_too(runs):
+    """A prefill pass after kv_start tokens (the plan's -ub passes) attends to them as well: its attention FLOPs
+    (simulator.prefill.attention_flops(start=kv_start)) enter the host GEMM rate; records without kv_start (older
+    traces): a first pass."""
+    from simulator.prefill import attention_flops
+    path, m, d, out = runs
+    recs = trace_fit.read_trace(out[0][2]["trace"])
+    assert {r["kv_start"] for r in recs if r["phase"] == "prefill"} == {0}  # the executor records it (one pass)
+    dense, _, _, ca = trace_profile.base_rates(base_profile(), m)
+    big = lambda extra: [{**r, "tokens": 128, **extra} if r["phase"] == "prefill" else r for r in recs]  # noqa: E731
+    first, old, later = (trace_fit.fit({"t": big(x)}, m, dense, 2, ca).host_gemm_gflops
+                         for x in ({"kv_start": 0}, {}, {"kv_start": 384}))
+    assert first == old
+    flops = lambda s: m.prefill_dense_flops(128, outputs=1) + attention_flops(m, s, 128)  # noqa: E731
+    assert later / first == pytest.approx(flops(384) / flops(0), rel=1e-12) and later > first
 
 
 @pytest.mark.timing
