@@ -10,7 +10,10 @@ K-quants' 256-weight super-blocks as ggml lays them out: ggml-quants.c dequantiz
 blocks), 10 = IQ4_XS (256-weight super-blocks)."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
+from llvmlite import binding as llb
 from llvmlite import ir
 from numba import njit
 from numba.core import cgutils, types
@@ -32,6 +35,13 @@ MR, NT, KC = 6, 16, 256  # rows a panel, tokens a block, columns a slice (a K-qu
 GEMM_TOKENS = 48
 _I32, _I64 = ir.IntType(32), ir.IntType(64)
 _V8 = ir.VectorType(ir.FloatType(), 8)
+_V16 = ir.VectorType(ir.FloatType(), 16)
+# zmm tiles (this GEMM's 32-token tile; qgemm's, with AVX-512 VNNI) where the core has AVX-512: a core with full-width
+# 512-bit pipes (Zen 5, Intel's server parts) retires a zmm FMA at its ymm rate (session 55's Zen 5 VM: 12 chains of
+# vpdpwssd, 7.4-7.6 G ymm against 7.7-8.2 G zmm a second); Zen 4 splits a zmm op in two, the same FLOPs a cycle.
+# MOE_OFFLOAD_ZMM=0 / 1 turns them off / on (to compare; the kernels' caches follow it: nbcache._SWITCHES).
+HAVE_AVX512 = all(f"+{f}" in llb.get_host_cpu_features().flatten().split(",") for f in ("avx512f", "avx512bw"))
+ZMM = HAVE_AVX512 and {"0": False, "1": True}.get(os.environ.get("MOE_OFFLOAD_ZMM", ""), True)
 
 
 @njit(fastmath=True, inline="always")
@@ -155,6 +165,51 @@ def _tile_gen(NV: int):
     return gen
 
 
+def _ztile_gen(NB: int):
+    """Codegen: C[:NB, MR, NT] += A[:MR, :n] B[:NB, c0:c0 + n, :]: _tile_gen's loop with a zmm a token block (NB
+    blocks of 16, one vector load each per column), MR NB FMAs from NB loads and MR broadcasts (12 accumulators at
+    NB = 2). Each lane's FMAs are _tile_gen's in the same order: the same bits."""
+    def gen(context, builder, sig, args):
+        a, b, c = (cgutils.create_struct_proxy(sig.args[i])(context, builder, value=args[i]) for i in (0, 1, 4))
+        c0, n = args[2], args[3]
+        lda = cgutils.unpack_tuple(builder, a.shape, 2)[1]
+        b_blk = cgutils.unpack_tuple(builder, b.strides, 3)[0]  # bytes a block
+        c_blk = cgutils.unpack_tuple(builder, c.strides, 3)[0]
+        i8 = ir.IntType(8).as_pointer()
+        b8, c8 = builder.bitcast(b.data, i8), builder.bitcast(c.data, i8)
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16] * 3), "llvm.fma.v16f32")
+        splat = ir.Constant(ir.VectorType(_I32, 16), [0] * 16)
+
+        def cp(i, j):  # C[j, i, :]
+            at = builder.add(builder.mul(c_blk, ir.Constant(_I64, j)), ir.Constant(_I64, 4 * i * NT))
+            return builder.bitcast(builder.gep(c8, [at]), _V16.as_pointer())
+        acc = [[cgutils.alloca_once_value(builder, builder.load(cp(i, j), align=4)) for j in range(NB)]
+               for i in range(MR)]
+        arow = [builder.gep(a.data, [builder.mul(lda, ir.Constant(_I64, i))]) for i in range(MR)]
+        with cgutils.for_range(builder, n) as loop:
+            k = loop.index
+            col = builder.mul(builder.add(c0, k), ir.Constant(_I64, 4 * NT))
+            bv = [builder.load(builder.bitcast(builder.gep(b8, [builder.add(col, builder.mul(b_blk, ir.Constant(_I64, j)))]),
+                                               _V16.as_pointer()), align=4) for j in range(NB)]
+            for i in range(MR):
+                v = builder.insert_element(ir.Constant(_V16, ir.Undefined), builder.load(builder.gep(arow[i], [k])),
+                                           ir.Constant(_I32, 0))
+                v = builder.shuffle_vector(v, v, splat)
+                for j in range(NB):
+                    builder.store(builder.call(fma, [v, bv[j], builder.load(acc[i][j])]), acc[i][j])
+        for i in range(MR):
+            for j in range(NB):
+                builder.store(builder.load(acc[i][j]), cp(i, j), align=4)
+        return context.get_dummy_value()
+    return gen
+
+
+@intrinsic
+def _ztile32(typingctx, A, B, c0, n, C):
+    """C[:2, MR, NT] += A[:, :n] B[:2, c0:c0 + n] (32 tokens: two blocks, zmm)."""
+    return types.none(A, B, c0, n, C), _ztile_gen(2)
+
+
 @intrinsic
 def _tile16(typingctx, A, B, c0, n, C):
     """C[MR, 16] += A[:, :n] B[c0:c0 + n] (16 tokens)."""
@@ -198,8 +253,16 @@ def _col_bytes(code, c0):
     return c0 // _BLOCK_VALUES[code] * _BLOCK_BYTES[code]
 
 
+def _deq_matmul(wide: bool):
+    """deq_matmul with its 32-token zmm tile (wide) or without: one body, the tiles chosen here."""
+    @njit(fastmath=True, inline="always")
+    def deq_matmul(code, w, r0, r1, rb, P, m, res, off):
+        _deq_matmul_body(code, w, r0, r1, rb, P, m, res, off, wide)
+    return deq_matmul
+
+
 @njit(fastmath=True, inline="always")
-def deq_matmul(code, w, r0, r1, rb, P, m, res, off):
+def _deq_matmul_body(code, w, r0, r1, rb, P, m, res, off, wide):
     """res[k, off + r - r0] = row_r . token k for rows [r0, r1) of flat bytes w (row stride rb) and the m tokens
     packed in P (pack_tokens); each weight is dequantised once.
 
@@ -225,16 +288,26 @@ def deq_matmul(code, w, r0, r1, rb, P, m, res, off):
                 deq_row(code, w, _U(r + i) * _U(rb) + cb, A[i, :kc], qk)
             for i in range(nr, MR):  # a short last panel: zero rows, results dropped below
                 A[i, :] = 0.0
-            for kb in range(nkb):
+            kb = 0
+            while kb < nkb:  # 16-token tiles, a last 1-8 tokens in 8; with ZMM 32-token tiles first
+                if wide and m - kb * NT > NT:
+                    _ztile32(A, P[kb:kb + 2], c0, kc, C[p, kb:kb + 2])
+                    kb += 2
+                    continue
                 if m - kb * NT > 8:
                     _tile16(A, P[kb], c0, kc, C[p, kb])
                 else:
                     _tile8(A, P[kb], c0, kc, C[p, kb])
+                kb += 1
     for p in range(npn):  # a token's MR results side by side (a token per row of res: one line, not MR)
         nr = min(MR, r1 - r0 - p * MR)
         for k in range(m):
             for i in range(nr):
                 res[k, off + p * MR + i] = C[p, k // NT, i, k % NT]
+
+
+deq_matmul = _deq_matmul(ZMM)
+deq_matmul.__doc__ = _deq_matmul_body.__doc__
 
 
 @njit(fastmath=True)

@@ -43,7 +43,7 @@ from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
-from .gemm import MR, NT, _col_bytes
+from .gemm import MR, NT, ZMM, _col_bytes
 from .nbcache import drop_stale_cache
 from .qdecode import q_decode
 from .simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fmul, _fn, _slice, _splat, q8_block
@@ -53,12 +53,11 @@ drop_stale_cache(__file__)
 _FEATURES = llb.get_host_cpu_features().flatten().split(",")
 HAVE_VNNI256 = all(f"+{f}" in _FEATURES for f in ("avx512vnni", "avx512vl"))  # vpdpwssd on ymm, 32 ymm registers
 # The tiles' width: 16 tokens a 512-bit register (`vpdpwssd` / `vpdpbusd` on zmm) where the core has AVX-512 VNNI, else 8
-# a ymm. A core with full-width 512-bit pipes (Zen 5, Intel's server parts) retires zmm VNNI at its ymm rate: on the
-# Zen 5 VM of session 55, 12 independent chains, 7.4-7.6 G ymm against 7.7-8.2 G zmm `vpdpwssd` a second (118-122
-# against 245-262 G multiply-adds), where the 16-token ymm tile already ran at 83% of the ymm peak; Zen 4 splits a zmm
-# op in two, the same multiply-adds a cycle either way. MOE_OFFLOAD_QGEMM_ZMM=0 / 1 forces it (nbcache._SWITCHES).
+# a ymm (gemm.ZMM, MOE_OFFLOAD_ZMM). On the Zen 5 VM of session 55, 12 independent chains ran 7.4-7.6 G ymm against
+# 7.7-8.2 G zmm `vpdpwssd` a second (118-122 against 245-262 G multiply-adds), where the 16-token ymm tile already ran
+# at 83% of the ymm peak.
 HAVE_VNNI512 = HAVE_VNNI256 and all(f"+{f}" in _FEATURES for f in ("avx512f", "avx512bw"))
-WIDE = HAVE_VNNI512 and {"0": False, "1": True}.get(os.environ.get("MOE_OFFLOAD_QGEMM_ZMM", ""), True)
+WIDE = HAVE_VNNI512 and ZMM
 # Where prefill's products take the integer GEMM (row_products.rows_matmul): with VNNI; MOE_OFFLOAD_QGEMM=0 / 1 turns
 # it off / on whatever the CPU (to compare or test the paths; the kernels' caches follow it: nbcache._SWITCHES)
 HAVE_QGEMM = HAVE_AVX2 and {"0": False, "1": True}.get(os.environ.get("MOE_OFFLOAD_QGEMM", ""), HAVE_VNNI256)

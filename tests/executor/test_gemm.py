@@ -2,9 +2,13 @@
 slices of rows dequantised in place, against gguf.dequantize then a float matmul."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 import gguf
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
+from numba import njit
 
 from executor import gemm, kernels as K
 from executor.row_products import py_deq_matmul
@@ -36,7 +40,7 @@ def test_packed_panels_hold_sixteen_tokens_a_column_zero_padded():
        seed=st.integers(0, 2**31))
 def test_deq_matmul_matches_dequantised(qk, qt, rows, nblk, m, seed):
     """Every type, any rows (6-row panels with a short last one), tokens (16-token tiles, an 8-token tail
-    tile) and columns (256-column slices with a short last one: up to 352 Q8_0 / Q4_0 / F16 columns, up to
+    tile; with gemm.ZMM 32-token tiles first) and columns (256-column slices with a short last one: up to 352 Q8_0 / Q4_0 / F16 columns, up to
     2,816 K-quant ones), from a row offset into an output column offset: gguf.dequantize then x W^T."""
     rng = np.random.default_rng(seed)
     cols = nblk * BLOCK[qt] if BLOCK[qt] == 256 else nblk * 32
@@ -69,3 +73,33 @@ def test_row_ranges_give_the_rows_of_the_whole(qk):
     whole = _product(w, x, 0, 29)
     parts = np.concatenate([_product(w, x, a, b) for a, b in ((0, 7), (7, 18), (18, 29))], axis=1)
     assert np.array_equal(whole, parts)
+
+
+@lru_cache(maxsize=None)
+def _tiled(code: int, wide: bool):
+    """gemm's float GEMM of type `code` with (wide) or without its 32-token zmm tile."""
+    mm = gemm._deq_matmul(wide)
+
+    @njit(fastmath=True)
+    def run(w, rows, rb, P, m, res):
+        mm(code, w, 0, rows, rb, P, m, res, 0)
+    return run
+
+
+@pytest.mark.skipif(not gemm.HAVE_AVX512, reason="zmm tiles need AVX-512")
+@pytest.mark.parametrize("qt", [QT.F16, QT.Q4_K], ids=lambda q: q.name)
+def test_the_zmm_tile_gives_the_ymm_tiles_bits(qk, qt):
+    """The 32-token zmm tile (gemm.ZMM) gives every product the bits of two 16-token ymm tiles, at 1-70 tokens (a
+    lane's FMAs are the same, in the same order)."""
+    rng = np.random.default_rng(int(qt))
+    w = qk.tensor(rng, qt, 2, 13, 512)
+    flat = K.flat(w)[1]
+    for m in (1, 9, 16, 17, 32, 33, 48, 49, 70):
+        x = rng.standard_normal((m, 512)).astype(np.float32)
+        P = gemm.pack_tokens(x)
+        out = {}
+        for wide in (False, True):
+            out[wide] = np.zeros((m, 13), np.float32)
+            _tiled(w.code, wide)(flat, 13, flat.shape[0] // w.rows, P, m, out[wide])
+        assert np.array_equal(out[False], out[True]), m
+        assert np.isfinite(out[True]).all() and np.abs(out[True]).max() > 0
