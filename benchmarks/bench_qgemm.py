@@ -4,7 +4,7 @@
     python benchmarks/bench_qgemm.py [--types Q4_K Q6_K ...] [--tokens 4 8 16 32 64 128] [--rounds 7]
     python benchmarks/bench_qgemm.py --decode      # each type's rows decoded to integers (qdecode) against floats
     python benchmarks/bench_qgemm.py --int8        # also the int8 activations' GEMM (q_matmul8, `execute --gemm-int8`)
-    python benchmarks/bench_qgemm.py --tiles       # the GEMM's ymm tiles against its zmm ones (qgemm.WIDE), int16 and int8
+    python benchmarks/bench_qgemm.py --tiles       # the GEMMs' ymm tiles against their zmm ones: int16, int8, float
 
 Prints GFLOP/s (2 rows x cols x tokens over the median time of `rounds` calls) of each path and the ratios
 qgemm / deq_matmul and qgemm / fused; the fused column up to 32 tokens. The token packing (qpack_into) is timed
@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402
 
 from calibration.bench_kernel import _synth_tensor  # noqa: E402
-from executor import qdecode, qgemm  # noqa: E402
+from executor import gemm, qdecode, qgemm  # noqa: E402
 from executor import row_products as RP  # noqa: E402
 from executor.gemm import KC, _col_bytes, deq_row, pack_tokens  # noqa: E402
 from executor.gguf_model import EXPERT_TYPES  # noqa: E402
@@ -109,9 +109,21 @@ def bench_products(names, tokens, rounds: int, int8: bool = False) -> None:
                 print(f"{'':6} {m:4d} tokens  int8 qgemm {gf / t8:6.1f} GFLOP/s   int8/int16 {tq / t8:4.2f}", flush=True)
 
 
+@lru_cache(maxsize=None)
+def _deq_tiled(code: int, wide: bool):
+    """gemm's float GEMM of type `code` with or without its 32-token zmm tile, from Python."""
+    mm = gemm._deq_matmul(wide)
+
+    @njit(fastmath=True)
+    def run(w, r0, r1, rb, P, m, res, off):
+        mm(code, w, r0, r1, rb, P, m, res, off)
+    return run
+
+
 def bench_tiles(names, tokens, rounds: int) -> None:
-    """The GEMM with ymm tiles against zmm tiles (qgemm.q_tile / q_tile_wide), int16 and int8 activations, the two
-    timed in alternating rounds; the products must be the same bits."""
+    """The GEMMs with ymm tiles against zmm tiles (qgemm.q_tile / q_tile_wide: int16 and int8 activations;
+    gemm.deq_matmul's 32-token tile: float), the two timed in alternating rounds; the products must be the same
+    bits. F16 has the float GEMM only."""
     rng = np.random.default_rng(1)
     for name in names:
         rows, cols = (2048, 768) if name == "Q6_K" else (768, 2048)
@@ -122,22 +134,26 @@ def bench_tiles(names, tokens, rounds: int) -> None:
             x = rng.standard_normal((m, cols)).astype(np.float32)
             x16, dx = _quant_rows(x)
             gf = 2 * rows * cols * m / 1e9
-            for int8, P in ((False, panels(x, x16, dx, True, True)), (True, pack8(x))):
-                if int8 and not qgemm.HAVE_VNNI256:
+            for acts in ("int16", "int8", "float"):
+                if acts != "float" and (name == "F16" or not qgemm.HAVE_VNNI256):
                     continue
+                P = {"int16": lambda: panels(x, x16, dx, True, True), "int8": lambda: pack8(x),
+                     "float": lambda: pack_tokens(x)}[acts]()
+                of = (lambda wide: _deq_tiled(code, wide)) if acts == "float" else (
+                    lambda wide: _matmul(code, acts == "int8", wide))
                 out, ts = {}, {False: [], True: []}
                 for wide in (False, True):
                     out[wide] = np.zeros((m, rows), np.float32)
-                    _matmul(code, int8, wide)(w, 0, rows, rb, P, m, out[wide], 0)
+                    of(wide)(w, 0, rows, rb, P, m, out[wide], 0)
                 for _ in range(rounds):
                     for wide in (False, True):
-                        f = _matmul(code, int8, wide)
+                        f = of(wide)
                         t = time.perf_counter()
                         f(w, 0, rows, rb, P, m, out[wide], 0)
                         ts[wide].append(time.perf_counter() - t)
                 ty, tz = statistics.median(ts[False]), statistics.median(ts[True])
                 same = np.array_equal(out[False], out[True])
-                print(f"{name:6} {m:4d} tokens {'int8 ' if int8 else 'int16'}  ymm {gf / ty:6.1f}  zmm {gf / tz:6.1f} "
+                print(f"{name:6} {m:4d} tokens {acts:5}  ymm {gf / ty:6.1f}  zmm {gf / tz:6.1f} "
                       f"GFLOP/s  zmm/ymm {ty / tz:4.2f}  same bits: {same}", flush=True)
 
 

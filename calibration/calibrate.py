@@ -52,7 +52,7 @@ import time
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numba
 
@@ -62,6 +62,9 @@ from specs.hardware import HardwareSpec
 from specs.loaders import dump_hardware, write_atomic
 
 from . import page_runs as PR
+
+if TYPE_CHECKING:
+    from .bench_prefill_formats import FormatShares  # imports the executor's kernels: loaded in the stage
 from . import store
 from .bench_device import DenseResult, H2DResult, HitResult, bench_dense, bench_h2d, bench_hit, torch_device
 from .bench_disk import DiskResult, bench_disk
@@ -98,6 +101,7 @@ class Results:
     kernel_file_runs: dict[str, KernelFit] = field(default_factory=dict)  # the executor's kernel so, keyed the same
     prefill: PrefillResult | None = None
     prefill_long: PrefillResult | None = None  # the same batch at Settings.prefill_long_tokens
+    prefill_formats: FormatShares | None = None  # each format's prefill products over the job format's
     dense_prefill: PrefillResult | None = None  # an attention block's products at Settings.dense_prefill_tokens
     attention_prefill: PrefillResult | None = None  # its causal attention, the same prompt
     # ggml's prefill structures (bench_ggml_prefill), keyed 'Q4_K:tiled', 'Q8_0@1t' (specs.formats.llamacpp_prefill_key)
@@ -475,6 +479,15 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                                                    budget_s=bud.take("prefill", s.prefill_budget_s))
                     del run
                 del jobs
+                if s.prefill_format_tokens:  # the job's rate for the other formats: their products' speed over its
+                    from .bench_prefill_formats import prefill_format_shares
+                    prev = numba.get_num_threads()
+                    numba.set_num_threads(1)
+                    try:
+                        r.prefill_formats = prefill_format_shares(formats, fmt, s.kernel_hidden, s.kernel_ffn,
+                                                                  s.prefill_format_tokens, s.prefill_format_rounds)
+                    finally:
+                        numba.set_num_threads(prev)
                 if s.dense_prefill_tokens:
                     parts = executor_dense_prefill_jobs(s.kernel_hidden, tokens=s.dense_prefill_tokens,
                                                         n_experts=s.prefill_experts)

@@ -221,6 +221,9 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
                                                     f"{pf.tokens_per_expert:g} tokens an expert, {lg.gflops_per_core:.1f} "
                                                     f"at {lg.tokens_per_expert:g} ({lg.method()}): time per expert "
                                                     f"product as m + m0 tokens' multiply-adds", date)
+    if r.prefill and r.prefill_formats:  # the job's rate for each format: its products' speed over the job format's
+        pf = r.prefill_formats
+        data["cpu"]["prefill_format_share"] = {k: _m(v, pf.method(), date) for k, v in pf.shares.items()}
     for name, res in (("cpu_dense_gflops_per_core", r.dense_prefill), ("cpu_attention_gflops_per_core",
                                                                        r.attention_prefill)):
         if res:  # the host dense path of all-CPU prefill (simulator.resources.host_dense_s)
@@ -341,6 +344,11 @@ def store_rows(r: Results) -> list[dict]:
             add(case, "gflops_per_core", pf.gflops_per_core, threads=pf.threads, kernel=kv,
                 tokens=pf.tokens, method=pf.method())
             _noise(add, case, pf.noise)
+    if r.prefill_formats:  # each format's prefill products over the job format's, one core
+        pfs = r.prefill_formats
+        for fmt, share in pfs.shares.items():
+            add(f"cpu_prefill_share_{fmt}", "share", share, threads=1, kernel=kv, tokens=pfs.tokens,
+                method=pfs.method())
     for suffix, table in (("", r.ggml_prefill), ("_window", r.ggml_prefill_window)):
         for key, pf in table.items():
             case = "cpu_ggml_prefill_" + key.replace(":", "_").replace("@", "_") + suffix

@@ -71,6 +71,10 @@ class Settings:
     # the same batch at pp512's size (128 tokens an expert): with the 64-token one, what an expert's product costs
     # beyond its multiply-adds (cpu_prefill_fixed_tokens); 0: not timed
     prefill_long_tokens: int = 512
+    # each kernel format's prefill products against the job's format, one core, in cache, at this many tokens an expert
+    # (pp512's on a top-8-of-32 model), rounds interleaved (CPU.prefill_format_share); 0: not timed
+    prefill_format_tokens: int = 128
+    prefill_format_rounds: int = 7
     # an F16 attention block's products and its causal attention on a prompt of this many tokens (the host dense
     # path of all-CPU prefill: cpu_dense_gflops_per_core, cpu_attention_gflops_per_core); 0: not timed
     dense_prefill_tokens: int = 512

@@ -74,7 +74,13 @@ def fitted_profile(base, model, f: HostFit, sources: list[str], date: str, acts:
     if f.hit_ms:
         consts["dev_expert_gbs"] = d(dev_eb / f.hit_ms / 1e6, f"f32 expert bytes / hit_ms {f.hit_ms:.3f} ms")
     if f.prefill_gflops_per_core:
-        consts["cpu_prefill_gflops_per_core"] = d(f.prefill_gflops_per_core, "prefill routed FLOPs / t_cpu / threads")
+        # the traces' rate is their model's weight types'; the profile's is the job format's, which the simulator scales
+        # by each type's cpu.prefill_format_share: so it is the traces' over the model's mix of those shares
+        mix = model.expert_rate(base.cpu.prefill_share_for, per="weights")
+        how = "prefill routed FLOPs / t_cpu / threads"
+        if mix != 1.0:
+            how += f", over the model's mix {mix:.3f} of cpu.prefill_format_share"
+        consts["cpu_prefill_gflops_per_core"] = d(f.prefill_gflops_per_core / mix, how)
         if f.prefill_tokens_per_expert:  # the rate's batch size, for cpu_prefill_fixed_tokens (the base's, if any)
             consts["cpu_prefill_ref_tokens"] = d(f.prefill_tokens_per_expert, "prefill (token, expert) products / "
                                                  "experts run, over the same records")

@@ -153,15 +153,16 @@ def cpu_prefill_gflops(hw, plan, fmt, tokens_per_expert: float, threads: int, c:
     """GFLOP/s per core of `plan`'s engine's CPU expert products on a prefill batch with that many tokens an
     expert: for llama.cpp, the rate of the structure ggml gives `fmt` there (specs.formats.llamacpp_prefill_path)
     where the profile has it (on the repacked path, the rebuilt format's: specs.formats.llamacpp_prefill_keys); else
-    the profile's one prefill rate (the executor's kernel). A path whose windows share a fixed part (the tiled GEMM's
-    unpacking) runs at the batch's own share of it (ggml_window_scale)."""
+    the executor's: its prefill job's rate, scaled by `fmt`'s products' speed over the job format's where the profile
+    has it (cpu.prefill_format_share). A path whose windows share a fixed part (the tiled GEMM's unpacking) runs at
+    the batch's own share of it (ggml_window_scale)."""
     if plan.engine == "llamacpp" and hw.cpu.ggml_prefill_gflops:
         path = llamacpp_prefill_path(fmt, repacked(hw, plan, fmt), tokens_per_expert, hw.cpu.isa)
         for key in llamacpp_prefill_keys(fmt.name, path):
             own = hw.cpu.ggml_prefill_gflops_for(key, threads)
             if own is not None:
                 return own * ggml_window_scale(hw.cpu, key, tokens_per_expert, threads)
-    return executor_prefill_gflops(c, tokens_per_expert)
+    return executor_prefill_gflops(c, tokens_per_expert) * hw.cpu.prefill_share_for(fmt)
 
 
 def ggml_window_scale(cpu, key: str, tokens_per_expert: float, threads: int) -> float:

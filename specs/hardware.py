@@ -133,6 +133,10 @@ class CPU(_Strict):
     # at a full window (calibration.calibrate). A key without one runs at its rate at any batch.
     ggml_prefill_fixed_tokens: dict[str, NonNeg] = Field(default_factory=dict)
     ggml_prefill_ref_tokens: Pos | None = None  # tokens an expert of the batch the rates with an m0 are timed at
+    # The executor's prefill products of each format over those of the format its prefill job is timed in (Calibration's
+    # cpu_prefill_gflops_per_core; calibration.bench_prefill_formats): the job's rate for a model's other weight types.
+    # A format without one prefills at the job's rate.
+    prefill_format_share: dict[str, Pos] = Field(default_factory=dict)
 
     def expert_gbs_for(self, fmt: WeightFormat, threads: int | None = None, rowwise: bool = False,
                        repacked: bool = False, whole: bool = False) -> float:
@@ -253,6 +257,10 @@ class CPU(_Strict):
         if threads is not None and f"{key}@{threads}t" in self.ggml_prefill_gflops:
             return float(self.ggml_prefill_gflops[f"{key}@{threads}t"])
         return float(self.ggml_prefill_gflops[key]) if key in self.ggml_prefill_gflops else None
+
+    def prefill_share_for(self, fmt: WeightFormat) -> float:
+        """The executor's prefill products of `fmt` over its prefill job's format (1 where the profile has none)."""
+        return float(self.prefill_format_share.get(fmt.name, 1.0))
 
     def ggml_prefill_fixed_tokens_for(self, key: str, threads: int | None = None) -> float | None:
         """Tokens' worth of multiply-adds a window of an expert's tokens costs ggml's path `key` beyond its tokens' own

@@ -197,6 +197,20 @@ def test_prefill_timed_at_two_batch_sizes_gives_the_fixed_tokens(run):
     assert c["cpu_prefill_gflops_per_core"].source == "measured"
 
 
+def test_each_formats_prefill_products_are_timed_against_the_jobs(run):
+    """calibrate times each kernel format's prefill products against the prefill job's format
+    (calibration.bench_prefill_formats; TINY: Q4_0 alone, its own reference) into cpu.prefill_format_share, each
+    figure measured, the job's format at 1, and a store row each."""
+    if not executor_kernel_available():
+        pytest.skip("no executor kernels")
+    hw, _, st, _ = run
+    shares = hw.cpu.prefill_format_share
+    assert set(shares) == set(TINY.kernel_formats) and float(shares["Q4_0"]) == 1.0
+    assert all(v.source == "measured" and "over Q4_0's" in v.ref for v in shares.values())
+    rows = [r for r in store.read_rows(st) if r["case"] == "calibrate:cpu_prefill_share_Q4_0"]
+    assert len(rows) == 1 and rows[0]["metric"] == "share" and float(rows[0]["value"]) == 1.0
+
+
 def test_the_host_dense_path_is_timed_for_all_cpu_prefill(run):
     """calibrate times an F16 attention block's products and its causal attention on a TINY.dense_prefill_tokens
     prompt (bench_kernel.executor_dense_prefill_jobs) into cpu_dense_gflops_per_core and

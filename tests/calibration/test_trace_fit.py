@@ -202,6 +202,24 @@ def test_a_prefill_pass_after_others_attends_to_their_tokens_too(runs):
     assert later / first == pytest.approx(flops(384) / flops(0), rel=1e-12) and later > first
 
 
+def test_a_fitted_prefill_rate_is_the_job_formats(runs):
+    """The traces' prefill rate is their model's weight types'; where the base profile gives the executor's prefill
+    products per format over its job format's (cpu.prefill_format_share: 0.8 for each of tiny's expert types here),
+    the fitted cpu_prefill_gflops_per_core is the traces' rate over the model's mix of those shares, so that the
+    simulator, which scales the job rate by them, gives the traces' rate back; without shares, the traces' rate."""
+    path, m, d, out = runs
+    recs = trace_fit.read_trace(out[0][2]["trace"])
+    dense, _, _, ca = trace_profile.base_rates(base_profile(), m)
+    f = trace_fit.fit({"t": [{**r, "tokens": 128} if r["phase"] == "prefill" else r for r in recs]}, m, dense, 2, ca)
+    base = base_profile()
+    shared = base.model_copy(deep=True)
+    shared.cpu.prefill_format_share = {t: Figure(0.8, "measured", "test") for t in m.expert_types()}
+    plain, scaled = (trace_profile.fitted_profile(b, m, f, ["t"], "2026-12-07").constants["cpu_prefill_gflops_per_core"]
+                     for b in (base, shared))
+    assert float(plain) == f.prefill_gflops_per_core
+    assert float(scaled) == pytest.approx(f.prefill_gflops_per_core / 0.8, rel=1e-12) and "mix 0.800" in scaled.ref
+
+
 @pytest.mark.timing
 def test_fit_reduces_simulator_error(runs):
     """The fitted host constants (layer overhead, CPU job cost, device rate) bring simulated decode tok/s

@@ -86,3 +86,35 @@ def test_the_dense_path_reads_each_type_at_its_own_rate():
     base = simulate(Q4K, HW, EXECUTOR, gen_tokens=16, warm_steps=0).decode_tok_s
     faster = simulate(Q4K, _with_rate(HW, "Q8_0", 2.0), EXECUTOR, gen_tokens=16, warm_steps=0).decode_tok_s
     assert faster > base * 1.01
+
+
+def _with_prefill_shares(hw, shares: dict[str, float]):
+    """The profile with the executor's prefill products per format over its job format's (cpu.prefill_format_share)."""
+    from specs.figure import Figure
+    hw = hw.model_copy(deep=True)
+    hw.cpu.prefill_format_share = {k: Figure(v, "measured", "test") for k, v in shares.items()}
+    return hw
+
+
+def test_the_executors_prefill_runs_each_type_at_its_share_of_the_job_rate():
+    """small-q4k on the executor at 128 tokens an expert, Q4_K at 0.93 and Q6_K at 0.75 of the job format's (Q4_0)
+    products (session 55's Zen 5 VM in cache: 338 and 277 against 369 GFLOP/s): the job's rate times the weights'
+    mix of the shares, W / (W_Q4_K / 0.93 + W_Q6_K / 0.75); a type without a share (Q8_0) runs at the job's rate."""
+    c = Constants.from_hw(HW, "custom")
+    hw = _with_prefill_shares(HW, {"Q4_0": 1.0, "Q4_K": 0.93, "Q6_K": 0.75})
+    job = cpu_prefill_gflops(HW, EXECUTOR, parse_format("Q4_K"), 128.0, 2, c)
+    assert cpu_prefill_gflops(hw, EXECUTOR, parse_format("Q8_0"), 128.0, 2, c) == job
+    types = Q4K.expert_types()
+    share = {"Q4_K": 0.93, "Q6_K": 0.75}
+    want = job * sum(w for _, w in types.values()) / sum(w / share[f] for f, (_, w) in types.items())
+    assert abs(cpu_expert_prefill_gflops(hw, EXECUTOR, Q4K, 128.0, 2, c) - want) < 1e-9
+    assert cpu_expert_prefill_gflops(HW, EXECUTOR, Q4K, 128.0, 2, c) == job  # no shares: the one rate
+
+
+def test_slower_prefill_products_lengthen_the_predicted_ttft():
+    """The same shares make small-q4k's all-CPU pp512 slower by less than 1 / 0.75 (the dense path is unchanged)."""
+    plan = Plan(prefill={"strategy": "cpu"})
+    hw = _with_prefill_shares(HW, {"Q4_0": 1.0, "Q4_K": 0.93, "Q6_K": 0.75})
+    base = simulate(Q4K, HW, plan, prompt_tokens=512, gen_tokens=2, warm_steps=0).ttft_s
+    slower = simulate(Q4K, hw, plan, prompt_tokens=512, gen_tokens=2, warm_steps=0).ttft_s
+    assert base * 1.05 < slower < base / 0.75
