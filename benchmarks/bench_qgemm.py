@@ -44,6 +44,25 @@ def rows_of(name: str, rows: int, cols: int, rng) -> np.ndarray:
     return _synth_tensor(name, 1, rows, cols, rng).data[0]
 
 
+def matrix_of(name: str, rng):
+    """`small`'s gate / up matrix (768 x 2048) of type `name`, or its down (2048 x 768) for Q6_K, as llama.cpp's
+    Q4_K_M files use it -> (rows, cols, type code, flat row bytes, row stride)."""
+    rows, cols = (2048, 768) if name == "Q6_K" else (768, 2048)
+    raw = rows_of(name, rows, cols, rng)
+    return rows, cols, EXPERT_TYPES[QT[name]], raw.reshape(-1), raw.shape[1]
+
+
+def cases(names, tokens, seed: int = 1):
+    """For each type (matrix_of) and token count, the matrix and random tokens with their int16 rows -> (name, rows,
+    cols, code, w, rb, m, x, x16, dx)."""
+    rng = np.random.default_rng(seed)
+    for name in names:
+        rows, cols, code, w, rb = matrix_of(name, rng)
+        for m in tokens:
+            x = rng.standard_normal((m, cols)).astype(np.float32)
+            yield (name, rows, cols, code, w, rb, m, x, *_quant_rows(x))
+
+
 def median_s(f, rounds: int) -> float:
     """Median seconds of `rounds` calls of f (after one warm-up call)."""
     f()
@@ -83,30 +102,21 @@ def pack8(x) -> np.ndarray:
 
 
 def bench_products(names, tokens, rounds: int, int8: bool = False) -> None:
-    rng = np.random.default_rng(1)
-    for name in names:
-        # gate / up of `small` (768 x 2048); Q6_K as llama.cpp's Q4_K_M files use it, for down (2048 x 768)
-        rows, cols = (2048, 768) if name == "Q6_K" else (768, 2048)
-        code = EXPERT_TYPES[QT[name]]
-        raw = rows_of(name, rows, cols, rng)
-        w, rb = raw.reshape(-1), raw.shape[1]
-        for m in tokens:
-            x = rng.standard_normal((m, cols)).astype(np.float32)
-            x16, dx = _quant_rows(x)
-            res = np.zeros((m, rows), np.float32)
-            P, Pf = panels(x, x16, dx, True, True), pack_tokens(x)
-            tq = median_s(lambda: RP.py_q_matmul(code, w, 0, rows, rb, P, m, res, 0), rounds)
-            tp = median_s(lambda: panels(x, x16, dx, True, True), rounds)
-            tg = median_s(lambda: RP.py_deq_matmul(code, w, 0, rows, rb, Pf, m, res, 0), rounds)
-            tf = median_s(lambda: RP.py_rows_fused(code, w, 0, rows, rb, x16, dx, res, 0), rounds) if m <= 32 else np.nan
-            gf = 2 * rows * cols * m / 1e9
-            print(f"{name:6} {m:4d} tokens  qgemm {gf / tq:6.1f} GFLOP/s (packing {100 * tp / tq:4.1f}%)  "
-                  f"deq_matmul {gf / tg:6.1f}  fused {gf / tf:6.1f}   qgemm/deq_matmul {tg / tq:4.2f}  "
-                  f"qgemm/fused {tf / tq:4.2f}", flush=True)
-            if int8:  # the same products on int8 activations, timed after the int16 ones
-                P8 = pack8(x)
-                t8 = median_s(lambda: _matmul8(code)(w, 0, rows, rb, P8, m, res, 0), rounds)
-                print(f"{'':6} {m:4d} tokens  int8 qgemm {gf / t8:6.1f} GFLOP/s   int8/int16 {tq / t8:4.2f}", flush=True)
+    for name, rows, cols, code, w, rb, m, x, x16, dx in cases(names, tokens):
+        res = np.zeros((m, rows), np.float32)
+        P, Pf = panels(x, x16, dx, True, True), pack_tokens(x)
+        tq = median_s(lambda: RP.py_q_matmul(code, w, 0, rows, rb, P, m, res, 0), rounds)
+        tp = median_s(lambda: panels(x, x16, dx, True, True), rounds)
+        tg = median_s(lambda: RP.py_deq_matmul(code, w, 0, rows, rb, Pf, m, res, 0), rounds)
+        tf = median_s(lambda: RP.py_rows_fused(code, w, 0, rows, rb, x16, dx, res, 0), rounds) if m <= 32 else np.nan
+        gf = 2 * rows * cols * m / 1e9
+        print(f"{name:6} {m:4d} tokens  qgemm {gf / tq:6.1f} GFLOP/s (packing {100 * tp / tq:4.1f}%)  "
+              f"deq_matmul {gf / tg:6.1f}  fused {gf / tf:6.1f}   qgemm/deq_matmul {tg / tq:4.2f}  "
+              f"qgemm/fused {tf / tq:4.2f}", flush=True)
+        if int8:  # the same products on int8 activations, timed after the int16 ones
+            P8 = pack8(x)
+            t8 = median_s(lambda: _matmul8(code)(w, 0, rows, rb, P8, m, res, 0), rounds)
+            print(f"{'':6} {m:4d} tokens  int8 qgemm {gf / t8:6.1f} GFLOP/s   int8/int16 {tq / t8:4.2f}", flush=True)
 
 
 @lru_cache(maxsize=None)
@@ -124,37 +134,29 @@ def bench_tiles(names, tokens, rounds: int) -> None:
     """The GEMMs with ymm tiles against zmm tiles (qgemm.q_tile / q_tile_wide: int16 and int8 activations;
     gemm.deq_matmul's 32-token tile: float), the two timed in alternating rounds; the products must be the same
     bits. F16 has the float GEMM only."""
-    rng = np.random.default_rng(1)
-    for name in names:
-        rows, cols = (2048, 768) if name == "Q6_K" else (768, 2048)
-        code = EXPERT_TYPES[QT[name]]
-        raw = rows_of(name, rows, cols, rng)
-        w, rb = raw.reshape(-1), raw.shape[1]
-        for m in tokens:
-            x = rng.standard_normal((m, cols)).astype(np.float32)
-            x16, dx = _quant_rows(x)
-            gf = 2 * rows * cols * m / 1e9
-            for acts in ("int16", "int8", "float"):
-                if acts != "float" and (name == "F16" or not qgemm.HAVE_VNNI256):
-                    continue
-                P = {"int16": lambda: panels(x, x16, dx, True, True), "int8": lambda: pack8(x),
-                     "float": lambda: pack_tokens(x)}[acts]()
-                of = (lambda wide: _deq_tiled(code, wide)) if acts == "float" else (
-                    lambda wide: _matmul(code, acts == "int8", wide))
-                out, ts = {}, {False: [], True: []}
+    for name, rows, cols, code, w, rb, m, x, x16, dx in cases(names, tokens):
+        gf = 2 * rows * cols * m / 1e9
+        for acts in ("int16", "int8", "float"):
+            if acts != "float" and (name == "F16" or not qgemm.HAVE_VNNI256):
+                continue
+            P = {"int16": lambda: panels(x, x16, dx, True, True), "int8": lambda: pack8(x),
+                 "float": lambda: pack_tokens(x)}[acts]()
+            of = (lambda wide: _deq_tiled(code, wide)) if acts == "float" else (
+                lambda wide: _matmul(code, acts == "int8", wide))
+            out, ts = {}, {False: [], True: []}
+            for wide in (False, True):
+                out[wide] = np.zeros((m, rows), np.float32)
+                of(wide)(w, 0, rows, rb, P, m, out[wide], 0)
+            for _ in range(rounds):
                 for wide in (False, True):
-                    out[wide] = np.zeros((m, rows), np.float32)
-                    of(wide)(w, 0, rows, rb, P, m, out[wide], 0)
-                for _ in range(rounds):
-                    for wide in (False, True):
-                        f = of(wide)
-                        t = time.perf_counter()
-                        f(w, 0, rows, rb, P, m, out[wide], 0)
-                        ts[wide].append(time.perf_counter() - t)
-                ty, tz = statistics.median(ts[False]), statistics.median(ts[True])
-                same = np.array_equal(out[False], out[True])
-                print(f"{name:6} {m:4d} tokens {acts:5}  ymm {gf / ty:6.1f}  zmm {gf / tz:6.1f} "
-                      f"GFLOP/s  zmm/ymm {ty / tz:4.2f}  same bits: {same}", flush=True)
+                    f = of(wide)
+                    t = time.perf_counter()
+                    f(w, 0, rows, rb, P, m, out[wide], 0)
+                    ts[wide].append(time.perf_counter() - t)
+            ty, tz = statistics.median(ts[False]), statistics.median(ts[True])
+            same = np.array_equal(out[False], out[True])
+            print(f"{name:6} {m:4d} tokens {acts:5}  ymm {gf / ty:6.1f}  zmm {gf / tz:6.1f} "
+                  f"GFLOP/s  zmm/ymm {ty / tz:4.2f}  same bits: {same}", flush=True)
 
 
 def bench_decode(names, rounds: int) -> None:

@@ -34,8 +34,6 @@ MR, NT, KC = 6, 16, 256  # rows a panel, tokens a block, columns a slice (a K-qu
 # 0.98-1.06x at 40, 1.15-1.23x at 48; and `execute` pp64 (16 tokens an expert on average) ran 0.85-0.93x on it.
 GEMM_TOKENS = 48
 _I32, _I64 = ir.IntType(32), ir.IntType(64)
-_V8 = ir.VectorType(ir.FloatType(), 8)
-_V16 = ir.VectorType(ir.FloatType(), 16)
 # zmm tiles (this GEMM's 32-token tile; qgemm's, with AVX-512 VNNI) where the core has AVX-512: a core with full-width
 # 512-bit pipes (Zen 5, Intel's server parts) retires a zmm FMA at its ymm rate (session 55's Zen 5 VM: 12 chains of
 # vpdpwssd, 7.4-7.6 G ymm against 7.7-8.2 G zmm a second); Zen 4 splits a zmm op in two, the same FLOPs a cycle.
@@ -130,30 +128,41 @@ def _deq_row_typed(code, w, o0, buf, qk):
     return lambda code, w, o0, buf, qk: _deq_any(code, w, o0, buf, qk)
 
 
-def _tile_gen(NV: int):
-    """Codegen: C[MR, 8 NV] += A[:MR, :n] B[c0:c0 + n, :8 NV]: MR rows of a dequantised panel (A, row-major)
-    times 8 NV tokens of a packed block (B [cols, NT]: a column's tokens side by side). Each column loads the
-    tokens' NV vectors once and broadcasts each row's weight: MR NV FMAs (12 at NV = 2) from NV vector loads
-    and MR broadcasts, the accumulators in 12 of the 16 ymm registers; no horizontal sums."""
+def _tile_gen(NV: int, L: int = 8):
+    """Codegen: C[MR, L NV] += A[:MR, :n] B[c0:c0 + n, :L NV]: MR rows of a dequantised panel (A, row-major)
+    times L NV tokens of packed blocks. L = 8 (ymm): B one block [cols, NT], C [MR, NT], vector j its tokens 8 j ..;
+    L = 16 (zmm): B blocks [NV, cols, NT] and C [NV, MR, NT], vector j block j. Each column loads the tokens' NV
+    vectors once and broadcasts each row's weight: MR NV FMAs (12 at NV = 2) from NV vector loads and MR broadcasts,
+    the accumulators in 12 registers; no horizontal sums. A lane's FMAs are the same in order at either width: the
+    same bits."""
+    VT = ir.VectorType(ir.FloatType(), L)
+
     def gen(context, builder, sig, args):
         a, b, c = (cgutils.create_struct_proxy(sig.args[i])(context, builder, value=args[i]) for i in (0, 1, 4))
         c0, n = args[2], args[3]
+        i64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
         lda = cgutils.unpack_tuple(builder, a.shape, 2)[1]
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V8, [_V8] * 3), "llvm.fma.v8f32")
-        splat = ir.Constant(ir.VectorType(_I32, 8), [0] * 8)
+        i8 = ir.IntType(8).as_pointer()
+        b8, c8 = builder.bitcast(b.data, i8), builder.bitcast(c.data, i8)
+        # bytes from one block to the next (zmm: the arrays' first stride), else from one vector to the next
+        b_blk, c_blk = ((cgutils.unpack_tuple(builder, x.strides, 3)[0] for x in (b, c)) if L == 16
+                        else (i64(32), i64(32)))
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VT, [VT] * 3), f"llvm.fma.v{L}f32")
+        splat = ir.Constant(ir.VectorType(_I32, L), [0] * L)
 
-        def cp(i, j):  # C[i, 8 j: 8 j + 8]
-            return builder.bitcast(builder.gep(c.data, [ir.Constant(_I64, i * NT + 8 * j)]), _V8.as_pointer())
+        def cp(i, j):  # tokens L j .. of row i of C
+            at = builder.add(builder.mul(c_blk, i64(j)), i64(4 * i * NT))
+            return builder.bitcast(builder.gep(c8, [at]), VT.as_pointer())
         acc = [[cgutils.alloca_once_value(builder, builder.load(cp(i, j), align=4)) for j in range(NV)]
                for i in range(MR)]
-        arow = [builder.gep(a.data, [builder.mul(lda, ir.Constant(_I64, i))]) for i in range(MR)]
+        arow = [builder.gep(a.data, [builder.mul(lda, i64(i))]) for i in range(MR)]
         with cgutils.for_range(builder, n) as loop:
             k = loop.index
-            bp = builder.gep(b.data, [builder.mul(builder.add(c0, k), ir.Constant(_I64, NT))])
-            bv = [builder.load(builder.bitcast(builder.gep(bp, [ir.Constant(_I64, 8 * j)]), _V8.as_pointer()), align=4)
-                  for j in range(NV)]
+            col = builder.mul(builder.add(c0, k), i64(4 * NT))
+            bv = [builder.load(builder.bitcast(builder.gep(b8, [builder.add(col, builder.mul(b_blk, i64(j)))]),
+                                               VT.as_pointer()), align=4) for j in range(NV)]
             for i in range(MR):
-                v = builder.insert_element(ir.Constant(_V8, ir.Undefined), builder.load(builder.gep(arow[i], [k])),
+                v = builder.insert_element(ir.Constant(VT, ir.Undefined), builder.load(builder.gep(arow[i], [k])),
                                            ir.Constant(_I32, 0))
                 v = builder.shuffle_vector(v, v, splat)
                 for j in range(NV):
@@ -165,49 +174,10 @@ def _tile_gen(NV: int):
     return gen
 
 
-def _ztile_gen(NB: int):
-    """Codegen: C[:NB, MR, NT] += A[:MR, :n] B[:NB, c0:c0 + n, :]: _tile_gen's loop with a zmm a token block (NB
-    blocks of 16, one vector load each per column), MR NB FMAs from NB loads and MR broadcasts (12 accumulators at
-    NB = 2). Each lane's FMAs are _tile_gen's in the same order: the same bits."""
-    def gen(context, builder, sig, args):
-        a, b, c = (cgutils.create_struct_proxy(sig.args[i])(context, builder, value=args[i]) for i in (0, 1, 4))
-        c0, n = args[2], args[3]
-        lda = cgutils.unpack_tuple(builder, a.shape, 2)[1]
-        b_blk = cgutils.unpack_tuple(builder, b.strides, 3)[0]  # bytes a block
-        c_blk = cgutils.unpack_tuple(builder, c.strides, 3)[0]
-        i8 = ir.IntType(8).as_pointer()
-        b8, c8 = builder.bitcast(b.data, i8), builder.bitcast(c.data, i8)
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16] * 3), "llvm.fma.v16f32")
-        splat = ir.Constant(ir.VectorType(_I32, 16), [0] * 16)
-
-        def cp(i, j):  # C[j, i, :]
-            at = builder.add(builder.mul(c_blk, ir.Constant(_I64, j)), ir.Constant(_I64, 4 * i * NT))
-            return builder.bitcast(builder.gep(c8, [at]), _V16.as_pointer())
-        acc = [[cgutils.alloca_once_value(builder, builder.load(cp(i, j), align=4)) for j in range(NB)]
-               for i in range(MR)]
-        arow = [builder.gep(a.data, [builder.mul(lda, ir.Constant(_I64, i))]) for i in range(MR)]
-        with cgutils.for_range(builder, n) as loop:
-            k = loop.index
-            col = builder.mul(builder.add(c0, k), ir.Constant(_I64, 4 * NT))
-            bv = [builder.load(builder.bitcast(builder.gep(b8, [builder.add(col, builder.mul(b_blk, ir.Constant(_I64, j)))]),
-                                               _V16.as_pointer()), align=4) for j in range(NB)]
-            for i in range(MR):
-                v = builder.insert_element(ir.Constant(_V16, ir.Undefined), builder.load(builder.gep(arow[i], [k])),
-                                           ir.Constant(_I32, 0))
-                v = builder.shuffle_vector(v, v, splat)
-                for j in range(NB):
-                    builder.store(builder.call(fma, [v, bv[j], builder.load(acc[i][j])]), acc[i][j])
-        for i in range(MR):
-            for j in range(NB):
-                builder.store(builder.load(acc[i][j]), cp(i, j), align=4)
-        return context.get_dummy_value()
-    return gen
-
-
 @intrinsic
 def _ztile32(typingctx, A, B, c0, n, C):
     """C[:2, MR, NT] += A[:, :n] B[:2, c0:c0 + n] (32 tokens: two blocks, zmm)."""
-    return types.none(A, B, c0, n, C), _ztile_gen(2)
+    return types.none(A, B, c0, n, C), _tile_gen(2, 16)
 
 
 @intrinsic

@@ -384,32 +384,27 @@ def _tiles_of(code, A16):
     return _TILES[(SUB[c], MINS[c], step, BIAS8[c] if step == 4 else 0)]
 
 
+def _by_nv(small, mid, big):
+    """A tile call chosen by nv: 1 small (8 tokens), 2 mid (16), 3 or 4 big (24 or 32: two blocks)."""
+    def impl(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
+        if nv >= 3:
+            big(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb)
+        elif nv == 2:
+            mid(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb)
+        else:
+            small(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb)
+    return impl
+
+
 @overload(q_tile, prefer_literal=True, jit_options={"fastmath": True})
 def _q_tile_typed(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
-    t8, t16, t24 = _tiles_of(code, A16)[:3]
-
-    def impl(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
-        if nv == 3:
-            t24(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb)
-        elif nv == 2:
-            t16(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb)
-        else:
-            t8(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb)
-    return impl
+    return _by_nv(*_tiles_of(code, A16)[:3])
 
 
 @overload(q_tile_wide, prefer_literal=True, jit_options={"fastmath": True})
 def _q_tile_wide_typed(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
-    t8, z16, z32 = (_tiles_of(code, A16)[i] for i in (0, 3, 4))
-
-    def impl(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
-        if nv == 4:
-            z32(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb)
-        elif nv == 2:
-            z16(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb)
-        else:
-            t8(A16, SC, MN, Pk, c0, kc, nb, C, W, pfo, rb, sb)
-    return impl
+    t = _tiles_of(code, A16)
+    return _by_nv(t[0], t[3], t[4])
 
 
 @njit(fastmath=True, inline="always")
