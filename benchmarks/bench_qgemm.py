@@ -203,7 +203,8 @@ def main() -> None:
     ap.add_argument("--tiles", action="store_true", help="the GEMM's ymm tiles against its zmm ones")
     a = ap.parse_args()
     numba.set_num_threads(1)
-    print(f"one core; vpdpwssd: {qgemm.HAVE_VNNI256}, on zmm: {qgemm.HAVE_VNNI512} (the executor's: {qgemm.WIDE}); the executor takes the integer GEMM: {qgemm.HAVE_QGEMM}")
+    print(f"one core; vpdpwssd: {qgemm.HAVE_VNNI256}, on zmm: {qgemm.HAVE_VNNI512} (the executor's: {qgemm.WIDE}); "
+          f"the executor takes the integer GEMM: {qgemm.HAVE_QGEMM}")
     if a.decode:
         bench_decode(a.types, a.rounds)
     elif a.tiles:

@@ -66,9 +66,8 @@ def _matrix(fmt: str, rows: int, cols: int, tokens: int, rng):
 
 def prefill_format_shares(formats, ref: str, hidden: int, ffn: int, tokens: int = 128, rounds: int = 7,
                           seed: int = 0) -> FormatShares:
-    """Each of `formats`' prefill rate over `ref`'s (ref included, whether listed or not), one core (the caller
-    sets numba's threads: the products run on the calling thread below the serial threshold or across the threads
-    above it)."""
+    """Each of `formats`' prefill rate over `ref`'s (ref included, whether listed or not), on the calling thread
+    (rows_matmul is serial)."""
     rng = np.random.default_rng(seed)
     names = [ref] + [f for f in formats if f != ref]
     calls = {f: (_matrix(f, ffn, hidden, tokens, rng), _matrix(f, hidden, ffn, tokens, rng)) for f in names}

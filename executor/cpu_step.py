@@ -135,7 +135,8 @@ class CpuStep:
             yt, rec = ex.forward(i, torch.from_numpy(h), eid, w)
             x += yt.numpy()
         t2 = pc()
-        rec.update(tag, layer=i, tokens=x.shape[0], kv_start=p0, routed=eid.tolist(), t_dense_ms=(t1 - t0 - t_eng) * 1e3,
+        rec.update(tag, layer=i, tokens=x.shape[0], kv_start=p0, routed=eid.tolist(),
+                   t_dense_ms=(t1 - t0 - t_eng) * 1e3,
                    t_experts_ms=(t2 - t1) * 1e3, engram_pages=pages, t_engram_ms=t_eng * 1e3, engram_rows=rows,
                    engram_major_faults=faults)
         return rec

@@ -52,8 +52,8 @@ drop_stale_cache(__file__)
 
 _FEATURES = llb.get_host_cpu_features().flatten().split(",")
 HAVE_VNNI256 = all(f"+{f}" in _FEATURES for f in ("avx512vnni", "avx512vl"))  # vpdpwssd on ymm, 32 ymm registers
-# The tiles' width: 16 tokens a 512-bit register (`vpdpwssd` / `vpdpbusd` on zmm) where the core has AVX-512 VNNI, else 8
-# a ymm (gemm.ZMM, MOE_OFFLOAD_ZMM). On the Zen 5 VM of session 55, 12 independent chains ran 7.4-7.6 G ymm against
+# The tiles' width: 16 tokens a 512-bit register (`vpdpwssd` / `vpdpbusd` on zmm) where the core has AVX-512 VNNI, else
+# 8 a ymm (gemm.ZMM, MOE_OFFLOAD_ZMM). On the Zen 5 VM of session 55, 12 independent chains ran 7.4-7.6 G ymm against
 # 7.7-8.2 G zmm `vpdpwssd` a second (118-122 against 245-262 G multiply-adds), where the 16-token ymm tile already ran
 # at 83% of the ymm peak.
 HAVE_VNNI512 = HAVE_VNNI256 and all(f"+{f}" in _FEATURES for f in ("avx512f", "avx512bw"))
@@ -320,7 +320,8 @@ def _qtile_gen(G: int, mins: bool, NV: int, step: int = 2, bias: int = 0, L: int
                       builder.add(builder.mul(nb, i64(K + 2)), builder.add(builder.mul(gb, i64(2)), i64(g))))
                 ia = [[zero] * NV for _ in range(MR)]
                 if bias:  # the weights' bias comes off where the integer sums start: -bias sum(x8), every row's
-                    nbx = [builder.mul(pvec(sr, j, I32), _splat(builder, ir.Constant(I32, -bias), L)) for j in range(NV)]
+                    nbx = [builder.mul(pvec(sr, j, I32), _splat(builder, ir.Constant(I32, -bias), L))
+                           for j in range(NV)]
                     ia = [list(nbx) for _ in range(MR)]
                 for p in range(G // step):
                     pr = builder.add(pair0, builder.add(builder.mul(b, i64(K)), i64(g * G // step + p)))
@@ -333,7 +334,8 @@ def _qtile_gen(G: int, mins: bool, NV: int, step: int = 2, bias: int = 0, L: int
                             ia[i][j] = (_dp if step == 2 else _dp8)(builder, ia[i][j], tv[j], wv)
                 sub = builder.add(builder.mul(b, i64(32 // G)), i64(g))
                 if mins:  # dx sum(x) of the block or half
-                    sv = [pvec(sr, j, F32) if step == 2 else _fmul(builder, dv[j], builder.sitofp(pvec(sr, j, I32), V(F32, L)))
+                    sv = [pvec(sr, j, F32) if step == 2
+                          else _fmul(builder, dv[j], builder.sitofp(pvec(sr, j, I32), V(F32, L)))
                           for j in range(NV)]
                 for i in range(MR):
                     s = _splat(builder, builder.load(builder.gep(srows[i], [sub])), L)
@@ -361,8 +363,8 @@ def _tile(G: int, mins: bool, NV: int, step: int, bias: int, L: int = 8):
 # (sub-block, mins, step, bias) -> the ymm tiles of 8, 16 and 24 tokens of the types' (SUB, MINS, BIAS8), then the zmm
 # ones of 16 and 32 (WIDE); step 4: int8 activations against biased weights (q_matmul8)
 _TILES = {(SUB[c], MINS[c], s, BIAS8[c] if s == 4 else 0): None for c in range(len(SUB)) for s in (2, 4)}
-_TILES = {k: tuple(_tile(*k[:2], nv, *k[2:]) for nv in (1, 2, 3)) + tuple(_tile(*k[:2], nv, *k[2:], 16) for nv in (1, 2))
-          for k in _TILES}
+_TILES = {k: tuple(_tile(*k[:2], nv, *k[2:]) for nv in (1, 2, 3))
+          + tuple(_tile(*k[:2], nv, *k[2:], 16) for nv in (1, 2)) for k in _TILES}
 
 
 def q_tile(code, A16, SC, MN, Pk, c0, kc, nb, C, nv, W, pfo, rb, sb):
@@ -460,8 +462,8 @@ def _q_matmul(int8: bool, wide: bool = WIDE):
                 pfo = np.int64((r + MR) * rb + cb)
                 kb = 0
                 while kb < nkb:
-                    # ymm: 16-token tiles, a last 17-24 tokens in one 24-token tile (two blocks), 1-8 in 8; zmm: 32-token
-                    # tiles (two blocks), a last 9-16 tokens in 16, 1-8 in the ymm 8
+                    # ymm: 16-token tiles, a last 17-24 tokens in one 24-token tile (two blocks), 1-8 in 8;
+                    # zmm: 32-token tiles (two blocks), a last 9-16 tokens in 16, 1-8 in the ymm 8
                     rem = m - kb * NT
                     if wide:
                         nv = 1 if rem <= 8 else (2 if rem <= 16 else 4)

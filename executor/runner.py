@@ -147,7 +147,8 @@ class Runner:
                 y = y + sh
             x = xa + y.view(S, n, -1) if g is None else torch.add(xa, y.view(S, n, -1), out=g.x)
             t3 = time.perf_counter()
-            rec.update(step=step, phase=phase, streams=S, layer=i, tokens=S * n, kv_start=self.kv.len, routed=eids.tolist(),
+            rec.update(step=step, phase=phase, streams=S, layer=i, tokens=S * n, kv_start=self.kv.len,
+                       routed=eids.tolist(),
                        t_dense_ms=((t1 - t0 - t_eng) + (t3 - t2)) * 1e3 + (t_embed if i == 0 else 0.0),
                        t_experts_ms=(t2 - t1) * 1e3, engram_pages=pages, t_engram_ms=t_eng * 1e3, engram_rows=rows,
                        engram_major_faults=faults)

@@ -40,7 +40,8 @@ def test_packed_panels_hold_sixteen_tokens_a_column_zero_padded():
        seed=st.integers(0, 2**31))
 def test_deq_matmul_matches_dequantised(qk, qt, rows, nblk, m, seed):
     """Every type, any rows (6-row panels with a short last one), tokens (16-token tiles, an 8-token tail
-    tile; with gemm.ZMM 32-token tiles first) and columns (256-column slices with a short last one: up to 352 Q8_0 / Q4_0 / F16 columns, up to
+    tile; with gemm.ZMM 32-token tiles first) and
+    columns (256-column slices with a short last one: up to 352 Q8_0 / Q4_0 / F16 columns, up to
     2,816 K-quant ones), from a row offset into an output column offset: gguf.dequantize then x W^T."""
     rng = np.random.default_rng(seed)
     cols = nblk * BLOCK[qt] if BLOCK[qt] == 256 else nblk * 32
