@@ -75,15 +75,6 @@ def median_s(f, rounds: int) -> float:
 
 
 @lru_cache(maxsize=None)
-def _matmul8(code: int):
-    """qgemm.q_matmul8 of type `code` from Python (the code a constant in it, as row_products' entry points)."""
-    @njit(fastmath=True)
-    def run(w, r0, r1, rb, P, m, res, off):
-        qgemm.q_matmul8(code, w, r0, r1, rb, P, m, res, off)
-    return run
-
-
-@lru_cache(maxsize=None)
 def _matmul(code: int, int8: bool, wide: bool):
     """qgemm's GEMM of type `code` on int16 or int8 activations with its ymm or zmm tiles, from Python."""
     mm = qgemm._q_matmul(int8, wide)
@@ -115,7 +106,7 @@ def bench_products(names, tokens, rounds: int, int8: bool = False) -> None:
               f"qgemm/fused {tf / tq:4.2f}", flush=True)
         if int8:  # the same products on int8 activations, timed after the int16 ones
             P8 = pack8(x)
-            t8 = median_s(lambda: _matmul8(code)(w, 0, rows, rb, P8, m, res, 0), rounds)
+            t8 = median_s(lambda: _matmul(code, True, qgemm.WIDE)(w, 0, rows, rb, P8, m, res, 0), rounds)
             print(f"{'':6} {m:4d} tokens  int8 qgemm {gf / t8:6.1f} GFLOP/s   int8/int16 {tq / t8:4.2f}", flush=True)
 
 

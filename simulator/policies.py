@@ -379,17 +379,6 @@ def expected_touched(tokens: float, n_experts: int, top_k: int, locality: float 
     return locality * n_experts * (1.0 - (1.0 - top_k / n_experts) ** tokens)
 
 
-def chunks(prompt_tokens: int, chunk_tokens: int) -> list[int]:
-    """Sizes of the prefill chunks (`-b` or stream-all chunk) of a prompt."""
-    n_full, rest = divmod(int(prompt_tokens), int(chunk_tokens))
-    return [chunk_tokens] * n_full + ([rest] if rest else [])
-
-
-def ubatches(chunk: int, ubatch_tokens: int) -> list[int]:
-    """Micro-batch sizes (`-ub`) of one chunk."""
-    return chunks(chunk, min(ubatch_tokens, chunk))
-
-
 def op_offload(batch_tokens: int, min_batch: int = 32) -> bool:
     """llama.cpp op offload: a RAM-resident op runs on the GPU (weights copied) for big batches."""
     return batch_tokens >= min_batch

@@ -5,8 +5,10 @@ with compute) and CPU prefill.
 Attention is quadratic in context (capped for sparse-attention models)."""
 from __future__ import annotations
 
+from specs.plan import chunks, ubatches
+
 from .engram import gathers_inline, layer_gather_s
-from .policies import chunks, expected_touched, op_offload, ubatches
+from .policies import expected_touched, op_offload
 from .resources import cpu_expert_prefill_gflops, host_dense_s, llamacpp_dense_prefill_gflops, llamacpp_weighting_s
 
 # Sparse attention: each query attends at most this many earlier tokens (DeepSeek V3.2+/V4 DSA

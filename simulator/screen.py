@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import math
 
+from specs.plan import chunks, ubatches
+
 from .engram import EngramText, gathers_inline, layer_gather_s, ram_room
-from .policies import auction_split, chunks, expected_touched, mtp_tokens, ubatches, whole_experts_per_thread
+from .policies import auction_split, expected_touched, mtp_tokens, whole_experts_per_thread
 from .prefill import TOUCH_LOCALITY, attention_flops
 from .resources import (GB, Constants, cpu_dense_gbs, cpu_expert_gbs, cpu_expert_prefill_gflops, cpu_pair_s, host_dense_s,
                         llamacpp_dense_prefill_gflops, llamacpp_weighting_s, whole_jobs)

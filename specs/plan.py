@@ -101,6 +101,17 @@ class DeviceTier(_Strict):
     convert_ms: float = Field(default=0.04, ge=0)  # the device's conversion of a staged expert (PLANAR4)
 
 
+def chunks(prompt_tokens: int, chunk_tokens: int) -> list[int]:
+    """Sizes of the prefill chunks (`-b` or stream-all chunk) of a prompt (tokens)."""
+    n_full, rest = divmod(int(prompt_tokens), int(chunk_tokens))
+    return [chunk_tokens] * n_full + ([rest] if rest else [])
+
+
+def ubatches(chunk: int, ubatch_tokens: int) -> list[int]:
+    """Micro-batch sizes (`-ub`) of one chunk (tokens)."""
+    return chunks(chunk, min(ubatch_tokens, chunk))
+
+
 class Prefill(_Strict):
     """Prefill strategy: llama.cpp op offload, stream-all per chunk, or on the CPU."""
 
@@ -128,12 +139,8 @@ class Prefill(_Strict):
         micro-batches of ubatch_tokens (-ub; stream-all: the whole chunk), as the simulator's prefill runs them;
         `streams` prompts side by side share a pass's ubatch_tokens (at least one token each)."""
         chunk, ub = max(1, self.chunk_tokens // streams), max(1, self.ubatch_tokens // streams)
-        out = []
-        for a in range(0, prompt_tokens, chunk):
-            c = min(chunk, prompt_tokens - a)
-            step = c if self.strategy == "stream-all" else min(ub, c)
-            out += [min(step, c - b) for b in range(0, c, step)]
-        return out
+        return [u for c in chunks(prompt_tokens, chunk) for u in ([c] if self.strategy == "stream-all" else
+                                                                    ubatches(c, ub))]
 
 
 class KVCache(_Strict):

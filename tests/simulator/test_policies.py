@@ -3,8 +3,8 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from simulator.policies import (auction_cost_ms, auction_split, expected_touched, make_cache,
-                                mtp_tokens, chunks, ubatches, op_offload)
-from specs.plan import ExpertCache
+                                mtp_tokens, op_offload)
+from specs.plan import ExpertCache, chunks, ubatches
 
 
 def test_auction_worked_example():

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from simulator.policies import chunks, ubatches
-from specs.plan import Prefill
+from specs.plan import Prefill, chunks, ubatches
 
 
 @given(prompt=st.integers(1, 5000), chunk=st.integers(1, 3000), ub=st.integers(1, 3000),
