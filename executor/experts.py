@@ -194,8 +194,21 @@ class Experts:
         self.slot_map = torch.full((c.n_layers, c.n_experts), -1, dtype=torch.int64, device=device)
         self.free = list(range(n - 1, -1, -1))
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cpu-experts")
-        self.apply(self.cache.end_step() if n and self.cache.n_resident else [])
+        self._first_fill()
+
+    def _first_fill(self) -> None:
+        """The residency of a fresh load: the policy's initial experts in the slots, its step count at 0."""
+        if self.cache.slots and self.cache.n_resident:
+            self.apply(self.cache.end_step())
         self.cache.step = 0
+
+    def reset(self) -> None:
+        """Back to the residency and policy state of a fresh load (what a warm-up run routed is forgotten)."""
+        c = self.m.cfg
+        self.release()
+        self.cache = make_cache(self.plan.expert_cache, c.n_layers, c.n_experts)
+        self.free = list(range(self.cache.slots - 1, -1, -1))
+        self._first_fill()
 
     # --- cache residency ---------------------------------------------------------------------
     def apply(self, changes) -> int:

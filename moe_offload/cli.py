@@ -244,7 +244,7 @@ def _cmd_execute(a) -> int:
         plan = plan.model_copy(update={"streams": a.streams})
     try:
         r = execute(plan, a.model, prompt_tokens=a.prompt_tokens, gen_tokens=a.gen_tokens, trace_path=a.trace,
-                    progress=not a.json and sys.stderr.isatty())
+                    progress=not a.json and sys.stderr.isatty(), warmup=not a.no_warmup)
     except SpecError as e:  # the executor names the plan "plan": give the user its file
         raise SpecError(a.plan if e.file == "plan" else e.file, e.field, e.reason) from None
     from calibration.page_layout import page_breaks_of  # the file's page layout the run read (null: unreadable)
@@ -469,6 +469,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-tokens", type=int, default=32)
     p.add_argument("--streams", type=int, default=None)
     p.add_argument("--trace", help="trace JSONL path (default runs/trace-*.jsonl)")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="time the cold first prompt: no throwaway run of the same shape before the timed one (by "
+                   "default one runs, as llama-bench's warm-up does, and its TTFT is reported as warmup_ttft_s)")
     p.add_argument("--hw", help="a profile of this machine: each tier's roof beside what it achieved, and "
                    "the simulator's prediction of the run")
     p.add_argument("--ggml-lib", metavar="PATH|auto",

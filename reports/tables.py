@@ -164,8 +164,10 @@ def render_execution(r: dict, console: Console | None = None) -> None:
     """Print an executor run: speeds, then achieved bandwidth per tier next to the simulator's roof
     (when the run was given a profile) and the simulator's prediction of the run."""
     c = console or Console()
-    c.print(f"decode {r['decode_tok_s']:.2f} tok/s (ITL p50 {r['itl_p50_ms']:.2f} ms); TTFT {r['ttft_s']:.3f} s; "
-            f"{r.get('streams', 1)} stream(s) on {r.get('device', '?')}"
+    warm = r.get("warmup_ttft_s")
+    c.print(f"decode {r['decode_tok_s']:.2f} tok/s (ITL p50 {r['itl_p50_ms']:.2f} ms); TTFT {r['ttft_s']:.3f} s"
+            + (f" (the warm-up's, a cold first prompt: {warm:.3f} s)" if warm is not None else " (a cold first prompt)")
+            + f"; {r.get('streams', 1)} stream(s) on {r.get('device', '?')}"
             + (f" ({r['decode_path']})" if r.get("decode_path") else "") + f"; trace {r['trace']}")
     got, roofs, moved = r.get("bandwidth_gbs") or {}, r.get("roof_gbs") or {}, r.get("bytes") or {}
     t = Table(title="Expert tiers: bandwidth achieved (bytes read / time in the tier)")
