@@ -7,7 +7,7 @@ Data (../zen5-2026-12-07c): four sittings of llama-bench pp512 -r 2 (llama.cpp 0
 between three `calibrate --quick` profiles:
 - 1511 and 1514, between 1510, 1513 and 1515: the tree of fca897e, whose rebuild of ggml's tiled VNNI band
   (calibration.ggml_tiled) was unrolled over a slab's sub-blocks: ~2,900 instructions a band where ggml's
-  tiled_run_micro_vnni_8x16 is a 2.3 KB loop. On this host it ran front-end bound: Q2_K at 0.66-0.73x and Q3_K at
+  tiled_run_micro_vnni_8x16 is a 2.3 KB loop. On this host it ran front-end bound: Q2_K at 0.67-0.73x and Q3_K at
   0.72-0.82x of ggml's own in test-backend-ops at `small`'s pp512 shapes, one thread (Q4_K 0.97-1.01x);
 - 1534 and 1536, between 1533, 1535 and 1538: the band a loop over the sub-blocks, as ggml's (Q2_K 0.98-1.03x,
   Q3_K 1.04-1.12x, Q4_K 0.99-1.03x; `python benchmarks/bench_ggml_tiled.py --test-backend-ops PATH --case small-gate`
