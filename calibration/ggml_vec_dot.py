@@ -41,6 +41,8 @@ from executor.iquants import KVALUES
 from executor.qgemm import HAVE_VNNI256 as CPU_VNNI256
 from executor.simd import F32, HAVE_AVX2, I8, I16, I32, I64, V, _fn, _splat, hsum8
 
+from .ggml_gemv_kx8 import lane_dword, pair_rows, token_codes
+
 drop_stale_cache(__file__)
 
 # ggml's int8 products take vpdpbusd on 256-bit vectors where the CPU has AVX-512 VNNI and VL (MOE_OFFLOAD_NO_VNNI=1:
@@ -188,20 +190,6 @@ def gemv_q4_0x8_codegen():
         low = ir.Constant(V(I8, 32), [0x0F] * 32)
         acc = cgutils.alloca_once_value(builder, ir.Constant(V(F32, 8), [0.0] * 8))
 
-        def dwords(v):
-            return builder.bitcast(v, V(I32, 8))
-
-        def lanes_dword(v, j):  # _mm256_shuffle_epi32(v, j * 85): dword j of each 128-bit lane everywhere in it
-            return builder.bitcast(builder.shuffle_vector(dwords(v), dwords(v), v32([j] * 4 + [4 + j] * 4)), V(I8, 32))
-
-        def pair(a, b, first):  # blend(a, swap(b), 170) / blend(swap(a), b, 170): rows of a and b in even / odd lanes
-            sw = [1, 0, 3, 2, 5, 4, 7, 6]
-            if first:
-                m = [i if i % 2 == 0 else 8 + sw[i] for i in range(8)]
-            else:
-                m = [sw[i] if i % 2 == 0 else 8 + i for i in range(8)]
-            return builder.bitcast(builder.shuffle_vector(dwords(a), dwords(b), v32(m)), V(I8, 32))
-
         with cgutils.for_range(builder, nb) as loop:
             b = loop.index
             p = builder.gep(wd, [builder.add(woff, builder.mul(b, i64(Q4_0X8_BYTES)))])
@@ -211,16 +199,14 @@ def gemv_q4_0x8_codegen():
             hi = [builder.call(pshufb, [lut, builder.and_(builder.bitcast(builder.lshr(
                 builder.bitcast(r, V(I16, 16)), ir.Constant(V(I16, 16), [4] * 16)), V(I8, 32)), low)]) for r in raw]
             xp = builder.gep(xd, [builder.mul(b, i64(32))])
-            xh = [builder.load(builder.bitcast(builder.gep(xp, [i64(16 * h)]), V(I8, 16).as_pointer()), align=1)
-                  for h in range(2)]
-            lhs = [builder.shuffle_vector(v, v, v32(list(range(16)) * 2)) for v in xh]  # each half in both lanes
+            lhs = [token_codes(builder, xp, i64(16 * h)) for h in range(2)]  # each half in both lanes
             iacc = ir.Constant(V(I32, 8), [0] * 8)
             # values 0-7 (lo of raw 0/1), 8-15 (lo of 2/3), 16-23 (hi of 0/1), 24-31 (hi of 2/3)
             for q, (r0123, r4567, x) in enumerate(((lo[0], lo[1], lhs[0]), (lo[2], lo[3], lhs[0]),
                                                     (hi[0], hi[1], lhs[1]), (hi[2], hi[3], lhs[1]))):
                 for first in (True, False):
-                    wv = pair(r0123, r4567, first)
-                    xv = lanes_dword(x, 2 * (q % 2) + (0 if first else 1))
+                    wv = pair_rows(builder, r0123, r4567, first)  # ggml's shuffles (calibration.ggml_gemv_kx8)
+                    xv = lane_dword(builder, x, 2 * (q % 2) + (0 if first else 1))
                     iacc = mul_sum_i8(builder, wv, xv, iacc)
             hv = builder.load(builder.bitcast(p, V(I16, 8).as_pointer()), align=1)
             # the scales in the accumulator's lane order (ggml's changemask: rows 0, 4, 1, 5, 2, 6, 3, 7)
