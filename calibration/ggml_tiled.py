@@ -398,7 +398,7 @@ def _band_codegen(sub: int, has_min: bool, bias: int):
                 raw = builder.sub(acc[t], mul(b32, ir.Constant(V(I32, 16), [bias] * 16))) if bias else acc[t]
                 scale = builder.load(builder.gep(sc, [add(add(mul(rows[t], nb_stride), nb_off), s)]))
                 builder.store(add(builder.load(s1[t]), mul(raw, _splat(builder, scale, 16))), s1[t])
-        s2 = [cgutils.alloca_once_value(builder, zero) for _ in range(8)]
+        s2 = [cgutils.alloca_once_value(builder, zero) for _ in range(8)] if has_min else []
         if has_min:
             with cgutils.for_range(builder, c(nb)) as loop:
                 s = loop.index

@@ -99,7 +99,7 @@ class Runner:
         reset() -> its TTFT (s), the cold first prompt's.
 
         A first prompt pays what later ones do not: the allocator's arenas grow and their pages are touched
-        the first time (all-CPU `small-q4k` pp512: +92 MB anonymous, ~17,800 minor faults, 60-140 ms of
+        the first time (all-CPU `small-q4k` pp512: +92 MB anonymous, ~17,800 minor faults, 45-185 ms of
         ~0.75 s); after it, a prompt of the same shape runs in the memory the first one left."""
         prompts = default_prompts(self.plan.streams, prompt_tokens, self.c.vocab, seed=self.plan.streams)
         _, times, _ = self.generate(prompts, 2)
