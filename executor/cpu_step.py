@@ -170,8 +170,9 @@ class CpuStep:
             r.trace += recs
         self.pending.clear()
 
-    def step(self, ids: np.ndarray, phase: str, step: int) -> np.ndarray:
-        """Run new tokens ids [S, n] through the model -> logits [S, V] f32 at each stream's last token."""
+    def step(self, ids: np.ndarray, phase: str, step: int, outputs: bool = True) -> np.ndarray | None:
+        """Run new tokens ids [S, n] through the model -> logits [S, V] f32 at each stream's last token (None
+        with outputs=False: the head not run)."""
         r, pc = self.r, time.perf_counter
         S, n = ids.shape
         T, p0 = S * n, r.kv.len
@@ -195,7 +196,7 @@ class CpuStep:
             recs[0]["t_dense_ms"] += t_embed
         r.kv.len += n
         t0 = pc()
-        logits = r.dense.head_np(x.reshape(S, n, -1)[:, -1])  # [S, V]
+        logits = r.dense.head_np(x.reshape(S, n, -1)[:, -1]) if outputs else None  # [S, V]
         t_head = (pc() - t0) * 1e3
         if runs:
             self.pending.append((step, phase, S, T, p0, t_embed, t_head, runs))

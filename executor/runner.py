@@ -125,18 +125,19 @@ class Runner:
             return "cuda-graphs" if self.static.graph else "static"
         return "eager"
 
-    def _run(self, ids: np.ndarray, phase: str, step: int) -> np.ndarray | torch.Tensor:
+    def _run(self, ids: np.ndarray, phase: str, step: int, outputs: bool = True) -> np.ndarray | torch.Tensor | None:
         """step() -> logits [S, V], f32 numpy on the CPU dense path (no torch glue), else a tensor."""
         if self.cpu is not None:
-            return self.cpu.step(ids, phase, step)
-        return self.step(ids, phase, step)
+            return self.cpu.step(ids, phase, step, outputs)
+        return self.step(ids, phase, step, outputs)
 
-    def step(self, ids: np.ndarray, phase: str, step: int) -> torch.Tensor:
-        """Run new tokens ids [S, n] through the model -> logits [S, V] at each stream's last token."""
+    def step(self, ids: np.ndarray, phase: str, step: int, outputs: bool = True) -> torch.Tensor | None:
+        """Run new tokens ids [S, n] through the model -> logits [S, V] at each stream's last token (outputs=False:
+        none, the output head not run, as for a prompt's passes before its last: llama.cpp's outputs)."""
         if self.cpu is not None:
-            logits = self.cpu.step(ids, phase, step)
+            logits = self.cpu.step(ids, phase, step, outputs)
             self.cpu.flush()
-            return torch.from_numpy(logits)
+            return None if logits is None else torch.from_numpy(logits)
         S, n = ids.shape
         for s in range(S):
             self.hist[s].extend(int(t) for t in ids[s])
@@ -177,6 +178,8 @@ class Runner:
                        engram_major_faults=faults)
             self.trace.append(rec)
         self.kv.len += n
+        if not outputs:
+            return None
         t4 = time.perf_counter()
         logits = self.dense.head(x[:, -1])  # [S, V]
         if self.device.type == "cuda":
@@ -200,10 +203,11 @@ class Runner:
         if plan.expert_cache.release_during_prefill and self.experts.cache.slots:
             self.experts.release()
         t0, n0 = time.perf_counter(), len(self.trace)
-        passes = plan.prefill.passes(prompts.shape[1], prompts.shape[0])  # the plan's -b / -ub, as the simulator's
+        # the plan's -b / -ub, as the simulator's; the head runs on each chunk's last pass only, as llama.cpp's
+        passes = plan.prefill.passes_with_outputs(prompts.shape[1], prompts.shape[0])
         a = 0
-        for n in passes:
-            logits = self._run(prompts[:, a:a + n], "prefill", 0)  # the KV cache holds the tokens before a
+        for n, outputs in passes:  # the KV cache holds the tokens before a
+            logits = self._run(prompts[:, a:a + n], "prefill", 0, outputs)
             a += n
         self.experts.end_step()
         tok = _argmax(logits)  # [S]

@@ -5,7 +5,6 @@ with compute) and CPU prefill.
 Attention is quadratic in context (capped for sparse-attention models)."""
 from __future__ import annotations
 
-from specs.plan import chunks, ubatches
 
 from .engram import gathers_inline, layer_gather_s
 from .policies import expected_touched, op_offload
@@ -57,14 +56,12 @@ class PrefillRun:
     def start(self, done) -> None:
         """Prefill every stream's prompt (one after another), then done()."""
         self.done, self.t0 = done, self.m.sim.now
-        self.jobs = []  # (position, tokens, chunk, outputs: 1 for a chunk's last micro-batch, whose last
-        for s in range(self.streams):  # token's logits the engine computes, the output head run once)
+        self.jobs = []  # (position, tokens, outputs: 1 for a chunk's last micro-batch, whose last token's
+        for s in range(self.streams):  # logits the engine computes, the output head run once)
             pos = 0
-            for c in chunks(self.prompt, self.pf.chunk_tokens):
-                ubs = ubatches(c, self.pf.ubatch_tokens) if self.pf.strategy != "stream-all" else [c]
-                for i, ub in enumerate(ubs):
-                    self.jobs.append((pos, ub, c, int(i == len(ubs) - 1)))
-                    pos += ub
+            for n, outputs in self.pf.passes_with_outputs(self.prompt):
+                self.jobs.append((pos, n, int(outputs)))
+                pos += n
         self.j = 0
         self._next()
 
@@ -73,7 +70,7 @@ class PrefillRun:
             self.elapsed_s = self.m.sim.now - self.t0
             self.done()
             return
-        pos, n, chunk, self.outputs = self.jobs[self.j]
+        pos, n, self.outputs = self.jobs[self.j]
         self.j += 1
         if self.pf.strategy == "stream-all" and self.m.has_gpu:  # nothing to stream to without a device
             self._stream_all(pos, n)

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import math
 
-from specs.plan import chunks, ubatches
 
 from .engram import EngramText, gathers_inline, layer_gather_s, ram_room
 from .policies import auction_split, expected_touched, mtp_tokens, whole_experts_per_thread
@@ -253,9 +252,8 @@ def prefill_s(model, hw, plan, prompt_tokens: int, c: Constants, engram_cold: fl
     gather = 0.0
     if gathers_inline(model, plan):
         threads = plan.placement.engram_threads or plan.cpu_threads or hw.cpu.threads_used
-        for ch in chunks(prompt_tokens, plan.prefill.chunk_tokens):
-            for n in ([ch] if plan.prefill.strategy == "stream-all" else ubatches(ch, plan.prefill.ubatch_tokens)):
-                gather += len(model.engram.layers) * layer_gather_s(model, hw, c, n, engram_cold, threads)
+        for n in plan.prefill.passes(prompt_tokens):
+            gather += len(model.engram.layers) * layer_gather_s(model, hw, c, n, engram_cold, threads)
     return gather + _prefill_compute_s(model, hw, plan, prompt_tokens, c)
 
 
@@ -273,32 +271,28 @@ def _prefill_compute_s(model, hw, plan, prompt_tokens: int, c: Constants) -> flo
     if hw.gpu is None:  # no device: dense path, attention and experts all on the host cores
         total, pos = 0.0, 0
         dense_gflops = llamacpp_dense_prefill_gflops(hw, model, threads, c) if plan.engine == "llamacpp" else None
-        for ch in chunks(prompt_tokens, plan.prefill.chunk_tokens):
-            ubs = ubatches(ch, plan.prefill.ubatch_tokens)
-            for i, n in enumerate(ubs):  # the head for the chunk's last token (prefill.py's `outputs`)
-                dense_s = host_dense_s(model.prefill_dense_flops(n, int(i == len(ubs) - 1)),
-                                       attention_flops(model, pos, n), c, threads, plan.engine, dense_gflops)
-                total += dense_s + experts_s(n, model.n_moe_layers) + model.n_moe_layers * c.cpu_job_ms * 1e-3
-                pos += n
+        for n, outputs in plan.prefill.passes_with_outputs(prompt_tokens):  # the head for a chunk's last token
+            dense_s = host_dense_s(model.prefill_dense_flops(n, int(outputs)),
+                                   attention_flops(model, pos, n), c, threads, plan.engine, dense_gflops)
+            total += dense_s + experts_s(n, model.n_moe_layers) + model.n_moe_layers * c.cpu_job_ms * 1e-3
+            pos += n
         return total
     flops_s = hw.gpu.fp16_tflops * 1e12 * c.gemm_efficiency
     h2d = hw.pcie.h2d_gbs * GB if hw.pcie else 1.0
     pf, eb = plan.prefill, model.expert_bytes
     ram_layers = model.n_moe_layers - len(plan.placement.gpu_expert_layers)
     total, pos = 0.0, 0
-    for ch in chunks(prompt_tokens, pf.chunk_tokens):
-        ubs = [ch] if pf.strategy == "stream-all" else ubatches(ch, pf.ubatch_tokens)
-        for i, n in enumerate(ubs):
-            comp = (model.prefill_dense_flops(n, int(i == len(ubs) - 1)) + attention_flops(model, pos, n)
-                    + n * k * model.expert_flops * model.n_moe_layers) / flops_s
-            if pf.strategy == "stream-all":
-                total += _stream_all_chunk_s(model, pf, n, pos, k, ram_layers, flops_s, h2d)
-            elif pf.strategy == "op-offload" and n >= pf.op_offload_min_batch:
-                total += comp + ram_layers * model.n_experts * eb / h2d
-            else:  # RAM layers' experts on the host cores (not in `comp`), the rest on the device
-                comp -= n * k * model.expert_flops * ram_layers / flops_s
-                total += comp + experts_s(n, ram_layers)
-            pos += n
+    for n, outputs in pf.passes_with_outputs(prompt_tokens):
+        comp = (model.prefill_dense_flops(n, int(outputs)) + attention_flops(model, pos, n)
+                + n * k * model.expert_flops * model.n_moe_layers) / flops_s
+        if pf.strategy == "stream-all":
+            total += _stream_all_chunk_s(model, pf, n, pos, k, ram_layers, flops_s, h2d)
+        elif pf.strategy == "op-offload" and n >= pf.op_offload_min_batch:
+            total += comp + ram_layers * model.n_experts * eb / h2d
+        else:  # RAM layers' experts on the host cores (not in `comp`), the rest on the device
+            comp -= n * k * model.expert_flops * ram_layers / flops_s
+            total += comp + experts_s(n, ram_layers)
+        pos += n
     return total
 
 

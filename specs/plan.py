@@ -134,13 +134,21 @@ class Prefill(_Strict):
             raise ValueError("ubatch_tokens exceeds chunk_tokens")
         return self
 
-    def passes(self, prompt_tokens: int, streams: int = 1) -> list[int]:
-        """Each stream's prompt tokens per forward pass (tokens): chunks of chunk_tokens (llama.cpp -b), each in
-        micro-batches of ubatch_tokens (-ub; stream-all: the whole chunk), as the simulator's prefill runs them;
-        `streams` prompts side by side share a pass's ubatch_tokens (at least one token each)."""
+    def passes_with_outputs(self, prompt_tokens: int, streams: int = 1) -> list[tuple[int, bool]]:
+        """(tokens, outputs) of each forward pass: each stream's prompt tokens in it, chunks of chunk_tokens (llama.cpp
+        -b), each in micro-batches of ubatch_tokens (-ub; stream-all: the whole chunk), as the simulator's prefill
+        runs them; `streams` prompts side by side share a pass's ubatch_tokens (at least one token each). outputs:
+        whether the pass computes logits, a chunk's last micro-batch (llama_decode outputs its batch's last token)."""
         chunk, ub = max(1, self.chunk_tokens // streams), max(1, self.ubatch_tokens // streams)
-        return [u for c in chunks(prompt_tokens, chunk) for u in ([c] if self.strategy == "stream-all" else
-                                                                    ubatches(c, ub))]
+        out = []
+        for c in chunks(prompt_tokens, chunk):
+            us = [c] if self.strategy == "stream-all" else ubatches(c, ub)
+            out += [(u, i == len(us) - 1) for i, u in enumerate(us)]
+        return out
+
+    def passes(self, prompt_tokens: int, streams: int = 1) -> list[int]:
+        """Each stream's prompt tokens per forward pass (tokens): passes_with_outputs' passes."""
+        return [n for n, _ in self.passes_with_outputs(prompt_tokens, streams)]
 
 
 class KVCache(_Strict):

@@ -54,3 +54,22 @@ def test_streams_prefilled_side_by_side_in_passes_match_alone(tiny):
     for s in range(4):
         alone = execute(Plan(), tiny, P, G, trace_path=tiny.parent / "s1p.jsonl", prompts=prompts[s:s + 1])
         assert together["tokens"][s] == alone["tokens"][0]
+
+
+@pytest.mark.parametrize("cache", [None, ExpertCache(slots=64, policy="lru")], ids=["all-cpu", "cache-50%"])
+def test_the_output_head_runs_on_each_chunks_last_pass_only(tiny, cache):
+    """llama.cpp computes logits for the last token of each llama_decode call, a -b chunk, so in its last micro-batch
+    only (the simulator's `outputs`): 40 tokens in passes of 16, 16 | 8 run the head twice, then once a decode step
+    (the real head, its calls counted), on the fused CPU step and on the general one."""
+    from executor.runner import Runner
+    kw = dict(expert_cache=cache) if cache else {}
+    r = Runner(Plan(prefill=PASSES, **kw), tiny, P + G)
+    try:
+        calls = []
+        for name in ("head", "head_np"):
+            real = getattr(r.dense, name)
+            setattr(r.dense, name, lambda x, real=real, name=name: calls.append(name) or real(x))
+        r.generate(default_prompts(1, P, r.c.vocab, seed=3), G)
+        assert len(calls) == 2 + (G - 1)
+    finally:
+        r.experts.close()

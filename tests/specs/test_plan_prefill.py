@@ -18,6 +18,26 @@ def test_one_streams_passes_are_the_simulators_chunks_and_ubatches(prompt, chunk
     assert sum(pf.passes(prompt)) == prompt
 
 
+@given(prompt=st.integers(1, 5000), chunk=st.integers(1, 3000), ub=st.integers(1, 3000),
+       strategy=st.sampled_from(["op-offload", "stream-all", "cpu"]), streams=st.integers(1, 4))
+def test_a_pass_outputs_logits_where_a_chunk_ends(prompt, chunk, ub, strategy, streams):
+    """passes_with_outputs: outputs exactly on each chunk's last micro-batch (llama_decode outputs a batch's last
+    token), so once a chunk and always on the prompt's last pass; its tokens are passes()'."""
+    ub = min(ub, chunk)
+    pf = Prefill(strategy=strategy, chunk_tokens=chunk, ubatch_tokens=ub)
+    got = pf.passes_with_outputs(prompt, streams)
+    assert [n for n, _ in got] == pf.passes(prompt, streams)
+    assert got[-1][1] and sum(o for _, o in got) == len(chunks(prompt, max(1, chunk // streams)))
+    ends, a = set(), 0
+    for c in chunks(prompt, max(1, chunk // streams)):
+        a += c
+        ends.add(a)
+    done = 0
+    for n, outputs in got:
+        done += n
+        assert outputs == (done in ends)
+
+
 def test_streams_side_by_side_share_a_pass():
     """4 streams under -ub 512: 128 tokens of each a pass (512 in all); -ub 2 still takes one token of each."""
     assert Prefill(strategy="cpu").passes(300, 4) == [128, 128, 44]
