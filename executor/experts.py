@@ -192,12 +192,13 @@ class Experts:
         self.slot: dict[tuple[int, int], int] = {}
         # the same residency on the device, for device_step's resident experts: slot of (layer, expert), -1 if none
         self.slot_map = torch.full((c.n_layers, c.n_experts), -1, dtype=torch.int64, device=device)
-        self.free = list(range(n - 1, -1, -1))
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cpu-experts")
         self._first_fill()
 
     def _first_fill(self) -> None:
-        """The residency of a fresh load: the policy's initial experts in the slots, its step count at 0."""
+        """The residency of a fresh load: every slot free, then the policy's initial experts in them, its step
+        count at 0."""
+        self.free = list(range(self.cache.slots - 1, -1, -1))
         if self.cache.slots and self.cache.n_resident:
             self.apply(self.cache.end_step())
         self.cache.step = 0
@@ -207,7 +208,6 @@ class Experts:
         c = self.m.cfg
         self.release()
         self.cache = make_cache(self.plan.expert_cache, c.n_layers, c.n_experts)
-        self.free = list(range(self.cache.slots - 1, -1, -1))
         self._first_fill()
 
     # --- cache residency ---------------------------------------------------------------------
