@@ -400,16 +400,19 @@ class PrefillResult:
                 f"{self.threads} threads, {self.noise.describe()}")
 
 
-def prefill_fixed_tokens(m1: float, gflops1: float, m2: float, gflops2: float) -> float:
-    """m0 such that an expert product of m tokens takes the time of m + m0 tokens' multiply-adds (the simulator's
-    cpu_prefill_fixed_tokens), from the rates measured at m1 < m2 tokens an expert: gflops2 / gflops1 = m2 (m1 + m0)
-    / (m1 (m2 + m0)). 0 where the larger batch is no faster; capped at 1,000 tokens."""
+def prefill_fixed_tokens(m1: float, gflops1: float, m2: float, gflops2: float, groups1: float = 1.0,
+                         groups2: float = 1.0) -> float:
+    """m0 such that an expert product of m tokens in g token groups takes the time of m + g m0 tokens' multiply-adds
+    (the simulator's cpu_prefill_fixed_tokens; g: specs.formats.executor_expert_groups, 1 for ggml's windows), from
+    the rates measured at m1 < m2 tokens an expert in groups1 / groups2 groups: gflops2 / gflops1 = m2 (m1 + g1 m0) /
+    (m1 (m2 + g2 m0)). 0 where no m0 >= 0 gives the larger batch's rate (it is no faster); capped at 1,000 tokens."""
     q = gflops2 / gflops1
-    if q <= 1.0:
-        return 0.0
-    if q * m1 >= m2:
-        return 1000.0
-    return min(1000.0, m1 * m2 * (q - 1.0) / (m2 - q * m1))
+    num, den = m1 * m2 * (q - 1.0), m2 * groups1 - q * m1 * groups2
+    if den > 0:
+        return min(1000.0, max(0.0, num / den))
+    if den == 0 or num > 0:  # no finite m0 >= 0 (the larger batch too fast for its groups), or any m0 (num = 0)
+        return 0.0 if num == 0 else 1000.0
+    return min(1000.0, num / den)
 
 
 def executor_prefill_jobs(fmt: str = "Q4_0", hidden: int = 2048, ffn: int = 768, n_experts: int = 32,

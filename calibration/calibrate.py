@@ -110,6 +110,7 @@ class Results:
     layer_loop: LayerLoop | None = None
     layer_loop_small: LayerLoop | None = None  # the same loop on a layer a quarter as wide: the fixed part
     llc_bytes: int | None = None  # last-level cache of this machine (sysfs), when readable
+    l2_bytes: int | None = None  # one core's L2 (sysfs): the executor's prefill GEMM sizes its token groups by it
     hit: HitResult | None = None
     dense: DenseResult | None = None
     h2d: H2DResult | None = None
@@ -368,10 +369,10 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
     each op and would steal the cores the numba kernels measure). `ggml`: a llama.cpp build's kernels
     (ggml_library.GgmlCpu): the decode jobs of llama.cpp's plans run them where it has them, the rebuilds elsewhere."""
     import torch
-    from .detect import llc_bytes, mem_info
+    from .detect import cache_bytes, llc_bytes, mem_info
     llc = llc_bytes()
     s = kernel_pool_for(s, llc, mem_info().get("MemAvailable"))
-    r = Results(settings=s, llc_bytes=llc)
+    r = Results(settings=s, llc_bytes=llc, l2_bytes=cache_bytes(2))
     l0 = _loadavg()
     threads = list(s.threads or default_thread_counts())
     maxt = max(threads)

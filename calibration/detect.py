@@ -20,6 +20,7 @@ import struct
 import subprocess
 from pathlib import Path
 
+from executor.cpu_caches import SYSFS_CACHES, cache_bytes
 from specs.figure import Figure
 from specs.hardware import CPU, GPU, HardwareSpec, Memory, NVMe, PCIe
 
@@ -61,19 +62,9 @@ def _assumed(value: float, why: str) -> Figure:
 # probes (each returns plain data; None when nothing is readable)
 # ---------------------------------------------------------------------------------------------
 
-def llc_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+def llc_bytes(root: str = SYSFS_CACHES) -> int | None:
     """Size of cpu0's last-level cache in bytes (the highest-level cache sysfs lists), or None."""
-    best = None
-    for d in sorted(Path(root).glob("index*")):
-        level, size = _read(str(d / "level")), _read(str(d / "size"))
-        if not level or not size:
-            continue
-        m = re.fullmatch(r"(\d+)([KMG]?)", size.strip())
-        if m:
-            n = int(m[1]) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m[2]]
-            if best is None or int(level) > best[0] or (int(level) == best[0] and n > best[1]):
-                best = (int(level), n)
-    return best[1] if best else None
+    return cache_bytes(None, root)
 
 
 def cpu_info(cpuinfo: str | None = None) -> dict:
@@ -355,7 +346,10 @@ def detect_hardware(measure: bool = False, path: str | os.PathLike = ".", progre
                     efficiency=_assumed(0.7, "typical streaming-read fraction of DDR peak"),
                     os_reserve_bytes=reserve)
 
-    cpu = CPU(model=c["model"], cores=c["usable"], threads_used=c["usable"], isa=c["isa"],
+    l2 = cache_bytes(2)
+    if l2:
+        note("cpu.l2_bytes", "measured", f"{date}, read from {SYSFS_CACHES}/index*/size (level 2)")
+    cpu = CPU(model=c["model"], cores=c["usable"], threads_used=c["usable"], isa=c["isa"], l2_bytes=l2,
               expert_gbs=assumed_expert_gbs(c["usable"], c["isa"]))
 
     g = gpu_info()

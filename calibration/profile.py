@@ -6,6 +6,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from specs.figure import Figure
+from specs.formats import executor_expert_groups, executor_group_bytes
 from specs.hardware import HardwareSpec
 
 from . import store
@@ -208,19 +209,26 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
         a = next(iter(fixed.values()))[0]
         data["cpu"]["ggml_prefill_ref_tokens"] = _m(a.tokens_per_expert, f"tokens an expert of the ggml prefill "
                                                     f"batches: {a.tokens} x top-{a.top_k} of {a.experts}", date)
+    if r.l2_bytes:  # the executor's prefill GEMM sizes its token groups by it (specs.formats.executor_group_tokens)
+        data["cpu"]["l2_bytes"] = r.l2_bytes
+        notes.append(f"@ cpu.l2_bytes: measured: {date}, read from sysfs (cpu0's level-2 cache)")
     if r.prefill:
         pf = r.prefill
         consts["cpu_prefill_gflops_per_core"] = _m(pf.gflops_per_core, pf.method(), date)
         consts["cpu_prefill_ref_tokens"] = _m(pf.tokens_per_expert, f"tokens an expert of that batch: {pf.tokens} x "
                                               f"top-{pf.top_k} of {pf.experts}", date)
         if r.prefill_long:
-            lg = r.prefill_long
+            lg, st = r.prefill_long, r.settings
+            # the job's products in the executor's token groups on this core's L2 (each group pays m0)
+            groups = [executor_expert_groups(st.kernel_hidden, st.kernel_ffn, m, executor_group_bytes(r.l2_bytes)
+                                             if r.l2_bytes else None) for m in (pf.tokens_per_expert, lg.tokens_per_expert)]
             m0 = prefill_fixed_tokens(pf.tokens_per_expert, pf.gflops_per_core, lg.tokens_per_expert,
-                                      lg.gflops_per_core)
+                                      lg.gflops_per_core, *groups)
             consts["cpu_prefill_fixed_tokens"] = _m(m0, f"{pf.gflops_per_core:.1f} GFLOP/s a core at "
                                                     f"{pf.tokens_per_expert:g} tokens an expert, {lg.gflops_per_core:.1f} "
                                                     f"at {lg.tokens_per_expert:g} ({lg.method()}): time per expert "
-                                                    f"product as m + m0 tokens' multiply-adds", date)
+                                                    f"product as m + g m0 tokens' multiply-adds, g its token groups "
+                                                    f"({groups[0]:g} and {groups[1]:g})", date)
     if r.prefill and r.prefill_formats:  # the job's rate for each format: its products' speed over the job format's
         pf = r.prefill_formats
         data["cpu"]["prefill_format_share"] = {k: _m(v, pf.method(), date) for k, v in pf.shares.items()}

@@ -10,7 +10,8 @@ from functools import lru_cache
 from pathlib import Path
 
 # settings read at import whose value is compiled into the kernels as a constant: a change drops the caches too
-_SWITCHES = ("MOE_OFFLOAD_NO_VNNI", "MOE_OFFLOAD_QGEMM", "MOE_OFFLOAD_GEMM_INT8", "MOE_OFFLOAD_ZMM")
+_SWITCHES = ("MOE_OFFLOAD_NO_VNNI", "MOE_OFFLOAD_QGEMM", "MOE_OFFLOAD_GEMM_INT8", "MOE_OFFLOAD_ZMM",
+             "MOE_OFFLOAD_TOKEN_GROUP_BYTES")
 _FROM = re.compile(r"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.M)
 _IMPORT = re.compile(r"^[ \t]*import[ \t]+([\w.]+)", re.M)
 

@@ -43,6 +43,9 @@ from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
+from specs.formats import executor_group_bytes
+
+from .cpu_caches import cache_bytes
 from .gemm import MR, NT, ZMM, _col_bytes
 from .nbcache import drop_stale_cache
 from .qdecode import q_decode
@@ -72,6 +75,16 @@ _U = np.uint64
 # GFLOP/s on 1 thread, 127 against 152-166 on 2; 512 tokens 198 against 213: weights that stream from DRAM want long
 # runs of a row, not the 144 bytes of a super-block)
 QKC = 4096
+# Token panels a row panel's tiles stream in one go: tokens in groups (BLIS's outermost loop over the B panel's NC
+# columns, Van Zee & van de Geijn 2015) whose slice of the panels takes at most this, each group through every row
+# panel (its rows decoded again for the next group). One slice of all of an expert's tokens spilled from L2 past
+# ~200 tokens at 2,048 columns (80 KB a 16-token block): on the Zen 5 VM of session 57 (1 MB L2) the tile's rate at
+# 512 tokens an expert fell to 0.86-0.91x its rate at 128 for Q4_K, 0.95-0.97x for Q4_0; in groups of 640 KB it
+# holds at 0.96-1.01x (benchmarks/bench_token_groups.py). 5/8 of L2 leaves the rest to the decoded rows and the
+# sums (specs.formats.executor_group_tokens: the simulator's statement of the groups, tested against group_blocks).
+# MOE_OFFLOAD_TOKEN_GROUP_BYTES overrides it (0: one group, the loop before; nbcache._SWITCHES).
+_GROUP_ENV = os.environ.get("MOE_OFFLOAD_TOKEN_GROUP_BYTES", "")
+GROUP_BYTES = int(_GROUP_ENV) if _GROUP_ENV else executor_group_bytes(cache_bytes(2) or 1 << 20)
 
 # The values a sub-block of each type code spans (its scale's reach) and whether it has a min: Q4_K / Q5_K per 32,
 # Q6_K / Q3_K / Q2_K per 16 (ggml-quants.c dequantize_row_q*_K), Q8_0 / Q4_0 / IQ4 per 32-block.
@@ -94,6 +107,16 @@ def panel_width8(cols):
     """Floats a token's column of a qpack8_into block takes for a row of `cols` values: cols / 4 quads, then per
     32-block dx, dx sum(x8), and dx sum(x8) of each 16-value half (3 cols / 8 in all)."""
     return cols // 4 + cols // 8
+
+
+@njit(inline="always")
+def group_blocks(width, ks, cols, nkb, group_bytes):
+    """16-token blocks of a group of q_matmul's tokens (nkb blocks in all) for panels of `width` floats a token read
+    in slices of ks of their cols columns: group_bytes of slice, an even number (a zmm tile takes two), at least two
+    (0: all nkb blocks, one group)."""
+    if not group_bytes:
+        return max(1, nkb)
+    return max(2, group_bytes // (width * ks // cols * NT * 4) // 2 * 2)
 
 
 @njit(cache=True)
@@ -425,9 +448,9 @@ def _rows8(code, w, o, A, A16, S, N, kc, i):
         A[i, c] = np.uint8(A16[0, c] + bias)
 
 
-def _q_matmul(int8: bool, wide: bool = WIDE):
-    """q_matmul (int8: q_matmul8): one body, the panel rows' type and its tiles (wide: zmm, q_tile_wide) chosen
-    here."""
+def _q_matmul(int8: bool, wide: bool = WIDE, group_bytes: int = GROUP_BYTES):
+    """q_matmul (int8: q_matmul8): one body, the panel rows' type and its tiles (wide: zmm, q_tile_wide) and its
+    token groups (group_bytes of panel slice; 0: one group) chosen here."""
     den, adt, rows = (12, np.uint8, _rows8) if int8 else (20, np.int16, _rows16)
     tile = q_tile_wide if wide else q_tile
 
@@ -443,35 +466,39 @@ def _q_matmul(int8: bool, wide: bool = WIDE):
         S = np.empty((MR, ks // 16), np.float32)
         N = np.zeros((MR, ks // 16), np.float32)
         C = np.zeros((npn, nkb, MR, NT), np.float32)
+        gb = group_blocks(P.shape[1], ks, cols, nkb, group_bytes)
         for c0 in range(0, cols, ks):
             kc = min(ks, cols - c0)
             cb = _col_bytes(code, c0)
-            for p in range(npn):
-                r = r0 + p * MR
-                nr = min(MR, r1 - r)
-                for i in range(nr):
-                    rows(code, w, _U(r + i) * _U(rb) + _U(cb), A, A16, S, N, kc, i)
-                for i in range(nr, MR):  # a short last panel: zero rows, results dropped below
-                    A[i, :] = 0
-                    S[i, :] = 0.0
-                    N[i, :] = 0.0
-                # the first token block's tile prefetches the next panel's rows (their slice): the decode above then
-                # finds them in L2 rather than waiting on DRAM, where the hardware's stream prefetch stopped during
-                # the tiles
-                sb = np.int64(_col_bytes(code, kc)) if p + 1 < npn else np.int64(0)
-                pfo = np.int64((r + MR) * rb + cb)
-                kb = 0
-                while kb < nkb:
-                    # ymm: 16-token tiles, a last 17-24 tokens in one 24-token tile (two blocks), 1-8 in 8;
-                    # zmm: 32-token tiles (two blocks), a last 9-16 tokens in 16, 1-8 in the ymm 8
-                    rem = m - kb * NT
-                    if wide:
-                        nv = 1 if rem <= 8 else (2 if rem <= 16 else 4)
-                    else:
-                        nv = 1 if rem <= 8 else (3 if 16 < rem <= 24 else 2)
-                    tile(code, A, S, N, P[kb:kb + 2], np.int64(c0), np.int64(kc), np.int64(nb), C[p, kb:kb + 2],
-                         nv, w, pfo, np.int64(rb), sb if kb == 0 else np.int64(0))
-                    kb += 2 if nv >= 3 else 1
+            for g0 in range(0, nkb, gb):
+                g1 = min(nkb, g0 + gb)
+                mg = min(m, g1 * NT)
+                for p in range(npn):
+                    r = r0 + p * MR
+                    nr = min(MR, r1 - r)
+                    for i in range(nr):
+                        rows(code, w, _U(r + i) * _U(rb) + _U(cb), A, A16, S, N, kc, i)
+                    for i in range(nr, MR):  # a short last panel: zero rows, results dropped below
+                        A[i, :] = 0
+                        S[i, :] = 0.0
+                        N[i, :] = 0.0
+                    # the first token block's tile prefetches the next panel's rows (their slice): the decode above
+                    # then finds them in L2 rather than waiting on DRAM, where the hardware's stream prefetch stopped
+                    # during the tiles
+                    sb = np.int64(_col_bytes(code, kc)) if p + 1 < npn else np.int64(0)
+                    pfo = np.int64((r + MR) * rb + cb)
+                    kb = g0
+                    while kb < g1:
+                        # ymm: 16-token tiles, a last 17-24 tokens in one 24-token tile (two blocks), 1-8 in 8;
+                        # zmm: 32-token tiles (two blocks), a last 9-16 tokens in 16, 1-8 in the ymm 8
+                        rem = mg - kb * NT
+                        if wide:
+                            nv = 1 if rem <= 8 else (2 if rem <= 16 else 4)
+                        else:
+                            nv = 1 if rem <= 8 else (3 if 16 < rem <= 24 else 2)
+                        tile(code, A, S, N, P[kb:kb + 2], np.int64(c0), np.int64(kc), np.int64(nb),
+                             C[p, kb:kb + 2], nv, w, pfo, np.int64(rb), sb if kb == g0 else np.int64(0))
+                        kb += 2 if nv >= 3 else 1
         for p in range(npn):
             nr = min(MR, r1 - r0 - p * MR)
             for k in range(m):

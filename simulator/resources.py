@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from specs.formats import (LLAMACPP_TILED_WINDOW_TOKENS, LLAMACPP_WEIGHTING_KEY, llamacpp_dense_prefill_key,
-                          llamacpp_prefill_keys, llamacpp_prefill_path, llamacpp_repacks)
+from specs.formats import (LLAMACPP_TILED_WINDOW_TOKENS, LLAMACPP_WEIGHTING_KEY, executor_expert_groups,
+                           executor_group_bytes, llamacpp_dense_prefill_key, llamacpp_prefill_keys,
+                           llamacpp_prefill_path, llamacpp_repacks)
 
 from .engine import FluidNet, Pool, Serial, Sim
 from .policies import whole_experts_per_thread
@@ -144,25 +145,30 @@ def cpu_dense_gbs(hw, model, threads: int, plan) -> float:
 
 def cpu_expert_prefill_gflops(hw, plan, model, tokens_per_expert: float, threads: int, c: Constants) -> float:
     """GFLOP/s per core of `plan`'s engine's CPU expert products on a prefill batch with that many tokens an
-    expert: each weight type's share of the multiply-adds at its own rate (cpu_prefill_gflops)."""
-    return model.expert_rate(lambda fmt: cpu_prefill_gflops(hw, plan, fmt, tokens_per_expert, threads, c),
+    expert: each weight type's share of the multiply-adds at its own rate (cpu_prefill_gflops); the executor's in
+    the token groups its GEMM takes on this CPU's L2 (specs.formats.executor_expert_groups)."""
+    l2 = hw.cpu.l2_bytes
+    groups = executor_expert_groups(model.hidden, model.expert_ffn, tokens_per_expert,
+                                    executor_group_bytes(l2) if l2 else None)
+    return model.expert_rate(lambda fmt: cpu_prefill_gflops(hw, plan, fmt, tokens_per_expert, threads, c, groups),
                              per="weights")
 
 
-def cpu_prefill_gflops(hw, plan, fmt, tokens_per_expert: float, threads: int, c: Constants) -> float:
+def cpu_prefill_gflops(hw, plan, fmt, tokens_per_expert: float, threads: int, c: Constants,
+                       groups: float = 1.0) -> float:
     """GFLOP/s per core of `plan`'s engine's CPU expert products on a prefill batch with that many tokens an
     expert: for llama.cpp, the rate of the structure ggml gives `fmt` there (specs.formats.llamacpp_prefill_path)
     where the profile has it (on the repacked path, the rebuilt format's: specs.formats.llamacpp_prefill_keys); else
-    the executor's: its prefill job's rate, scaled by `fmt`'s products' speed over the job format's where the profile
-    has it (cpu.prefill_format_share). A path whose windows share a fixed part (the tiled GEMM's unpacking) runs at
-    the batch's own share of it (ggml_window_scale)."""
+    the executor's, in `groups` token groups an expert: its prefill job's rate, scaled by `fmt`'s products' speed over
+    the job format's where the profile has it (cpu.prefill_format_share). A path whose windows share a fixed part
+    (the tiled GEMM's unpacking) runs at the batch's own share of it (ggml_window_scale)."""
     if plan.engine == "llamacpp" and hw.cpu.ggml_prefill_gflops:
         path = llamacpp_prefill_path(fmt, repacked(hw, plan, fmt), tokens_per_expert, hw.cpu.isa)
         for key in llamacpp_prefill_keys(fmt.name, path):
             own = hw.cpu.ggml_prefill_gflops_for(key, threads)
             if own is not None:
                 return own * ggml_window_scale(hw.cpu, key, tokens_per_expert, threads)
-    return executor_prefill_gflops(c, tokens_per_expert) * hw.cpu.prefill_share_for(fmt)
+    return executor_prefill_gflops(c, tokens_per_expert, groups) * hw.cpu.prefill_share_for(fmt)
 
 
 def ggml_window_scale(cpu, key: str, tokens_per_expert: float, threads: int) -> float:
@@ -179,14 +185,15 @@ def ggml_window_scale(cpu, key: str, tokens_per_expert: float, threads: int) -> 
     return share(max(tokens_per_expert, 1.0)) / share(float(ref))
 
 
-def executor_prefill_gflops(c: Constants, tokens_per_expert: float) -> float:
-    """GFLOP/s per core of the executor's CPU expert GEMM at that many tokens an expert: the measured rate at
-    cpu_prefill_ref_tokens times m / (m + m0) over its value there (m0 = cpu_prefill_fixed_tokens)."""
+def executor_prefill_gflops(c: Constants, tokens_per_expert: float, groups: float = 1.0) -> float:
+    """GFLOP/s per core of the executor's CPU expert GEMM at that many tokens an expert, taken in `groups` token
+    groups (each decoding the weights again: specs.formats.executor_expert_groups): the measured rate at
+    cpu_prefill_ref_tokens (one group) times m / (m + groups m0) over its value there (m0 = cpu_prefill_fixed_tokens)."""
     m0 = c.cpu_prefill_fixed_tokens
     if m0 <= 0:
         return c.cpu_prefill_gflops_per_core
     m, ref = max(tokens_per_expert, 1.0), c.cpu_prefill_ref_tokens
-    return c.cpu_prefill_gflops_per_core * (m / (m + m0)) / (ref / (ref + m0))
+    return c.cpu_prefill_gflops_per_core * (m / (m + groups * m0)) / (ref / (ref + m0))
 
 
 def llamacpp_dense_prefill_gflops(hw, model, threads: int, c: Constants) -> float:

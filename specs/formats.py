@@ -162,3 +162,35 @@ def llamacpp_prefill_keys(fmt_name: str, path: str) -> tuple[str, ...]:
     if path == "tiled-narrow":
         return own, llamacpp_prefill_key(fmt_name, "tiled")
     return (own,)
+
+
+# The executor's integer GEMM (executor.qgemm.q_matmul) packs an expert's tokens in 16-token blocks of panels, each
+# token EXECUTOR_PANEL_FLOATS floats a 32 values (int16 pairs and scales; int8 activations: 8 + 4), reads them in
+# slices of up to 4,096 columns, and takes them in groups whose slice fits EXECUTOR_GROUP_L2_SHARE of a core's L2,
+# an even number of blocks, at least two: each group decodes the weights again (its m0 is paid per group)
+EXECUTOR_PANEL_FLOATS = {"int16": 20, "int8": 12}
+EXECUTOR_BLOCK_TOKENS, EXECUTOR_SLICE_COLS = 16, 4096
+EXECUTOR_GROUP_L2_SHARE = 5 / 8
+
+
+def executor_group_bytes(l2_bytes: int) -> int:
+    """Bytes of panel slice a group of the executor's integer GEMM takes on a core with l2_bytes of L2."""
+    return int(l2_bytes * EXECUTOR_GROUP_L2_SHARE)
+
+
+def executor_group_tokens(cols: int, group_bytes: int, activations: str = "int16") -> int:
+    """Tokens an expert's product over rows of `cols` values takes in one group of the executor's integer GEMM
+    (group_bytes of panel slice: executor_group_bytes)."""
+    block = min(cols, EXECUTOR_SLICE_COLS) * EXECUTOR_PANEL_FLOATS[activations] // 32 * EXECUTOR_BLOCK_TOKENS * 4
+    return EXECUTOR_BLOCK_TOKENS * max(2, group_bytes // block // 2 * 2)
+
+
+def executor_expert_groups(hidden: int, expert_ffn: int, tokens_per_expert: float, group_bytes: int | None) -> float:
+    """Groups an expert's products of that many tokens take in the executor's integer GEMM, the mean over its gate
+    and up (rows of `hidden` values) and down (rows of `expert_ffn`): each pays the decode's fixed part once. 1 where
+    group_bytes is None or 0 (one group)."""
+    if not group_bytes:
+        return 1.0
+    m = max(tokens_per_expert, 1.0)
+    return (2 * math.ceil(m / executor_group_tokens(hidden, group_bytes))
+            + math.ceil(m / executor_group_tokens(expert_ffn, group_bytes))) / 3

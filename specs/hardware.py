@@ -99,6 +99,9 @@ class CPU(_Strict):
     cores: int = Field(ge=1)
     threads_used: int = Field(ge=1)  # cores given to the CPU expert tier
     isa: list[str] = Field(default_factory=list)
+    # one core's L2 in bytes (sysfs, calibration.detect): the executor's prefill GEMM takes an expert's tokens in
+    # groups sized by it (specs.formats.executor_group_tokens); None: one group, whatever the tokens
+    l2_bytes: int | None = Field(default=None, ge=1)
     # Expert-kernel throughput (GB/s of expert weights, all threads_used cores) per weight family:
     # keys are format names ('Q4_0', 'EXL3') or families ('codebook', 'block', 'default').
     expert_gbs: dict[str, Pos]

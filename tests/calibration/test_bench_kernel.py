@@ -4,7 +4,7 @@ import time
 import numpy as np
 import pytest
 
-from hypothesis import given, strategies as st
+from hypothesis import assume, given, strategies as st
 
 from calibration.bench_kernel import (_ROW_BYTES, KernelBench, KernelFit, _synth_tensor, bench_expert_kernel,
                                       executor_expert_job, executor_kernel_available, fit_job_costs,
@@ -150,6 +150,19 @@ def test_fixed_tokens_come_back_from_the_rates_the_simulator_gives(m0, rate, m1,
     c = Constants(cpu_prefill_gflops_per_core=rate, cpu_prefill_ref_tokens=m1, cpu_prefill_fixed_tokens=m0)
     m2 = k * m1
     got = prefill_fixed_tokens(m1, executor_prefill_gflops(c, m1), m2, executor_prefill_gflops(c, m2))
+    assert got == pytest.approx(m0, abs=1e-6 * (m1 + m0))
+
+
+@given(m0=st.floats(0.0, 200.0), rate=st.floats(5.0, 500.0), m1=st.floats(2.0, 32.0), k=st.floats(2.0, 16.0),
+       g2=st.floats(1.0, 4.0))
+def test_fixed_tokens_come_back_from_rates_in_token_groups(m0, rate, m1, k, g2):
+    """The larger batch in g2 token groups (each paying m0: executor_prefill_gflops' groups), the smaller in one:
+    its rates give m0 back with the groups given (to 1e-6 of m1 + m0), where its groups hold at least twice the
+    smaller batch's tokens (with m2 / g2 = m1 the two rates are alike whatever m0)."""
+    assume(k >= 2 * g2)
+    c = Constants(cpu_prefill_gflops_per_core=rate, cpu_prefill_ref_tokens=m1, cpu_prefill_fixed_tokens=m0)
+    m2 = k * m1
+    got = prefill_fixed_tokens(m1, executor_prefill_gflops(c, m1), m2, executor_prefill_gflops(c, m2, g2), 1.0, g2)
     assert got == pytest.approx(m0, abs=1e-6 * (m1 + m0))
 
 

@@ -195,6 +195,10 @@ def test_prefill_timed_at_two_batch_sizes_gives_the_fixed_tokens(run):
     m0 = c["cpu_prefill_fixed_tokens"]
     assert m0.source == "measured" and "tokens an expert" in m0.ref and 0 <= float(m0) <= 1000
     assert c["cpu_prefill_gflops_per_core"].source == "measured"
+    from executor.cpu_caches import cache_bytes
+    assert hw.cpu.l2_bytes == cache_bytes(2)  # the executor's token groups (specs.formats.executor_group_tokens)
+    if cache_bytes(2):
+        assert "token groups (1 and 1)" in m0.ref  # TINY's 4 and 16 tokens an expert: one group each
 
 
 def test_each_formats_prefill_products_are_timed_against_the_jobs(run):

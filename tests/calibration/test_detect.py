@@ -192,3 +192,19 @@ def test_last_level_cache_is_the_highest_level_sysfs_lists(tmp_path):
         (d / "size").write_text(f"{size}\n")
     assert llc_bytes(str(tmp_path)) == 32 << 20
     assert llc_bytes(str(tmp_path / "none")) is None
+
+
+def test_a_cores_l2_is_its_level_2_data_or_unified_cache(tmp_path):
+    """executor.cpu_caches.cache_bytes(2): the level-2 cache sysfs lists that is not an instruction cache (the
+    executor's token groups are sized by it); None where there is no level 2."""
+    from executor.cpu_caches import cache_bytes
+    for i, (level, kind, size) in enumerate([(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Instruction", "4M"),
+                                             (2, "Unified", "1024K"), (3, "Unified", "32768K")]):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        for name, v in (("level", level), ("type", kind), ("size", size)):
+            (d / name).write_text(f"{v}\n")
+    assert cache_bytes(2, str(tmp_path)) == 1 << 20
+    assert cache_bytes(1, str(tmp_path)) == 48 << 10
+    assert cache_bytes(None, str(tmp_path)) == 32 << 20
+    assert cache_bytes(4, str(tmp_path)) is None

@@ -180,9 +180,10 @@ def test_rows_wider_than_a_slice_match_dequantised(qk, qt):
 
 
 @lru_cache(maxsize=None)
-def _tiled(code: int, int8: bool, wide: bool):
-    """qgemm's GEMM of type `code` on int16 / int8 activations with its ymm (wide False) or zmm tiles."""
-    mm = qgemm._q_matmul(int8, wide)
+def _tiled(code: int, int8: bool, wide: bool, group_bytes: int = qgemm.GROUP_BYTES):
+    """qgemm's GEMM of type `code` on int16 / int8 activations with its ymm (wide False) or zmm tiles, its tokens in
+    groups of group_bytes of panel slice (0: one group)."""
+    mm = qgemm._q_matmul(int8, wide, group_bytes)
 
     @njit(fastmath=True)
     def run(w, rows, rb, P, m, res):
@@ -212,3 +213,42 @@ def test_zmm_tiles_give_the_ymm_tiles_bits(qt, int8):
             _tiled(code, int8, wide)(raw.reshape(-1), 13, raw.shape[1], P, T, out[wide])
         assert np.array_equal(out[False], out[True]), T
         assert np.isfinite(out[True]).all() and np.abs(out[True]).max() > 0
+
+
+@pytest.mark.parametrize("wide", [False, True] if qgemm.HAVE_VNNI512 else [False], ids=["ymm", "zmm"][:1 + qgemm.HAVE_VNNI512])
+@pytest.mark.parametrize("int8", [False, True], ids=["int16", "int8"])
+@pytest.mark.parametrize("qt", [QT.Q4_0, QT.Q4_K, QT.Q6_K], ids=lambda q: q.name)
+def test_token_groups_give_one_groups_bits(qt, int8, wide):
+    """Tokens in groups (qgemm.GROUP_BYTES: each group through every row panel, the rows decoded again) give the bits
+    of one group of all the tokens at 1-100 tokens: groups of two 16-token blocks (the least), of four, and one."""
+    from .test_qgemm_int8 import _pack8
+    rng = np.random.default_rng(int(qt) + 10 * int8 + 100 * wide)
+    raw = _raw_rows(rng, qt, 13, 8 if gguf.GGML_QUANT_SIZES[qt][0] == 32 else 2)
+    cols = raw.shape[1] // gguf.GGML_QUANT_SIZES[qt][1] * gguf.GGML_QUANT_SIZES[qt][0]
+    code = EXPERT_TYPES[qt]
+    block = (qgemm.panel_width8 if int8 else qgemm.panel_width)(cols) * NT * 4  # bytes of a 16-token block's panel
+    for T in (1, 17, 32, 33, 40, 64, 65, 100):
+        x = rng.standard_normal((T, cols)).astype(np.float32)
+        x16, dx = _quant_rows(x)
+        P = _pack8(x) if int8 else panels(x, x16, dx, True, True)
+        out = {}
+        for g in (0, 1, 4 * block):
+            out[g] = np.zeros((T, 13), np.float32)
+            _tiled(code, int8, wide, g)(raw.reshape(-1), 13, raw.shape[1], P, T, out[g])
+        assert np.array_equal(out[0], out[1]) and np.array_equal(out[0], out[4 * block]), T
+        assert np.abs(out[0]).max() > 0
+
+
+@pytest.mark.parametrize("act", ["int16", "int8"])
+@pytest.mark.parametrize("cols", [256, 768, 2048, 4096, 7168, 18432])
+def test_the_simulators_token_groups_are_the_gemms(cols, act):
+    """specs.formats.executor_group_tokens (the simulator's statement) gives q_matmul's groups (group_blocks x 16
+    tokens) for rows of any width, int16 or int8 panels, at a 1 MB and a 2 MB L2 and at the least group (two
+    blocks); `small`'s 2,048-column gate / up at 1 MB: 128 tokens a group (int16), its 768-column down 320."""
+    from specs.formats import executor_group_bytes, executor_group_tokens
+    width = (qgemm.panel_width8 if act == "int8" else qgemm.panel_width)(cols)
+    for g in (executor_group_bytes(1 << 20), executor_group_bytes(2 << 20), 1):
+        assert qgemm.group_blocks(width, min(cols, qgemm.QKC), cols, 10**6, g) * NT == executor_group_tokens(cols, g, act)
+    assert qgemm.group_blocks(width, min(cols, qgemm.QKC), cols, 7, 0) == 7  # 0: one group of every block
+    if act == "int16":
+        assert {2048: 128, 768: 320}.get(cols, 0) in (0, executor_group_tokens(cols, executor_group_bytes(1 << 20)))
