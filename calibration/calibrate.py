@@ -69,8 +69,8 @@ from . import store
 from .bench_device import DenseResult, H2DResult, HitResult, bench_dense, bench_h2d, bench_hit, torch_device
 from .bench_disk import DiskResult, bench_disk
 from .bench_handover import HandoverResult, bench_handover
-from .bench_kernel import (KernelBench, KernelFit, PrefillResult,
-                           bench_prefill, executor_dense_prefill_jobs, executor_expert_job, executor_kernel_available,
+from .bench_kernel import (KernelBench, KernelFit, PrefillResult, bench_prefill, dense_less_attention,
+                           executor_dense_prefill_jobs, executor_expert_job, executor_kernel_available,
                            executor_prefill_jobs, kernel_version, toy_expert_job)
 from .bench_layer_loop import LayerLoop, LayerLoopBench
 from .bench_memory import MemBandwidth, MemoryBench, default_thread_counts
@@ -489,19 +489,22 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                                                                   s.prefill_format_tokens, s.prefill_format_rounds)
                     finally:
                         numba.set_num_threads(prev)
-                if s.dense_prefill_tokens:
+                if s.dense_prefill_tokens:  # the block whole, then its attention alone: the dense path the difference
                     parts = executor_dense_prefill_jobs(s.kernel_hidden, tokens=s.dense_prefill_tokens,
                                                         n_experts=s.prefill_experts)
-                    for (run, flops), what in zip(parts, ("dense", "attention")):
+                    res = {}
+                    for (run, flops), what in zip(parts, ("block", "attention")):
                         tick = pg.stage(f"CPU prefill {what}, {s.dense_prefill_tokens} tokens", s.prefill_repeats)
-                        res = bench_prefill(run, flops, s.prefill_repeats, tokens=s.dense_prefill_tokens,
-                                            experts=0, top_k=0, threads=numba.get_num_threads(), tick=tick,
-                                            label=f"executor.{'dense_kernels' if what == 'dense' else 'attention'}"
-                                                  f"@{kernel_version()} F16 attention block of {s.kernel_hidden}, "
-                                                  + ("Q/K/V, output and router products" if what == "dense"
-                                                     else "causal attention from position 0"),
-                                            budget_s=bud.take("prefill", s.prefill_budget_s))
-                        setattr(r, f"{what}_prefill", res)
+                        res[what] = bench_prefill(run, flops, s.prefill_repeats, tokens=s.dense_prefill_tokens,
+                                                  experts=0, top_k=0, threads=numba.get_num_threads(), tick=tick,
+                                                  label=f"executor.{'dense_kernels' if what == 'block' else 'attention'}"
+                                                        f"@{kernel_version()} F16 attention block of {s.kernel_hidden}, "
+                                                        + ("whole (attention_step, norm_route): Q/K/V, output and "
+                                                           "router products" if what == "block"
+                                                           else "causal attention from position 0"),
+                                                  budget_s=bud.take("prefill", s.prefill_budget_s))
+                    r.attention_prefill = res["attention"]
+                    r.dense_prefill = dense_less_attention(res["block"], res["attention"])
                     del parts, run
                 r.wall_s["prefill"] = time.perf_counter() - t0
                 _ggml_prefill(s, r, formats, maxt, pg, bud, ggml)

@@ -205,3 +205,34 @@ def test_a_pool_in_files_holds_the_same_experts_repeated_to_the_bytes_asked(tmp_
         assert b.shape == (reps * a.shape[0],) + a.shape[1:]
         assert all(np.array_equal(b[i * p.n:(i + 1) * p.n], a) for i in range(reps))
     assert not list(tmp_path.iterdir())
+
+
+def test_the_dense_path_is_the_blocks_time_less_its_attentions():
+    """calibrate times an attention block whole (attention_step and norm_route, as the executor's CPU step runs them:
+    its norms, RoPE and residual add too) and its attention alone; the dense path's result is the block's time less
+    the attention's at the block's dense FLOPs (13.7 - 2.7 = 11.0 ms: `small`'s 512-token layer, session 57), the
+    block's whole time where the difference is not positive."""
+    from calibration.bench_kernel import PrefillResult, dense_less_attention
+    blk = PrefillResult(label="block", tokens=512, experts=0, top_k=0, t_ms=13.7, flops=3.29e9, threads=2, repeats=7)
+    att = PrefillResult(label="attention", tokens=512, experts=0, top_k=0, t_ms=2.7, flops=0.27e9, threads=2, repeats=7)
+    d = dense_less_attention(blk, att)
+    assert d.t_ms == pytest.approx(11.0) and d.flops == 3.29e9 and "less its attention" in d.label
+    assert d.gflops_per_core == pytest.approx(3.29e9 / 11.0e-3 / 1e9 / 2)
+    assert dense_less_attention(blk, PrefillResult(**{**att.__dict__, "t_ms": 14.0})).t_ms == 13.7
+
+
+def test_the_dense_block_job_runs_the_executors_attention_block():
+    """executor_dense_prefill_jobs' first job is the whole block: on 32 tokens of a 256-wide block it writes the K/V
+    caches' 32 positions and changes the residual stream (x += the block's output); its FLOPs are the products'."""
+    from calibration.bench_kernel import executor_dense_prefill_jobs
+    (block, flops), (attention, aflops) = executor_dense_prefill_jobs(256, 64, 8, 32)
+    cells = block.__closure__
+    x = next(c.cell_contents for c in cells if getattr(c.cell_contents, "shape", None) == (32, 256))
+    kc = next(c.cell_contents for c in cells if getattr(c.cell_contents, "ndim", 0) == 4)
+    before = x.copy()
+    block()
+    assert not np.array_equal(x, before) and np.abs(kc).sum(axis=-1).all()
+    nh, nkv = 1, 1  # 256 / (4 x 64) query heads, at least one K/V head
+    assert flops == 2.0 * 32 * (2 * nh * 64 * 256 + 2 * nkv * 64 * 256 + 8 * 256)
+    assert aflops == 4.0 * nh * 64 * 32 * 31 / 2
+    attention()
