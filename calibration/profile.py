@@ -6,7 +6,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from specs.figure import Figure
-from specs.formats import executor_expert_groups, executor_group_bytes
+from specs.formats import executor_expert_groups, executor_prefill_group_bytes
 from specs.hardware import HardwareSpec
 
 from . import store
@@ -220,8 +220,9 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
         if r.prefill_long:
             lg, st = r.prefill_long, r.settings
             # the job's products in the executor's token groups on this core's L2 (each group pays m0)
-            groups = [executor_expert_groups(st.kernel_hidden, st.kernel_ffn, m, executor_group_bytes(r.l2_bytes)
-                                             if r.l2_bytes else None) for m in (pf.tokens_per_expert, lg.tokens_per_expert)]
+            gb = executor_prefill_group_bytes(r.l2_bytes, data["cpu"].get("isa") or [])
+            groups = [executor_expert_groups(st.kernel_hidden, st.kernel_ffn, m, gb)
+                      for m in (pf.tokens_per_expert, lg.tokens_per_expert)]
             m0 = prefill_fixed_tokens(pf.tokens_per_expert, pf.gflops_per_core, lg.tokens_per_expert,
                                       lg.gflops_per_core, *groups)
             consts["cpu_prefill_fixed_tokens"] = _m(m0, f"{pf.gflops_per_core:.1f} GFLOP/s a core at "

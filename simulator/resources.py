@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, fields
 
 from specs.formats import (LLAMACPP_TILED_WINDOW_TOKENS, LLAMACPP_WEIGHTING_KEY, executor_expert_groups,
-                           executor_group_bytes, llamacpp_dense_prefill_key, llamacpp_prefill_keys,
+                           executor_prefill_group_bytes, llamacpp_dense_prefill_key, llamacpp_prefill_keys,
                            llamacpp_prefill_path, llamacpp_repacks)
 
 from .engine import FluidNet, Pool, Serial, Sim
@@ -146,10 +146,9 @@ def cpu_dense_gbs(hw, model, threads: int, plan) -> float:
 def cpu_expert_prefill_gflops(hw, plan, model, tokens_per_expert: float, threads: int, c: Constants) -> float:
     """GFLOP/s per core of `plan`'s engine's CPU expert products on a prefill batch with that many tokens an
     expert: each weight type's share of the multiply-adds at its own rate (cpu_prefill_gflops); the executor's in
-    the token groups its GEMM takes on this CPU's L2 (specs.formats.executor_expert_groups)."""
-    l2 = hw.cpu.l2_bytes
+    the token groups its integer GEMM takes on this CPU's L2 (specs.formats.executor_expert_groups)."""
     groups = executor_expert_groups(model.hidden, model.expert_ffn, tokens_per_expert,
-                                    executor_group_bytes(l2) if l2 else None)
+                                    executor_prefill_group_bytes(hw.cpu.l2_bytes, hw.cpu.isa))
     return model.expert_rate(lambda fmt: cpu_prefill_gflops(hw, plan, fmt, tokens_per_expert, threads, c, groups),
                              per="weights")
 

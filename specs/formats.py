@@ -171,11 +171,22 @@ def llamacpp_prefill_keys(fmt_name: str, path: str) -> tuple[str, ...]:
 EXECUTOR_PANEL_FLOATS = {"int16": 20, "int8": 12}
 EXECUTOR_BLOCK_TOKENS, EXECUTOR_SLICE_COLS = 16, 4096
 EXECUTOR_GROUP_L2_SHARE = 5 / 8
+# the CPU features the integer GEMM takes (qgemm.HAVE_VNNI256: vpdpwssd on ymm, 32 registers); without them prefill's
+# products run the float GEMM (gemm.deq_matmul), whose 256-column slices keep every token in L2: one group
+EXECUTOR_QGEMM_ISA = ("avx512_vnni", "avx512vl")
 
 
 def executor_group_bytes(l2_bytes: int) -> int:
     """Bytes of panel slice a group of the executor's integer GEMM takes on a core with l2_bytes of L2."""
     return int(l2_bytes * EXECUTOR_GROUP_L2_SHARE)
+
+
+def executor_prefill_group_bytes(l2_bytes: int | None, isa: list[str]) -> int | None:
+    """executor_group_bytes where the executor's prefill products take the integer GEMM (EXECUTOR_QGEMM_ISA) on a
+    core whose L2 is known; None (one group) elsewhere."""
+    if not l2_bytes or not all(f in isa for f in EXECUTOR_QGEMM_ISA):
+        return None
+    return executor_group_bytes(l2_bytes)
 
 
 def executor_group_tokens(cols: int, group_bytes: int, activations: str = "int16") -> int:

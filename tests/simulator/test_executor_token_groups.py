@@ -22,12 +22,13 @@ def _small():
                      expert_format="Q4_0", attention={"n_heads": 8, "n_kv_heads": 4, "head_dim": 64})
 
 
-def _hw(l2: int | None):
+def _hw(l2: int | None, isa=("avx2", "fma", "f16c", "avx512f", "avx512vl", "avx512_vnni")):
+    """epyc8ch-3090 without its GPU, the executor's prefill constants of a Zen 5 profile, and this L2 and ISA."""
     hw = machine().model_copy(update={"gpu": None, "pcie": None, "constants": {
         "cpu_prefill_gflops_per_core": Figure(175.0, "measured", "test"),
         "cpu_prefill_ref_tokens": Figure(16.0, "measured", "test"),
         "cpu_prefill_fixed_tokens": Figure(M0, "measured", "test")}})
-    return hw.model_copy(update={"cpu": hw.cpu.model_copy(update={"l2_bytes": l2})})
+    return hw.model_copy(update={"cpu": hw.cpu.model_copy(update={"l2_bytes": l2, "isa": list(isa)})})
 
 
 def test_smalls_gate_and_up_take_128_tokens_a_group_its_down_320_on_a_1_mb_l2():
@@ -60,6 +61,18 @@ def test_up_to_a_group_the_executors_prefill_rate_is_as_before():
     ratio = (cpu_expert_prefill_gflops(with_l2, plan, model, 512.0, 2, Constants.from_hw(with_l2))
              / cpu_expert_prefill_gflops(without, plan, model, 512.0, 2, Constants.from_hw(without)))
     assert ratio == pytest.approx((512 + M0) / (512 + 10 / 3 * M0), rel=1e-12)
+
+
+def test_without_avx512_vnni_the_float_gemm_takes_one_group():
+    """The integer GEMM runs where the CPU has AVX-512 VNNI (specs.formats.EXECUTOR_QGEMM_ISA); on an AVX2 core the
+    float GEMM's 256-column slices keep every token in L2: one group at 512 tokens an expert, whatever its L2."""
+    from specs.formats import executor_prefill_group_bytes
+    model, plan = _small(), tiered(slots=0, kind="cpu")
+    avx2, one = _hw(1 << 20, isa=("avx2", "fma", "f16c", "avx_vnni")), _hw(None)
+    assert executor_prefill_group_bytes(1 << 20, avx2.cpu.isa) is None
+    assert executor_prefill_group_bytes(1 << 20, _hw(1 << 20).cpu.isa) == 655360
+    assert cpu_expert_prefill_gflops(avx2, plan, model, 512.0, 2, Constants.from_hw(avx2)) == \
+        pytest.approx(cpu_expert_prefill_gflops(one, plan, model, 512.0, 2, Constants.from_hw(one)), rel=1e-12)
 
 
 def test_a_group_pays_the_fixed_part_once():
