@@ -494,8 +494,7 @@ def dense_less_attention(block: PrefillResult, attention: PrefillResult) -> Pref
     is not positive: an attention timed in a slower spell)."""
     t = block.t_ms - attention.t_ms
     return replace(block, t_ms=t if t > 0 else block.t_ms,
-                               label=f"{block.label} (its time less its attention's, {attention.t_ms:.2f} ms, timed "
-                                     f"alone)")
+                   label=f"{block.label} (its time less its attention's, {attention.t_ms:.2f} ms, timed alone)")
 
 
 def bench_prefill(run: Callable[[], object], flops: float, repeats: int = 7, label: str = "kernel",

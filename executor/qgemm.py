@@ -78,10 +78,10 @@ QKC = 4096
 # Token panels a row panel's tiles stream in one go: tokens in groups (BLIS's outermost loop over the B panel's NC
 # columns, Van Zee & van de Geijn 2015) whose slice of the panels takes at most this, each group through every row
 # panel (its rows decoded again for the next group). One slice of all of an expert's tokens spilled from L2 past
-# ~200 tokens at 2,048 columns (80 KB a 16-token block): on the Zen 5 VM of session 57 (1 MB L2) the tile's rate at
-# 512 tokens an expert fell to 0.86-0.91x its rate at 128 for Q4_K, 0.95-0.97x for Q4_0; in groups of 640 KB it
-# holds at 0.96-1.01x (benchmarks/bench_token_groups.py). 5/8 of L2 leaves the rest to the decoded rows and the
-# sums (specs.formats.executor_group_tokens: the simulator's statement of the groups, tested against group_blocks).
+# ~200 tokens at 2,048 columns (80 KB a 16-token block): on the Zen 5 VM of session 57 (1 MB L2), one core, the rate
+# at 512 tokens an expert fell to 0.80x its rate at 128 for Q4_K, 0.91x Q4_0, 0.83x Q6_K's down; in groups of 640 KB
+# 0.97x / 0.98x / 0.92x (benchmarks/bench_token_groups.py); groups of 3/8 or 1/2 of L2 split 128 tokens and lost 2-7%
+# there. 5/8 of L2 leaves the rest to the decoded rows and the sums (specs.formats.executor_group_tokens: the simulator's statement of the groups, tested against group_blocks).
 # MOE_OFFLOAD_TOKEN_GROUP_BYTES overrides it (0: one group, the loop before; nbcache._SWITCHES).
 _GROUP_ENV = os.environ.get("MOE_OFFLOAD_TOKEN_GROUP_BYTES", "")
 GROUP_BYTES = int(_GROUP_ENV) if _GROUP_ENV else executor_group_bytes(cache_bytes(2) or 1 << 20)

@@ -147,8 +147,8 @@ def cpu_expert_prefill_gflops(hw, plan, model, tokens_per_expert: float, threads
     """GFLOP/s per core of `plan`'s engine's CPU expert products on a prefill batch with that many tokens an
     expert: each weight type's share of the multiply-adds at its own rate (cpu_prefill_gflops); the executor's in
     the token groups its integer GEMM takes on this CPU's L2 (specs.formats.executor_expert_groups)."""
-    groups = executor_expert_groups(model.hidden, model.expert_ffn, tokens_per_expert,
-                                    executor_prefill_group_bytes(hw.cpu.l2_bytes, hw.cpu.isa))
+    groups = 1.0 if plan.engine == "llamacpp" else executor_expert_groups(
+        model.hidden, model.expert_ffn, tokens_per_expert, executor_prefill_group_bytes(hw.cpu.l2_bytes, hw.cpu.isa))
     return model.expert_rate(lambda fmt: cpu_prefill_gflops(hw, plan, fmt, tokens_per_expert, threads, c, groups),
                              per="weights")
 

@@ -75,6 +75,15 @@ def test_without_avx512_vnni_the_float_gemm_takes_one_group():
         pytest.approx(cpu_expert_prefill_gflops(one, plan, model, 512.0, 2, Constants.from_hw(one)), rel=1e-12)
 
 
+def test_a_llama_cpp_plan_takes_no_executor_groups():
+    """The groups are the executor's GEMM: a llama.cpp plan on a profile without ggml's prefill rates (the
+    executor's job rate stands in for them) runs one group at 512 tokens an expert."""
+    model, plan = _small(), tiered(slots=0, kind="cpu").model_copy(update={"engine": "llamacpp"})
+    with_l2, without = _hw(1 << 20), _hw(None)
+    assert cpu_expert_prefill_gflops(with_l2, plan, model, 512.0, 2, Constants.from_hw(with_l2)) == \
+        pytest.approx(cpu_expert_prefill_gflops(without, plan, model, 512.0, 2, Constants.from_hw(without)), rel=1e-12)
+
+
 def test_a_group_pays_the_fixed_part_once():
     """executor_prefill_gflops with g groups: the measured rate at the reference tokens times m / (m + g m0) over
     its value there."""
