@@ -56,12 +56,7 @@ def kernel(types, tokens, rounds: int) -> None:
         rate = {}
         for m in tokens:
             x = rng.standard_normal((m, cols)).astype(np.float32)
-            x16, dx = _quant_rows(x)
-            if qgemm.INT8:
-                P = np.empty(((m + 15) // 16, qgemm.panel_width8(cols), 16), np.float32)
-                qgemm.qpack8_into(P, np.int64(0), x, qgemm.row_range(m))
-            else:
-                P = panels(x, x16, dx, True, True)
+            P = panels(x, *_quant_rows(x), True, True)  # the build's integer panels (int16, or int8: qgemm.INT8)
             res = np.zeros((m, rows), np.float32)
             times = {g: [] for g in (qgemm.GROUP_BYTES, 0)}
             for g in times:
@@ -81,6 +76,7 @@ def kernel(types, tokens, rounds: int) -> None:
 
 def routed(model: str, rounds: int) -> dict:
     """The model's pp512 routed experts through moe_routed in this process -> {'median_ms', 'group_bytes'}."""
+    import numba
     from executor import cpu_experts as CE
     from executor import kernels as K
     from executor.runner import Runner, default_prompts
@@ -103,7 +99,7 @@ def routed(model: str, rounds: int) -> dict:
             for layer, e in enumerate(routing):
                 args, eb = r.experts.moe_args[layer]
                 CE.moe_routed(*args, h, e, w, r.experts.all_experts, act, y, eb, K.SERIAL_BYTES_HOT,
-                              K.numba.get_num_threads(), True, resid)
+                              numba.get_num_threads(), True, resid)
             if i:
                 times[how].append(time.perf_counter() - t)
     return {"median_ms": statistics.median(times["own"]) * 1e3, "group_bytes": qgemm.GROUP_BYTES,
@@ -123,8 +119,8 @@ def main(argv=None) -> int:
         print(json.dumps(routed(a.model, a.rounds)))
         return 0
     if not a.model:
-        import numba
-        numba.set_num_threads(1)
+        from numba import set_num_threads
+        set_num_threads(1)
         kernel(a.types, a.tokens, a.rounds)
         return 0
     got, skew = {"groups": [], "one group": []}, {"groups": [], "one group": []}
