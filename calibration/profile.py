@@ -209,8 +209,8 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
         a = next(iter(fixed.values()))[0]
         data["cpu"]["ggml_prefill_ref_tokens"] = _m(a.tokens_per_expert, f"tokens an expert of the ggml prefill "
                                                     f"batches: {a.tokens} x top-{a.top_k} of {a.experts}", date)
-    if r.l2_bytes:  # the executor's prefill GEMM sizes its token groups by it (specs.formats.executor_group_tokens)
-        data["cpu"]["l2_bytes"] = r.l2_bytes
+    if r.l2_bytes and data["cpu"].get("l2_bytes") != r.l2_bytes:  # a base detected here has it, and its note
+        data["cpu"]["l2_bytes"] = r.l2_bytes  # the executor's prefill GEMM sizes its token groups by it
         notes.append(f"@ cpu.l2_bytes: measured: {date}, read from sysfs (cpu0's level-2 cache)")
     if r.prefill:
         pf = r.prefill

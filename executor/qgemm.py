@@ -43,7 +43,7 @@ from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
-from specs.formats import executor_group_bytes
+from specs.formats import EXECUTOR_SLICE_COLS, executor_group_bytes
 
 from .cpu_caches import cache_bytes
 from .gemm import MR, NT, ZMM, _col_bytes
@@ -74,7 +74,7 @@ _U = np.uint64
 # time down all its rows, ran from DRAM at 0.74-0.84x this (`small-q4k`, a 64-token layer job: 67 against 84-90
 # GFLOP/s on 1 thread, 127 against 152-166 on 2; 512 tokens 198 against 213: weights that stream from DRAM want long
 # runs of a row, not the 144 bytes of a super-block)
-QKC = 4096
+QKC = EXECUTOR_SLICE_COLS  # 4,096 (specs.formats states it for the simulator's token groups)
 # Token panels a row panel's tiles stream in one go: tokens in groups (BLIS's outermost loop over the B panel's NC
 # columns, Van Zee & van de Geijn 2015) whose slice of the panels takes at most this, each group through every row
 # panel (its rows decoded again for the next group). One slice of all of an expert's tokens spilled from L2 past
