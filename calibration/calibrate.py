@@ -111,6 +111,7 @@ class Results:
     layer_loop_small: LayerLoop | None = None  # the same loop on a layer a quarter as wide: the fixed part
     llc_bytes: int | None = None  # last-level cache of this machine (sysfs), when readable
     l2_bytes: int | None = None  # one core's L2 (sysfs): the executor's prefill GEMM sizes its token groups by it
+    gemm_activations: str | None = None  # what the prefill job's GEMM ran on (executor.qgemm.gemm_activations)
     hit: HitResult | None = None
     dense: DenseResult | None = None
     h2d: H2DResult | None = None
@@ -464,6 +465,7 @@ def run_benchmarks(s: Settings, progress: bool = True, console=None,
                 jobs = executor_prefill_jobs(fmt, s.kernel_hidden, s.kernel_ffn, s.prefill_experts, s.prefill_top_k,
                                              (s.prefill_tokens, s.prefill_long_tokens) if long else (s.prefill_tokens,))
                 run, flops = jobs[0]
+                r.gemm_activations = gemm_activations()
                 r.prefill = bench_prefill(run, flops, s.prefill_repeats,
                                           label=f"executor.cpu_experts.moe_cpu@{kernel_version()} {fmt} SwiGLU "
                                                 f"{s.kernel_hidden}x{s.kernel_ffn}, {gemm_activations()} activations",

@@ -6,7 +6,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from specs.figure import Figure
-from specs.formats import executor_expert_groups, executor_prefill_group_bytes
+from specs.formats import EXECUTOR_PANEL_FLOATS, executor_expert_groups, executor_prefill_group_bytes
 from specs.hardware import HardwareSpec
 
 from . import store
@@ -212,6 +212,12 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
     if r.l2_bytes and data["cpu"].get("l2_bytes") != r.l2_bytes:  # a base detected here has it, and its note
         data["cpu"]["l2_bytes"] = r.l2_bytes  # the executor's prefill GEMM sizes its token groups by it
         notes.append(f"@ cpu.l2_bytes: measured: {date}, read from sysfs (cpu0's level-2 cache)")
+    if r.prefill and r.gemm_activations in EXECUTOR_PANEL_FLOATS:  # the integer GEMM's panels: its groups' tokens
+        data["cpu"]["executor_gemm_activations"] = r.gemm_activations
+        notes.append(f"@ cpu.executor_gemm_activations: measured: {date}, the build calibrate timed "
+                     f"(executor.qgemm.gemm_activations)")
+    elif r.prefill:  # the float GEMM: no integer panels, whatever a base said
+        data["cpu"].pop("executor_gemm_activations", None)
     if r.prefill:
         pf = r.prefill
         consts["cpu_prefill_gflops_per_core"] = _m(pf.gflops_per_core, pf.method(), date)
@@ -221,8 +227,8 @@ def build_profile(r: Results, base: HardwareSpec, date: str | None = None) -> Ha
             lg, st = r.prefill_long, r.settings
             # the job's products in the executor's token groups on this core's L2 (each group pays m0)
             gb = executor_prefill_group_bytes(r.l2_bytes, data["cpu"].get("isa") or [])
-            groups = [executor_expert_groups(st.kernel_hidden, st.kernel_ffn, m, gb)
-                      for m in (pf.tokens_per_expert, lg.tokens_per_expert)]
+            groups = [executor_expert_groups(st.kernel_hidden, st.kernel_ffn, m, gb, data["cpu"].get(
+                "executor_gemm_activations")) for m in (pf.tokens_per_expert, lg.tokens_per_expert)]
             m0 = prefill_fixed_tokens(pf.tokens_per_expert, pf.gflops_per_core, lg.tokens_per_expert,
                                       lg.gflops_per_core, *groups)
             consts["cpu_prefill_fixed_tokens"] = _m(m0, f"{pf.gflops_per_core:.1f} GFLOP/s a core at "

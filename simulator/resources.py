@@ -146,9 +146,11 @@ def cpu_dense_gbs(hw, model, threads: int, plan) -> float:
 def cpu_expert_prefill_gflops(hw, plan, model, tokens_per_expert: float, threads: int, c: Constants) -> float:
     """GFLOP/s per core of `plan`'s engine's CPU expert products on a prefill batch with that many tokens an
     expert: each weight type's share of the multiply-adds at its own rate (cpu_prefill_gflops); the executor's in
-    the token groups its integer GEMM takes on this CPU's L2 (specs.formats.executor_expert_groups)."""
+    the token groups its integer GEMM takes on this CPU's L2, on the activations the profile timed it on
+    (specs.formats.executor_expert_groups; an int8 build's groups hold 1.5x the tokens)."""
     groups = 1.0 if plan.engine == "llamacpp" else executor_expert_groups(
-        model.hidden, model.expert_ffn, tokens_per_expert, executor_prefill_group_bytes(hw.cpu.l2_bytes, hw.cpu.isa))
+        model.hidden, model.expert_ffn, tokens_per_expert, executor_prefill_group_bytes(hw.cpu.l2_bytes, hw.cpu.isa),
+        hw.cpu.executor_gemm_activations)
     return model.expert_rate(lambda fmt: cpu_prefill_gflops(hw, plan, fmt, tokens_per_expert, threads, c, groups),
                              per="weights")
 

@@ -196,12 +196,13 @@ def executor_group_tokens(cols: int, group_bytes: int, activations: str = "int16
     return EXECUTOR_BLOCK_TOKENS * max(2, group_bytes // block // 2 * 2)
 
 
-def executor_expert_groups(hidden: int, expert_ffn: int, tokens_per_expert: float, group_bytes: int | None) -> float:
-    """Groups an expert's products of that many tokens take in the executor's integer GEMM, the mean over its gate
-    and up (rows of `hidden` values) and down (rows of `expert_ffn`): each pays the decode's fixed part once. 1 where
-    group_bytes is None or 0 (one group)."""
+def executor_expert_groups(hidden: int, expert_ffn: int, tokens_per_expert: float, group_bytes: int | None,
+                           activations: str | None = None) -> float:
+    """Groups an expert's products of that many tokens take in the executor's integer GEMM on `activations`' panels
+    (None: int16), the mean over its gate and up (rows of `hidden` values) and down (rows of `expert_ffn`): each
+    pays the decode's fixed part once. 1 where group_bytes is None or 0 (one group)."""
     if not group_bytes:
         return 1.0
-    m = max(tokens_per_expert, 1.0)
-    return (2 * math.ceil(m / executor_group_tokens(hidden, group_bytes))
-            + math.ceil(m / executor_group_tokens(expert_ffn, group_bytes))) / 3
+    m, acts = max(tokens_per_expert, 1.0), activations or "int16"
+    return (2 * math.ceil(m / executor_group_tokens(hidden, group_bytes, acts))
+            + math.ceil(m / executor_group_tokens(expert_ffn, group_bytes, acts))) / 3

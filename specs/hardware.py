@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -102,6 +102,10 @@ class CPU(_Strict):
     # one core's L2 in bytes (sysfs, calibration.detect): the executor's prefill GEMM takes an expert's tokens in
     # groups sized by it (specs.formats.executor_group_tokens); None: one group, whatever the tokens
     l2_bytes: int | None = Field(default=None, ge=1)
+    # the activations the executor's integer prefill GEMM ran on where this profile timed it (calibrate; `--gemm-int8`:
+    # int8): int8 panels are 12 floats a 32 values, not 20, so its groups hold 1.5x the tokens
+    # (specs.formats.EXECUTOR_PANEL_FLOATS); None: int16, the default build
+    executor_gemm_activations: Literal["int16", "int8"] | None = None
     # Expert-kernel throughput (GB/s of expert weights, all threads_used cores) per weight family:
     # keys are format names ('Q4_0', 'EXL3') or families ('codebook', 'block', 'default').
     expert_gbs: dict[str, Pos]

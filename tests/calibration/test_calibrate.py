@@ -201,6 +201,19 @@ def test_prefill_timed_at_two_batch_sizes_gives_the_fixed_tokens(run):
         assert "token groups (1 and 1)" in m0.ref  # TINY's 4 and 16 tokens an expert: one group each
 
 
+def test_the_profile_names_the_activations_its_prefill_gemm_ran_on(run):
+    """calibrate writes the activations of the integer GEMM it timed (executor.qgemm.gemm_activations: int16 in
+    the default build, int8 under --gemm-int8) into cpu.executor_gemm_activations, whose panels size the simulator's
+    token groups; none where the float GEMM ran."""
+    hw, _, _, _ = run
+    if not executor_kernel_available():
+        pytest.skip("no executor kernels")
+    from executor.qgemm import gemm_activations
+    acts = gemm_activations()
+    assert hw.cpu.executor_gemm_activations == (acts if acts != "float" else None)
+    assert acts in hw.constants["cpu_prefill_gflops_per_core"].ref
+
+
 def test_each_formats_prefill_products_are_timed_against_the_jobs(run):
     """calibrate times each kernel format's prefill products against the prefill job's format
     (calibration.bench_prefill_formats; TINY: Q4_0 alone, its own reference) into cpu.prefill_format_share, each

@@ -63,6 +63,23 @@ def test_up_to_a_group_the_executors_prefill_rate_is_as_before():
     assert ratio == pytest.approx((512 + M0) / (512 + 10 / 3 * M0), rel=1e-12)
 
 
+def test_an_int8_profiles_groups_hold_192_tokens_at_2048_columns():
+    """A profile calibrated on the int8 build (`calibrate --gemm-int8`: cpu.executor_gemm_activations int8) prices
+    its panels of 12 floats a 32 values: at 160 tokens an expert of `small` the gate and up take one group (192
+    tokens), not the int16 build's two (128), and the rate falls by (160 + m0) / (160 + g m0) against one group,
+    g = 1 (int8) or 5 / 3 (int16)."""
+    model, plan = _small(), tiered(slots=0, kind="cpu")
+    g = executor_group_bytes(1 << 20)
+    assert executor_expert_groups(2048, 768, 160, g, "int8") == 1.0
+    assert executor_expert_groups(2048, 768, 160, g) == executor_expert_groups(2048, 768, 160, g, "int16") == 5 / 3
+    int16, one = _hw(1 << 20), _hw(None)
+    int8 = int16.model_copy(update={"cpu": int16.cpu.model_copy(update={"executor_gemm_activations": "int8"})})
+    rate = {k: cpu_expert_prefill_gflops(hw, plan, model, 160.0, 2, Constants.from_hw(hw))
+            for k, hw in (("int8", int8), ("int16", int16), ("one", one))}
+    assert rate["int8"] == pytest.approx(rate["one"], rel=1e-12)
+    assert rate["int16"] / rate["one"] == pytest.approx((160 + M0) / (160 + 5 / 3 * M0), rel=1e-12)
+
+
 def test_without_avx512_vnni_the_float_gemm_takes_one_group():
     """The integer GEMM runs where the CPU has AVX-512 VNNI (specs.formats.EXECUTOR_QGEMM_ISA); on an AVX2 core the
     float GEMM's 256-column slices keep every token in L2: one group at 512 tokens an expert, whatever its L2."""
