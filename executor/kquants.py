@@ -20,7 +20,7 @@ from numba.extending import intrinsic
 
 from .kquant_blocks import _U, _block, _q3_k_scales_ir, _q4_k_scales_ir
 from .simd import (F32, HAVE_AVX2, I8, I16, I32, I64, V, _fmul, _fn, _fsub, _pmadd, _qsig, h16x8, hsum8,
-                   lane_sums, prefetch_lines, run_sums, token_rows, x_halves)
+                   lane_sums, prefetch_lines, prefetch_offset, run_sums, token_rows, x_halves)
 from .vnni import RUN_SUMS_AT
 
 def _prologue(context, builder, sig, args, NR: int, MT: int):
@@ -30,7 +30,7 @@ def _prologue(context, builder, sig, args, NR: int, MT: int):
     i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
     wd = cgutils.create_struct_proxy(sig.args[0])(context, builder, value=wa).data
     return (i64, wd, *token_rows(context, builder, sig, args, MT),
-            [builder.mul(rb, i64(k)) for k in range(NR)], builder.add(woff, builder.mul(rb, i64(NR))),
+            [builder.mul(rb, i64(k)) for k in range(NR)], prefetch_offset(builder, woff, rb, NR),
             builder.lshr(nb, i64(3)))
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 # settings read at import whose value is compiled into the kernels as a constant: a change drops the caches too
 _SWITCHES = ("MOE_OFFLOAD_NO_VNNI", "MOE_OFFLOAD_QGEMM", "MOE_OFFLOAD_GEMM_INT8", "MOE_OFFLOAD_ZMM",
-             "MOE_OFFLOAD_TOKEN_GROUP_BYTES")
+             "MOE_OFFLOAD_TOKEN_GROUP_BYTES", "MOE_OFFLOAD_PREFETCH_BYTES")
 _FROM = re.compile(r"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.M)
 _IMPORT = re.compile(r"^[ \t]*import[ \t]+([\w.]+)", re.M)
 

@@ -4,12 +4,15 @@ Activations are quantised per 32-block to int16 (x ~= x16 * dx, relative error <
 block's largest value; llama.cpp uses int8 here), stored even elements first (see _rows). Weights
 stay in place: each block is loaded from the mmap, turned into int16 words with in-lane ops and
 multiplied with `vpmaddwd`; block sums are scaled in float vectors (8 lanes), so there is no
-horizontal reduction per block; the next row group is prefetched while this one is computed.
+horizontal reduction per block; a later row group (the first at least 8 KiB ahead) is prefetched while
+this one is computed.
 On Zen 3 the loop is bound by instruction throughput (~4 cycles per row and block, ~10
 instructions of it the block's own: load, decode, 2 vpmaddwd, add, convert, broadcast, fma).
 Without AVX2 the same signatures fall back to plain numba loops.
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 from llvmlite import binding as llb
@@ -19,6 +22,10 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 PREFETCH = True  # the next row group, linearly (+40% from DRAM on one Zen 3 core)
+# ... and as many row groups ahead as it takes to be this many bytes ahead (at least the next group): 2 rows of a
+# 2,048-column Q8_0 matrix are 4.3 KB, consumed in about one DRAM latency at 2 x 23 GB/s (session 58);
+# MOE_OFFLOAD_PREFETCH_BYTES=0: the next group only
+PREFETCH_AHEAD_BYTES = int(os.environ.get("MOE_OFFLOAD_PREFETCH_BYTES", "8192") or 0)
 HAVE_AVX2 = "+avx2" in llb.get_host_cpu_features().flatten().split(",")
 
 I8, I16, I32, I64, F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
@@ -109,6 +116,17 @@ def h16x8(builder, p):
     LLVM picks, the accumulator at times, and so joins its chain)."""
     h = builder.load(builder.bitcast(p, I16.as_pointer()), align=1)
     return builder.fpext(builder.bitcast(_splat(builder, h, 8), V(ir.HalfType(), 8)), V(F32, 8))
+
+
+def prefetch_offset(builder, woff, rb, nr: int):
+    """Codegen: the byte offset (i64) of the row group the rows at woff (nr rows of rb bytes a group) prefetch: the
+    next group's, or the first group at least PREFETCH_AHEAD_BYTES ahead where groups are smaller than that."""
+    i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+    group = builder.mul(rb, i64(nr))
+    div = builder.select(builder.icmp_signed("<", group, i64(1)), i64(1), group)  # a lone row may pass rb = 0
+    ahead = builder.udiv(builder.add(div, i64(max(PREFETCH_AHEAD_BYTES, 1) - 1)), div)  # ceil(ahead / group)
+    groups = builder.select(builder.icmp_signed("<", ahead, i64(1)), i64(1), ahead)
+    return builder.add(woff, builder.mul(group, groups))
 
 
 def prefetch_lines(builder, p, nbytes: int, on: bool = True) -> None:
@@ -216,7 +234,7 @@ def _rows(q4: bool, NR: int, MT: int = 1, prefetch: bool = True):
         fma = _fn(builder, "llvm.fma.v8f32", V(F32, 8), [V(F32, 8)] * 3)
         c16 = lambda v: ir.Constant(V(I16, 16), [v] * 16)  # noqa: E731
         rbk = [builder.mul(rb, i64(k)) for k in range(NR)]
-        pfo = builder.add(woff, builder.mul(rb, i64(NR)))  # the next row group
+        pfo = prefetch_offset(builder, woff, rb, NR)  # the next row group (or further)
 
         def rowptrs(b):
             p0 = builder.gep(wd, [builder.add(woff, builder.mul(b, i64(bs)))])

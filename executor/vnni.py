@@ -38,7 +38,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from .simd import (F32, I8, I16, I32, I64, V, _fadd, _fmul, _fn, _fsub, _qsig, _slice, _splat, block_scales, q8_block,
-                   prefetch_lines, q4_offset_term, token_rows)
+                   prefetch_lines, prefetch_offset, q4_offset_term, token_rows)
 
 _FEATURES = llb.get_host_cpu_features().flatten().split(",")
 # MOE_OFFLOAD_NO_VNNI=1 keeps simd.py's int16 rows on a VNNI CPU (the same results; to test or time that path)
@@ -252,7 +252,7 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi:
         slot = lambda b, t: builder.gep(sbuf, [builder.add(builder.mul(builder.and_(b, one), i64(W)), i64(R * t))])  # noqa: E731
         fma = _fn(builder, "llvm.fma.v16f32", V(F32, 16), [V(F32, 16)] * 3)
         rbk = [builder.mul(rb, i64(k if NR > 1 else 0)) for k in range(R)]
-        pfo = builder.add(woff, builder.mul(rb, i64(NR)))  # the next row group, prefetched as simd.py's
+        pfo = prefetch_offset(builder, woff, rb, NR)  # the next row group (or further), as simd.py's
         nib = ir.Constant(V(I32, 16), [0x0F0F0F0F] * 8 + ([0x0F0F0F0F] if iq4 else [0xF0F0F0F0 - (1 << 32)]) * 8)
         hi4 = ir.Constant(V(I32, 16), [0] * 8 + [4] * 8)  # iq4: the high nibbles down to 0..15
         lut = ir.Constant(V(I8, 64), [int(v) + 128 for v in book] * 4 if iq4 else [0] * 64)

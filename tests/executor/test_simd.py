@@ -152,3 +152,34 @@ def test_run_sums16_writes_each_16_value_runs_sum_where_the_q2_k_rows_read_it(nb
     for b in range(nb):
         o = at + 8 * (b // 4) + b % 4
         assert dx[0, o] == runs[b, 0] and dx[0, o + 4] == runs[b, 1]
+
+
+def _prefetch_offset_fn(nr: int):
+    """simd.prefetch_offset for groups of nr rows, compiled alone: (woff, rb) -> the offset the rows prefetch from."""
+    from numba import types
+    from numba.extending import intrinsic
+
+    from executor.simd import prefetch_offset
+
+    @intrinsic
+    def offset(typingctx, woff, rb):
+        def gen(context, builder, sig, args):
+            return prefetch_offset(builder, args[0], args[1], nr)
+        return types.int64(types.int64, types.int64), gen
+
+    return njit(lambda woff, rb: offset(woff, rb))
+
+
+def test_decode_rows_prefetch_at_least_8_kib_ahead_in_whole_row_groups():
+    """The decode rows prefetch the first row group at least PREFETCH_AHEAD_BYTES (8 KiB) ahead, the next group
+    where a group is that long already (session 58: two rows of a 2,048-column Q8_0 matrix are 4,352 bytes, two
+    groups ahead; Q4_0's and Q4_K's 2,304, four; a 7,168-column Q8_0 group of 15,232 bytes, the next one); a lone
+    row passed rb = 0 prefetches from where it is."""
+    from executor.simd import PREFETCH_AHEAD_BYTES
+    assert PREFETCH_AHEAD_BYTES == 8192
+    two = _prefetch_offset_fn(2)
+    assert two(np.int64(1000), np.int64(2176)) == 1000 + 2 * 4352
+    assert two(np.int64(0), np.int64(1152)) == 4 * 2304
+    assert two(np.int64(64), np.int64(7616)) == 64 + 15232
+    assert two(np.int64(64), np.int64(4096)) == 64 + 8192  # exactly 8 KiB: one group
+    assert _prefetch_offset_fn(1)(np.int64(500), np.int64(0)) == 500
