@@ -301,7 +301,7 @@ def _rows_f16(NR: int, prefetch: bool = True):
 
     Row pointers are computed once, outside the loop (computed per chunk, they spilled to the stack:
     ~45 instructions per 4 rows x 16 columns); products accumulate by fma (vmulps + vaddps before);
-    the next row group is prefetched linearly, one prefetch per cache line, as _rows does.
+    a row group at least PREFETCH_AHEAD_BYTES ahead is prefetched linearly, as _rows does (prefetch_offset).
     """
 
     def gen(context, builder, sig, args):
@@ -314,7 +314,7 @@ def _rows_f16(NR: int, prefetch: bool = True):
         fma = _fn(builder, "llvm.fma.v16f32", V(F32, 16), [V(F32, 16)] * 3)
         p0 = builder.gep(wd, [woff])
         rows = [builder.gep(p0, [builder.mul(rb, i64(k))]) if k else p0 for k in range(NR)]
-        pf0 = builder.gep(p0, [builder.mul(rb, i64(NR))])  # the next row group (contiguous)
+        pf0 = builder.gep(wd, [prefetch_offset(builder, woff, rb, NR)])  # the next row group (or further)
         with cgutils.for_range(builder, nb) as loop:
             c = loop.index
             px = builder.gep(xd, [builder.mul(c, i64(16))])

@@ -173,8 +173,9 @@ def _prefetch_offset_fn(nr: int):
 def test_decode_rows_prefetch_at_least_8_kib_ahead_in_whole_row_groups():
     """The decode rows prefetch the first row group at least PREFETCH_AHEAD_BYTES (8 KiB) ahead, the next group
     where a group is that long already (session 58: two rows of a 2,048-column Q8_0 matrix are 4,352 bytes, two
-    groups ahead; Q4_0's and Q4_K's 2,304, four; a 7,168-column Q8_0 group of 15,232 bytes, the next one); a lone
-    row passed rb = 0 prefetches from where it is."""
+    groups ahead; Q4_0's and Q4_K's 2,304, four; a 7,168-column Q8_0 group of 15,232 bytes, the next one; F16 rows,
+    one a pass, 4,096 bytes at 2,048 columns, two ahead, four at 512); a lone row passed rb = 0 prefetches from where
+    it is."""
     from executor.simd import PREFETCH_AHEAD_BYTES
     assert PREFETCH_AHEAD_BYTES == 8192
     two = _prefetch_offset_fn(2)
@@ -182,4 +183,6 @@ def test_decode_rows_prefetch_at_least_8_kib_ahead_in_whole_row_groups():
     assert two(np.int64(0), np.int64(1152)) == 4 * 2304
     assert two(np.int64(64), np.int64(7616)) == 64 + 15232
     assert two(np.int64(64), np.int64(4096)) == 64 + 8192  # exactly 8 KiB: one group
-    assert _prefetch_offset_fn(1)(np.int64(500), np.int64(0)) == 500
+    one = _prefetch_offset_fn(1)
+    assert one(np.int64(500), np.int64(0)) == 500
+    assert one(np.int64(0), np.int64(4096)) == 8192 and one(np.int64(0), np.int64(1024)) == 8192
