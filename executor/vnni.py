@@ -38,7 +38,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from .simd import (F32, I8, I16, I32, I64, V, _fadd, _fmul, _fn, _fsub, _qsig, _slice, _splat, block_scales, q8_block,
-                   prefetch_lines, prefetch_offset, q4_offset_term, token_rows)
+                   each_block, prefetch_lines, prefetch_offset, q4_offset_term, token_rows)
 
 _FEATURES = llb.get_host_cpu_features().flatten().split(",")
 # MOE_OFFLOAD_NO_VNNI=1 keeps simd.py's int16 rows on a VNNI CPU (the same results; to test or time that path)
@@ -274,10 +274,10 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi:
         corr = [cgutils.alloca_once_value(builder, ir.Constant(V(F32, R), [0.0] * R)) for _ in range(MT)]
         with builder.if_then(builder.icmp_signed(">", nb, i64(0))):
             put_scales(i64(0), i64(0))
-        with cgutils.for_range(builder, nb) as loop:
-            b = loop.index
-            bn = builder.add(b, i64(1))  # block b + 1's scales now: off this block's critical path
-            put_scales(bn, builder.select(builder.icmp_signed("<", bn, nb), bn, b))
+
+        def block(b, last: bool):
+            if not last:  # block b + 1's scales now: off this block's critical path
+                put_scales(builder.add(b, i64(1)), builder.add(b, i64(1)))
             if not (iq4 or int8):
                 q4_offset_term(builder, corr, [slot(b, t) for t in range(MT)], dds, nb, b)
             xs, starts = [], []  # each token's split (h, l), and where each lane's sums start: 0, or (iq4) -128 x its
@@ -316,6 +316,7 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi:
                     sv = builder.bitcast(_splat(builder, s2, 8), V(F32, 16))
                     acc = builder.call(fma, [builder.sitofp(m, V(F32, 16)), sv, builder.load(accs[p][t])])
                     builder.store(acc, accs[p][t])
+        each_block(builder, nb, block)
         for t in range(MT):
             for p in range(NP):
                 a = builder.load(accs[p][t])
