@@ -6,10 +6,10 @@ The distance is compiled into the kernels, so each setting runs in its own proce
 kernels cached apart: nbcache), `pairs` pairs of processes alternating. Each process, for `seconds`, alternates a
 2-thread read of 1 GiB (calibration.bench_memory's read) with 40 decode jobs of each format (8 experts of 2,048 x
 768 a token from a 1 GiB pool, whole experts per thread as the executor's decode runs them, and the same with the
-rows split over the threads; F16: 8 dense 2,048 x 2,048 products a token, one row a pass, as an all-CPU decode's
-attention blocks), and prints each job's GB/s binned by the read just before it: this VM's 2-thread read
-switches between ~45 and ~75 GB/s for tens of seconds at a time, and a kernel whose prefetch runs out of distance
-does not follow it up. Medians per bin over the pairs.
+rows split over the threads; F16's rows one a pass, as an all-CPU decode's attention products), and prints each
+job's GB/s binned by the read just before it: this VM's 2-thread read switches between ~45 and ~75 GB/s for tens of
+seconds at a time, and a kernel whose prefetch runs out of distance does not follow it up. Medians per bin over the
+pairs.
 """
 from __future__ import annotations
 
@@ -27,26 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 BINS = ((0.0, 55.0, "read < 55 GB/s"), (55.0, 1e9, "read >= 55 GB/s"))
 
 
-def dense_job(hidden: int = 2048, pool_bytes: int = 1 << 30):
-    """(run_job, matrix_bytes): one token through k F16 [hidden, hidden] matrices of a pool larger than the
-    last-level cache, each through executor.kernels.linear (rows across the threads, one row a pass: the
-    attention products of an all-CPU decode)."""
-    import numpy as np
-
-    from executor.gemm import F16
-    from executor.kernels import linear
-    rng = np.random.default_rng(0)
-    mb = hidden * hidden * 2
-    n = pool_bytes // mb
-    pool = (rng.standard_normal((n, hidden * hidden), np.float32) * 0.02).astype(np.float16).view(np.uint8)
-    x = rng.standard_normal((1, hidden), np.float32)
-
-    def run_job(k: int, first: int):
-        for j in range(k):
-            linear(pool[(first + j) % n], F16, hidden, x)
-    return run_job, mb
-
-
 def child(seconds: float, fmts: list[str]) -> None:
     """Rounds of (read, each format's jobs whole and rows split) for `seconds`; one JSON line of the rounds."""
     import numpy as np
@@ -56,9 +36,7 @@ def child(seconds: float, fmts: list[str]) -> None:
     a = np.ones((1 << 30) // 8)
     _k_read(a)
     jobs = {f"{f} {kind}": executor_expert_job(f, 2048, 768, 1 << 30, max_k=8, whole=kind == "whole")
-            for f in fmts if f != "F16" for kind in ("whole", "rows")}
-    if "F16" in fmts:
-        jobs["F16 dense"] = dense_job()
+            for f in fmts for kind in ("whole", "rows")}
     for job, _ in jobs.values():
         job(8, 0)
     rounds, i, end = [], 0, time.time() + seconds
