@@ -181,13 +181,16 @@ def q4_offset_term(builder, corr, slots, dds, nb, b) -> None:
         builder.store(_fadd(builder, builder.load(c), _fmul(builder, sb, cb)), c)
 
 
-def each_block(builder, nb, block) -> None:
-    """Codegen: block(b, last) for b = 0 .. nb - 1, the last block peeled (last=True): the loop's blocks gather the
-    next block's scales unclamped. Clamped (never past a row's last block), each block paid a compare, a select and
-    the block's address from its clamped index: 58 instructions for two blocks of a Q4_0 row pair, 44 peeled; Q4_0's
-    VNNI rows 1.01-1.05x on one core, IQ4_NL's 1.03-1.04x (session 59, the same bits)."""
+def each_block(builder, nb, block, first=None) -> None:
+    """Codegen: first() (block 0's scales), then block(b, last) for b = 0 .. nb - 1, none of it where nb is 0; the
+    last block peeled (last=True): the loop's blocks gather the next block's scales unclamped. Clamped (never past a
+    row's last block), each block paid a compare, a select and the block's address from its clamped index: 58
+    instructions for two blocks of a Q4_0 row pair, 44 peeled; Q4_0's VNNI rows 1.01-1.05x on one core, IQ4_NL's
+    1.03-1.04x (session 59, the same bits)."""
     one = ir.Constant(I64, 1)
     with builder.if_then(builder.icmp_signed(">", nb, ir.Constant(I64, 0))):
+        if first is not None:
+            first()
         with cgutils.for_range(builder, builder.sub(nb, one)) as loop:
             block(loop.index, False)
         block(builder.sub(nb, one), True)
@@ -257,14 +260,13 @@ def _rows(q4: bool, NR: int, MT: int = 1, prefetch: bool = True):
                 sput(b, t, v)
 
         corr = [cgutils.alloca_once_value(builder, ir.Constant(V(F32, NR), [0.0] * NR)) for _ in range(MT)]
-        with builder.if_then(builder.icmp_signed(">", nb, i64(0))):
-            put_scales(i64(0), i64(0))
 
         def block(b, last: bool):
             # block b + 1's scales are gathered now (but for the last block: each_block), so that the
             # insert / convert chain is off the critical path of this block's products
             if not last:
-                put_scales(builder.add(b, i64(1)), builder.add(b, i64(1)))
+                bn = builder.add(b, i64(1))
+                put_scales(bn, bn)
             if q4:
                 q4_offset_term(builder, corr, [slot(b, t) for t in range(MT)], dds, nb, b)
             xs = [x_halves(builder, xd, b) for xd in xds]
@@ -290,7 +292,7 @@ def _rows(q4: bool, NR: int, MT: int = 1, prefetch: bool = True):
                     skv = _splat(builder, builder.load(builder.gep(slot(b, t), [ir.Constant(I32, k)]), align=4), 8)
                     acc = builder.call(fma, [builder.sitofp(m, V(F32, 8)), skv, builder.load(accs[k][t])])
                     builder.store(acc, accs[k][t])
-        each_block(builder, nb, block)
+        each_block(builder, nb, block, lambda: put_scales(i64(0), i64(0)))
         for t in range(MT):
             for k in range(NR):
                 a = builder.load(accs[k][t])

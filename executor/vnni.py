@@ -272,12 +272,11 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi:
                 builder.store(v, builder.bitcast(slot(b, t), V(F32, R).as_pointer()), align=4)
 
         corr = [cgutils.alloca_once_value(builder, ir.Constant(V(F32, R), [0.0] * R)) for _ in range(MT)]
-        with builder.if_then(builder.icmp_signed(">", nb, i64(0))):
-            put_scales(i64(0), i64(0))
 
         def block(b, last: bool):
             if not last:  # block b + 1's scales now: off this block's critical path
-                put_scales(builder.add(b, i64(1)), builder.add(b, i64(1)))
+                bn = builder.add(b, i64(1))
+                put_scales(bn, bn)
             if not (iq4 or int8):
                 q4_offset_term(builder, corr, [slot(b, t) for t in range(MT)], dds, nb, b)
             xs, starts = [], []  # each token's split (h, l), and where each lane's sums start: 0, or (iq4) -128 x its
@@ -316,7 +315,7 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi:
                     sv = builder.bitcast(_splat(builder, s2, 8), V(F32, 16))
                     acc = builder.call(fma, [builder.sitofp(m, V(F32, 16)), sv, builder.load(accs[p][t])])
                     builder.store(acc, accs[p][t])
-        each_block(builder, nb, block)
+        each_block(builder, nb, block, lambda: put_scales(i64(0), i64(0)))
         for t in range(MT):
             for p in range(NP):
                 a = builder.load(accs[p][t])
