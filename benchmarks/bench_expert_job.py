@@ -48,12 +48,13 @@ def rdtsc(typingctx):
     return types.int64(), gen
 
 
-def other_executor(root: str):
-    """The executor package of checkout `root`, imported beside this tree's: (kernels, cpu_experts, simd)."""
+def other_executor(root: str, names=("kernels", "cpu_experts", "simd")):
+    """The executor package of checkout `root`, imported beside this tree's: its modules `names` (default (kernels,
+    cpu_experts, simd))."""
     mine = {k: sys.modules.pop(k) for k in list(sys.modules) if k == "executor" or k.startswith("executor.")}
     sys.path.insert(0, root)
     try:
-        mods = tuple(importlib.import_module(f"executor.{m}") for m in ("kernels", "cpu_experts", "simd"))
+        mods = tuple(importlib.import_module(f"executor.{m}") for m in names)
     finally:
         sys.path.pop(0)
         tag = f"executor@{root}"

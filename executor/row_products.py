@@ -33,7 +33,8 @@ from .qgemm import HAVE_QGEMM, INT8, gemm_matmul
 from .vnni import HAVE_VNNI512, vnni_kernel
 
 # Q4_0 rows: with AVX-512 VNNI two rows a 512-bit register (vnni.py: one core in L2 1.15-1.19x simd.py's 256-bit
-# loop, from DRAM on 2 threads 1.05-1.10x; the same integer sums and float ops, so the same results bit for bit),
+# loop, from DRAM on 2 threads 1.05-1.10x; the same integer sums, the float ops but for the order of the offset term
+# (vnni.py), so the same results to float rounding),
 # else simd.py's
 # An int8 build (`execute --gemm-int8`, llama.cpp's precision) gives these rows, and IQ4_NL's below, int8 activations
 # (vnni.lanes8): one vpdpbusd a row pair and block, not two, a shift and an add. One core in L2, 1 / 2 / 4 tokens

@@ -11,13 +11,15 @@ x16 = 256 h + l with h, l signed bytes (|x16| <= 32639, simd.quant16), and a blo
     vpermt2d (the two rows' 16 bytes, dwords interleaved)  vpandq (nibbles: low ones x 1, high ones x 16)
     vpdpbusd (. h)  vpslld 8  vpdpbusd (. l)  vcvtdq2ps  vfmadd (the pair's two scales, vbroadcastsd)
 
-seven instructions for two rows where simd.py spends sixteen. Row k of a pair takes the even dword lanes, row
-k + 1 the odd ones; lanes 0-7 hold the low nibbles (weights 0-15 of the block), lanes 8-15 the high nibbles
-times 16 (weights 16-31; undone in the final sum, as simd.py's lane 1). The activations come pre-arranged to
+seven instructions for two rows where simd.py spends sixteen, beside the pair's scales (gathered 8 blocks at a
+time, _rows_vnni). Row k of a pair takes the even dword lanes, row k + 1 the odd ones; lanes 0-7 hold the low
+nibbles (weights 0-15 of the block), lanes 8-15 the high nibbles times 16 (weights 16-31; undone in the final sum,
+as simd.py's lane 1). The activations come pre-arranged to
 that order, each dword twice (once a row): split8 writes them behind the scales in DX, 128 bytes a block. The
 integer sum of a lane is the int16 kernel's, exactly; a row's float adds are its own, whichever row it is
 paired with (a lone row is paired with itself), and each token's are as alone, so a token gets the same bits
-in any row group or token group. The -8 offset is simd.py's: scale x 8 sum(x16) per row in float.
+in any row group or token group. The -8 offset is simd.py's, scale x 8 sum(x16) per row in float, summed in 8
+lanes (_rows_vnni).
 
 An int8 build (`execute --gemm-int8`: llama.cpp's precision, as its prefill GEMM) makes the activations bytes:
 lanes8 writes each token's x8 (qgemm.qpack8_into's values) in the same places, with each lane's start (-8 or -128
@@ -37,11 +39,12 @@ from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from .simd import (F32, I8, I16, I32, I64, V, _fadd, _fmul, _fn, _fsub, _qsig, _slice, _splat, block_scales, q8_block,
-                   each_block, prefetch_lines, prefetch_offset, q4_offset_term, token_rows)
+from .simd import (F32, I8, I16, I32, I64, V, _fadd, _fmul, _fn, _fsub, _qsig, _slice, _splat, prefetch_lines,
+                   prefetch_offset, q8_block, token_rows)
 
 _FEATURES = llb.get_host_cpu_features().flatten().split(",")
-# MOE_OFFLOAD_NO_VNNI=1 keeps simd.py's int16 rows on a VNNI CPU (the same results; to test or time that path)
+# MOE_OFFLOAD_NO_VNNI=1 keeps simd.py's int16 rows on a VNNI CPU (the same results to float rounding; to test or time that
+# path)
 HAVE_VNNI512 = (all(f"+{f}" in _FEATURES for f in ("avx512f", "avx512bw", "avx512vnni"))
                 and os.environ.get("MOE_OFFLOAD_NO_VNNI") != "1")
 # AVX-512 VBMI (vpermb: a byte lookup in 64 entries by each index's low six bits) takes IQ4_NL's codebook lookup
@@ -219,6 +222,29 @@ def _dpbusd(builder, acc, a, b):
     return builder.call(f, [acc, a, b])
 
 
+GROUP = 8  # blocks whose scales a row gathers at once: the fp16 scales of 8 Q4_0 / IQ4_NL blocks lie in its first 128 bytes
+_WORDS = ir.Constant(V(I16, 64), list(range(64)))
+
+
+def _masked_load(builder, ptr, ty, mask):
+    """Codegen: the lanes of vector type ty at ptr where mask (<n x i1>) holds, zeros elsewhere (vmovdqu16 / vmovups
+    with a k-mask: lanes off the mask are not read, so past the end of a mapping is safe). A plain load of a row's
+    first 128 bytes let LLVM split the blocks' own 16-byte loads that overlap it into vmovq pairs and vpunpcklqdq."""
+    f = _fn(builder, f"llvm.masked.load.v{ty.count}{'f32' if ty.element == F32 else 'i16'}.p0v{ty.count}"
+            f"{'f32' if ty.element == F32 else 'i16'}", ty, [ty.as_pointer(), I32, V(ir.IntType(1), ty.count), ty])
+    return builder.call(f, [builder.bitcast(ptr, ty.as_pointer()), ir.Constant(I32, 1), mask, ir.Constant(ty, None)])
+
+
+def offset_sum(builder, lanes):
+    """Codegen: Q4_0's offset term of a row pair, its 16 lanes at pointer `lanes` ([A0 B0 A1 B1 .. A7 B7], lane j
+    the sum over blocks j, j + 8, ..), added by halving (lanes j and j + 4, then j and j + 2, then the two left):
+    <2 x f32>, rows A and B."""
+    v = builder.load(builder.bitcast(lanes, V(F32, 16).as_pointer()), align=4)
+    for n in (8, 4, 2):
+        v = _fadd(builder, _slice(builder, v, 0, n), _slice(builder, v, n, n))
+    return v
+
+
 def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi: bool = HAVE_VBMI):
     """Codegen: res[k0 + t, ro + k] = row_k . x_t for NR Q4_0 rows (book: IQ4_NL's, its 16-value int8 codebook) at
     byte woff + k * rb (nb blocks each), NR even or 1 (paired with itself), and the MT tokens t of DX's split (split8)
@@ -231,11 +257,27 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi:
     four h (l) bytes (split8 writes them once a token), so a lane ends at sum q x16 exactly (|.| <= 4 x 127 x 32639
     < 2**24: its convert is exact too).
 
+    Blocks go GROUP at a time: a row pair's 16 scales of a group in one register (two masked loads of the rows'
+    first 128 bytes, one word permute, one vcvtph2ps, times each token's 8 dx twice), each block's pair broadcast
+    from it (vpermpd), and Q4_0's offset term for the 8 blocks in one multiply and add into 16 lanes (offset_sum).
+    Gathered a block at a time (two 16-bit loads, an insert, a convert, a multiply, a store and a broadcast load
+    back) the scales took a quarter of the loop: one core, a 2,048-column matrix in L2, 2 rows, one token 1.15-1.25x
+    (`python benchmarks/bench_q4_rows.py`, session 60). A row's last group, of fewer blocks, loads only its blocks'
+    scales (k-masks) and runs only its blocks. With several tokens (8 rows, 2 or 4 tokens) the 4 pairs' scales of
+    each token do not fit in registers beside the accumulators: the next group's go to a stack buffer during this
+    group and each block broadcast-loads its pair (vbroadcastsd); read back right after they were stored (one zmm
+    store, eight 8-byte loads) they stalled store forwarding, 2 tokens 0.55x. The lanes are then an array in memory
+    (as vectors LLVM kept all 16 in registers and spilled). A token's float adds are the same in every kernel, so it
+    gets the same bits in any row group or token group; simd.py's rows (a CPU without VNNI) subtract the offset
+    term block by block (simd.q4_offset_term: 8 lanes there cost its rows 5-12%), so the two agree to float rounding,
+    not bit for bit.
+
     int8: DX holds lanes8's int8 activations instead of the split: one vpdpbusd a row pair and block, from the lane's
     start (Q4_0's -8 comes off there too), and the block scales times dx8."""
     NP = max(1, NR // 2)
     bs = 18
     iq4 = bool(book)
+    offset = not (iq4 or int8)  # Q4_0's -8 in float (the int16 build)
 
     def gen(context, builder, sig, args):
         woff, rb, nb, roff = args[1], args[2], args[6], args[8]  # _qsig's; X16 is not read: DX holds the split
@@ -246,10 +288,11 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi:
         izero = ir.Constant(V(I32, 16), [0] * 16)
         accs = [[cgutils.alloca_once_value(builder, zero16) for _ in range(MT)] for _ in range(NP)]
         R = max(NR, 2)  # scales of a lone row: its own, twice
-        W = R * MT
-        sbuf = builder.bitcast(cgutils.alloca_once(builder, V(F32, 2 * W)), F32.as_pointer())
-        one = i64(1)
-        slot = lambda b, t: builder.gep(sbuf, [builder.add(builder.mul(builder.and_(b, one), i64(W)), i64(R * t))])  # noqa: E731
+        # Q4_0's offset term, [A0 B0 A1 B1 .. A7 B7] a token and row pair: lane 2 j + i row i's sum over blocks j (mod 8)
+        # (several tokens: an array in memory, added to once a group; as vectors LLVM kept all NP x MT in registers
+        # beside the accumulators, and 8 rows x 4 tokens spilled)
+        lanes = [[cgutils.alloca_once_value(builder, zero16 if MT == 1 else ir.Constant(ir.ArrayType(F32, 16), [0.0] * 16))
+                  for _ in range(NP)] for _ in range(MT)]
         fma = _fn(builder, "llvm.fma.v16f32", V(F32, 16), [V(F32, 16)] * 3)
         rbk = [builder.mul(rb, i64(k if NR > 1 else 0)) for k in range(R)]
         pfo = prefetch_offset(builder, woff, rb, NR)  # the next row group (or further), as simd.py's
@@ -261,24 +304,56 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi:
         pick = ir.Constant(V(I32, 16), [0, 4, 1, 5, 2, 6, 3, 7] * 2)  # A0 B0 A1 B1 | A2 B2 A3 B3, twice
         xoff = builder.mul(nb, i64(2))  # the split starts after the 2 nb floats of scales and sums
         d8 = _dx8_at_ir(builder, nb) if int8 else None
+        twice = ir.Constant(V(I32, 16), [j // 2 for j in range(16)])
 
         def rowptrs(b):
             p0 = builder.gep(wd, [builder.add(woff, builder.mul(b, i64(bs)))])
             return [builder.gep(p0, [rbk[k]]) for k in range(R)]
 
-        def put_scales(b, src):  # a lone row's scale twice
-            at = builder.add(d8, src) if int8 else None  # lanes8's dx8
-            for t, v in enumerate(block_scales(builder, rowptrs(src), dds, src, at)):
-                builder.store(v, builder.bitcast(slot(b, t), V(F32, R).as_pointer()), align=4)
+        def group_scales(b0, n_in, into=None, pairs=None):
+            """[token][pair] <16 x f32>: blocks b0 .. b0 + 7's row scales times the token's dx, a pair's interleaved
+            (n_in: an i64 count of the group's blocks where under GROUP; the others' lanes 0), stored to buffer `into`
+            (an i64, 0 or 1) where given. Adds Q4_0's offset term of the blocks to each token's lanes."""
+            wmask = ir.Constant(V(ir.IntType(1), 64), [int(w % 9 == 0) for w in range(64)])
+            fmask = ir.Constant(V(ir.IntType(1), 8), [1] * 8)
+            if n_in is not None:
+                wmask = builder.and_(wmask, builder.icmp_unsigned("<", _WORDS, _splat(
+                    builder, builder.trunc(builder.mul(n_in, i64(9)), I16), 64)))
+                fmask = builder.icmp_unsigned("<", ir.Constant(V(I64, 8), list(range(8))), _splat(builder, n_in, 8))
+            pairs = range(NP) if pairs is None else pairs
+            rows = rowptrs(b0)
+            words = {}
+            for k in [2 * p + i for p in pairs for i in (0, 1)]:
+                if into is None or n_in is not None:  # scale j at word 9 j
+                    words[k] = _masked_load(builder, rows[k], V(I16, 64), wmask)
+                else:  # the next group, whole (plain loads: a masked one that misses the cache stalls, 8 rows x 4
+                    # tokens from DRAM 0.87-0.91x)
+                    words[k] = builder.load(builder.bitcast(rows[k], V(I16, 64).as_pointer()), align=1)
+            dxs, sums = [], []
+            for d in dds:
+                at = builder.add(d8, b0) if int8 else b0
+                v = _masked_load(builder, builder.gep(d, [at]), V(F32, 8), fmask)
+                dxs.append(builder.shuffle_vector(v, v, twice))
+                if offset:
+                    c = _masked_load(builder, builder.gep(d, [builder.add(nb, b0)]), V(F32, 8), fmask)
+                    sums.append(builder.shuffle_vector(c, c, twice))
+            out = [[None] * NP for _ in range(MT)]  # (stored at `into` where given)
+            idx = ir.Constant(V(I32, 16), [9 * (j // 2) + 64 * (j % 2) for j in range(16)])
+            for p in pairs:
+                h = builder.shuffle_vector(words[2 * p], words[2 * p + 1], idx)
+                sv = builder.fpext(builder.bitcast(h, V(ir.HalfType(), 16)), V(F32, 16))
+                for t in range(MT):
+                    out[t][p] = _fmul(builder, sv, dxs[t])
+                    if into is not None:
+                        builder.store(out[t][p], builder.bitcast(gslot(into, t, p, 0), V(F32, 16).as_pointer()), align=4)
+                    if offset:
+                        ln = builder.bitcast(lanes[t][p], V(F32, 16).as_pointer())
+                        builder.store(_fadd(builder, builder.load(ln, align=4), _fmul(builder, out[t][p], sums[t])), ln,
+                                      align=4)
+            return out
 
-        corr = [cgutils.alloca_once_value(builder, ir.Constant(V(F32, R), [0.0] * R)) for _ in range(MT)]
-
-        def block(b, last: bool):
-            if not last:  # block b + 1's scales now: off this block's critical path
-                bn = builder.add(b, i64(1))
-                put_scales(bn, bn)
-            if not (iq4 or int8):
-                q4_offset_term(builder, corr, [slot(b, t) for t in range(MT)], dds, nb, b)
+        def block(b, pair_scales):
+            """Block b of the rows; pair_scales(t, p): token t's scales of row pair p, <16 x f32>, each row's 8 times."""
             xs, starts = [], []  # each token's split (h, l), and where each lane's sums start: 0, or (iq4) -128 x its
             for t in range(MT):  # four h (l) bytes' sum (split8's)
                 px = builder.bitcast(builder.gep(dds[t], [builder.add(xoff, builder.mul(b, i64(SPLIT_FLOATS)))]),
@@ -311,11 +386,71 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi:
                     mh = _dpbusd(builder, sh, wq, xh)  # sum q h, then times 256 plus sum q l (int8: sum q x8)
                     m = mh if int8 else _dpbusd(builder, builder.add(builder.shl(mh, ir.Constant(V(I32, 16), [8] * 16)),
                                                                      sl), wq, xl)
-                    s2 = builder.load(builder.bitcast(builder.gep(slot(b, t), [i64(2 * p)]), I64.as_pointer()), align=4)
-                    sv = builder.bitcast(_splat(builder, s2, 8), V(F32, 16))
-                    acc = builder.call(fma, [builder.sitofp(m, V(F32, 16)), sv, builder.load(accs[p][t])])
+                    acc = builder.call(fma, [builder.sitofp(m, V(F32, 16)), pair_scales(t, p), builder.load(accs[p][t])])
                     builder.store(acc, accs[p][t])
-        each_block(builder, nb, block, lambda: put_scales(i64(0), i64(0)))
+
+        def run_group(b0, n_in, pair_of, before=None):
+            """Blocks b0 .. b0 + 7 (n_in of them where given), block j's pair scales pair_of(j, t, p); before(j) first
+            where given."""
+            for j in range(GROUP):
+                def pair(t, p, j=j):
+                    return pair_of(j, t, p)
+                if before is not None:
+                    before(j)
+                if n_in is None:
+                    block(builder.add(b0, i64(j)), pair)
+                else:
+                    with builder.if_then(builder.icmp_signed("<", i64(j), n_in)):
+                        block(builder.add(b0, i64(j)), pair)
+
+        full = builder.sdiv(nb, i64(GROUP))
+        rest = builder.sub(nb, builder.mul(full, i64(GROUP)))
+        has_rest = builder.icmp_signed(">", rest, i64(0))
+        if MT == 1:  # the group's scales in registers, block j's pair by a permute
+            def in_register(b0, n_in=None):
+                scales = group_scales(b0, n_in)
+                run_group(b0, n_in, lambda j, t, p: builder.shuffle_vector(
+                    scales[t][p], scales[t][p], ir.Constant(V(I32, 16), [2 * j, 2 * j + 1] * 8)))
+            with cgutils.for_range(builder, full) as loop:
+                in_register(builder.mul(loop.index, i64(GROUP)))
+            with builder.if_then(has_rest):
+                in_register(builder.mul(full, i64(GROUP)), rest)
+        else:  # the next group's scales to a stack buffer during this group, block j's pair broadcast-loaded
+            gbuf = builder.bitcast(cgutils.alloca_once(builder, V(F32, 2 * 16 * NP * MT)), F32.as_pointer())
+
+            def gslot(q, t, p, j):  # buffer q's pair p of token t, block j
+                return builder.gep(gbuf, [builder.add(builder.mul(q, i64(16 * NP * MT)), i64(16 * (t * NP + p) + 2 * j))])
+
+            def from_buffer(q):
+                def pair_of(j, t, p):
+                    s2 = builder.load(builder.bitcast(gslot(q, t, p, j), I64.as_pointer()), align=4)
+                    return builder.bitcast(_splat(builder, s2, 8), V(F32, 16))
+                return pair_of
+
+            with builder.if_then(builder.icmp_signed(">", full, i64(0))):
+                group_scales(i64(0), None, i64(0))
+            with cgutils.for_range(builder, full) as loop:
+                g = loop.index
+                q = builder.and_(g, i64(1))
+                nxt, one_q = builder.mul(builder.add(g, i64(1)), i64(GROUP)), builder.sub(i64(1), q)
+                whole_next = builder.icmp_signed("<", builder.add(g, i64(1)), full)
+
+                def next_pair(j):  # the next group's scales: all before block 0 (2 tokens), or (4 tokens) pair j's
+                    # before block j, not in a burst: 8 rows x 4 tokens 1.07-1.13x the burst, 8 x 2 0.85-0.95x
+                    pairs = ((j,) if j < NP else ()) if MT >= 4 else (range(NP) if j == 0 else ())
+                    if not pairs:
+                        return
+                    with builder.if_else(whole_next) as (whole, last):
+                        with whole:
+                            group_scales(nxt, None, one_q, pairs)
+                        with last:
+                            with builder.if_then(has_rest):
+                                group_scales(nxt, rest, one_q, pairs)
+                run_group(builder.mul(g, i64(GROUP)), None, from_buffer(q), next_pair)
+            with builder.if_then(has_rest):
+                with builder.if_then(builder.icmp_signed("==", full, i64(0))):
+                    group_scales(i64(0), rest, i64(0))
+                run_group(builder.mul(full, i64(GROUP)), rest, from_buffer(builder.and_(full, i64(1))))
         for t in range(MT):
             for p in range(NP):
                 a = builder.load(accs[p][t])
@@ -323,12 +458,15 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi:
                 s = _fadd(builder, _slice(builder, a, 0, 8),
                           hi if iq4 else _fmul(builder, hi, ir.Constant(V(F32, 8), [1 / 16] * 8)))
                 s = _fadd(builder, _slice(builder, s, 0, 4), _slice(builder, s, 4, 4))  # lanes 0, 1, 2, 3
+                corr = None
+                if offset:  # the pair's two rows
+                    corr = offset_sum(builder, lanes[t][p])
                 for i in range(min(2, NR)):  # row 2p + i: lanes i and i + 2
                     k = 2 * p + i
                     v = _fadd(builder, builder.extract_element(s, ir.Constant(I32, i)),
                               builder.extract_element(s, ir.Constant(I32, i + 2)))
-                    if not (iq4 or int8):
-                        v = _fsub(builder, v, builder.extract_element(builder.load(corr[t]), ir.Constant(I32, k)))
+                    if offset:
+                        v = _fsub(builder, v, builder.extract_element(corr, ir.Constant(I32, i)))
                     builder.store(v, builder.gep(rds[t], [builder.add(roff, ir.Constant(I64, k))]))
         return context.get_dummy_value()
 

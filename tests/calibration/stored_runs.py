@@ -2,6 +2,8 @@
 sittings simulated on them, for the data tests."""
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -22,8 +24,12 @@ def stored_profile(data: Path, profile: str) -> dict:
 
 
 @lru_cache(maxsize=1)
-def _scratch() -> Path:
-    return Path(tempfile.mkdtemp(prefix="stored-runs-"))
+def scratch() -> Path:
+    """A folder for the data tests' changed copies of stored profiles, removed when the test process exits (they are
+    created by cached helpers, outside any one test's tmp_path)."""
+    path = Path(tempfile.mkdtemp(prefix="stored-runs-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 @lru_cache(maxsize=None)
@@ -43,7 +49,7 @@ def stored_rows(data: Path, sitting: str, profile: str, drop: str | None = None,
                 if part:
                     d["cpu"][table] = {k: v for k, v in d["cpu"][table].items() if part not in k}
             d["cpu"].pop(drop_cpu_field, None)
-            path = _scratch() / f"{data.name}-{profile}-no-{drop}-{drop_cpu_field}-{drop_repacked}.yaml"
+            path = scratch() / f"{data.name}-{profile}-no-{drop}-{drop_cpu_field}-{drop_repacked}.yaml"
             path.write_text(yaml.safe_dump(d))
         return tuple(regress.local_rows(data / f"results-llamacpp-{sitting}.csv", str(path)))
     finally:
@@ -86,7 +92,7 @@ def rows_with_rowwise_of(data: Path, sitting: str, profile: str, rates_from: str
 def rows_on(data: Path, sitting: str, profile: dict, name: str) -> tuple[dict, ...]:
     """regress's rows of data/results-llamacpp-<sitting>.csv on the profile `profile` (a parsed, changed copy of a
     stored one, written to the scratch folder as <data>-<name>.yaml), run from the repo root."""
-    path = _scratch() / f"{data.name}-{name}.yaml"
+    path = scratch() / f"{data.name}-{name}.yaml"
     path.write_text(yaml.safe_dump(profile))
     mp = pytest.MonkeyPatch()
     mp.chdir(ROOT)

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from calibration import regress
+from stored_runs import scratch
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path("tests/calibration/data/xeon-2026-12-06")  # the stores' model paths are relative to the repo root
@@ -25,11 +26,6 @@ PROFILES = ("0100", "0103", "0107", "0109", "0116", "0120")
 TILED = (" Q4_K:", " Q2_K:", " Q3_K:", " IQ4_XS:")  # the files whose experts take the tiled GEMM in place
 
 
-@lru_cache(maxsize=1)
-def _scratch() -> Path:
-    """A folder for the profiles with their tiled rates dropped."""
-    import tempfile
-    return Path(tempfile.mkdtemp(prefix="untiled-"))
 
 
 @lru_cache(maxsize=None)
@@ -44,11 +40,11 @@ def _rows(sitting: str, profile: str, tiled_rates: bool = True) -> tuple[dict, .
             d = yaml.safe_load(path.read_text())
             rates = d["cpu"]["ggml_prefill_gflops"]
             d["cpu"]["ggml_prefill_gflops"] = {k: v for k, v in rates.items() if "tiled" not in k}
-            path = _scratch() / f"{profile}-untiled.yaml"
+            path = scratch() / f"{profile}-untiled.yaml"
             path.write_text(yaml.safe_dump(d))
             lines = store.read_text().splitlines(keepends=True)
             kept = [ln for ln in lines[1:] if any(t in ln for t in TILED) and "--no-repack," in ln]
-            store = _scratch() / f"in-place-{sitting}.csv"
+            store = scratch() / f"in-place-{sitting}.csv"
             store.write_text(lines[0] + "".join(kept))
         return tuple(regress.local_rows(store, str(path)))
     finally:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import gzip
 import json
 import statistics
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import yaml
 
 from specs.loaders import load_hardware
 from specs.plan import Plan
-from stored_runs import executor_measured, executor_predicted, executor_rows
+from stored_runs import executor_measured, executor_predicted, executor_rows, scratch
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path("tests/calibration/data/zen5-2026-12-07b")  # the stores' paths are relative to the repo root
@@ -47,7 +46,7 @@ def _hardware(p: str, before: bool):
     d = _profile(p)
     if before:
         d["cpu"]["whole_gbs"] = {k: v for k, v in d["cpu"]["whole_gbs"].items() if "@" not in k}
-    path = Path(tempfile.mkdtemp(prefix="one-thread-")) / f"{p}.yaml"
+    path = scratch() / f"one-thread-{p}-{before}.yaml"
     path.write_text(yaml.safe_dump(d))
     return load_hardware(str(path))
 

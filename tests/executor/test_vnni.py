@@ -1,6 +1,6 @@
 """The AVX-512 VNNI Q4_0 rows (executor/vnni.py): int16 activations split into two bytes, two rows a 512-bit
-register; they give simd.py's 256-bit int16 kernel's results bit for bit, so a token's logits do not depend
-on which of the two a machine runs. IQ4_NL's rows there (a codebook lookup) are checked against the dequantised
+register; a token gets the same bits from every row group and token group, and simd.py's 256-bit int16 kernel's
+results to float rounding (its offset term summed in another order). IQ4_NL's rows there (a codebook lookup) are checked against the dequantised
 product with every other type (test_kernels.py)."""
 from __future__ import annotations
 
@@ -72,12 +72,15 @@ _PAIRS = {(NR, MT): (_kernel_loop(vnni.vnni_kernel(NR, MT), NR), _kernel_loop(si
 
 @needs_vnni
 @settings(max_examples=25, deadline=None)
-@given(shape=st.sampled_from(sorted(_PAIRS) or [(1, 1)]), groups=st.integers(1, 5), nb=st.integers(1, 12),
+@given(shape=st.sampled_from(sorted(_PAIRS) or [(1, 1)]), groups=st.integers(1, 5), nb=st.integers(1, 20),
        seed=st.integers(0, 2**31))
-def test_vnni_rows_give_the_int16_kernels_bits(qk, shape, groups, nb, seed):
-    """Each VNNI row kernel (8, 4, 2 or 1 rows a pass; 2 or 4 tokens) gives simd.py's kernel of the same shape its
-    bits exactly: the same int32 sum per lane of four weights, the same float products, adds and final halving
-    sum (vnni.py's docstring), and both match gguf.dequantize then a float product."""
+def test_vnni_rows_give_a_token_the_same_bits_in_any_group(qk, shape, groups, nb, seed):
+    """Each VNNI row kernel (8, 4, 2 or 1 rows a pass; 1, 2 or 4 tokens) gives every token the bits the lone-row,
+    one-token kernel gives it: the same int32 sum per lane of four weights, the same float products and adds, Q4_0's
+    offset term in the same 16 lanes (8 blocks at a time from registers with one token, from a stack buffer with
+    several: up to 20 blocks, two whole groups and a part). simd.py's kernel of the same shape (a CPU without VNNI)
+    subtracts that term block by block, so it agrees to float rounding (1e-6 of the terms); both match
+    gguf.dequantize then a float product."""
     NR, MT = shape
     rng = np.random.default_rng(seed)
     rows = NR * groups
@@ -88,9 +91,14 @@ def test_vnni_rows_give_the_int16_kernels_bits(qk, shape, groups, nb, seed):
     got, want = np.full((MT + 1, rows), np.nan, np.float32), np.full((MT + 1, rows), np.nan, np.float32)
     vn(w.data[0].reshape(-1), rows, x16, dx, 1, got)  # tokens from k0 = 1
     i16(w.data[0].reshape(-1), rows, x16, dx, 1, want)
-    assert np.array_equal(got[1:], want[1:]) and np.isnan(got[0]).all()
-    ref = x[1:] @ qk.deq(w, 0).T
-    qk.close(got[1:], ref, np.abs(x[1:]) @ np.abs(qk.deq(w, 0)).T)
+    assert np.isnan(got[0]).all()
+    one = np.full((MT + 1, rows), np.nan, np.float32)
+    for k in range(1, MT + 1):  # each token alone, a row a pass (paired with itself)
+        _PAIRS[(1, 1)][0](w.data[0].reshape(-1), rows, x16, dx, k, one)
+    assert np.array_equal(got[1:], one[1:])
+    mag = np.abs(x[1:]) @ np.abs(qk.deq(w, 0)).T
+    qk.close(got[1:], want[1:], mag, tol=1e-6)
+    qk.close(got[1:], x[1:] @ qk.deq(w, 0).T, mag)
 
 
 @needs_vnni
@@ -191,3 +199,38 @@ def test_iq4_nl_lookups_by_vpermb_and_vpshufb_give_the_same_bits(qk, nb, seed):
         for vb in (False, True):
             _LOOKUPS[(i8, vb)](w, rows, x16, dx, 0, got[vb])
         assert np.array_equal(got[False], got[True]) and np.abs(got[True]).max() > 0
+
+
+_GUARDED = {(kind, NR): _kernel_loop(vnni.vnni_kernel(NR, 1, tuple(KVALUES) if kind == "iq4" else (), int8=kind == "int8"), NR)
+            for kind in ("q4", "iq4", "int8") for NR in (2, 1)} if vnni.HAVE_VNNI512 else {}
+
+
+@needs_vnni
+@pytest.mark.parametrize("nb", [3, 11, 16])
+@pytest.mark.parametrize("kind", ["q4", "iq4", "int8"])
+def test_rows_read_nothing_past_the_last_rows_end(qk, kind, nb):
+    """The rows gather a group's scales from a row's first 128 bytes; in a row's last group, of fewer than 8 blocks,
+    the loads are masked to its blocks (vnni._masked_load), so rows that end right before an unreadable page (the
+    end of a mapped file) compute without a fault, and give the results of the same rows anywhere else."""
+    import ctypes
+    import mmap
+    libc = ctypes.CDLL(None, use_errno=True)
+    rows = 4
+    qt = QT.IQ4_NL if kind == "iq4" else QT.Q4_0
+    w = qk.tensor(np.random.default_rng(nb), qt, 1, rows, nb * 32).data[0].reshape(-1)
+    page = mmap.PAGESIZE
+    span = -(-w.nbytes // page) * page
+    buf = mmap.mmap(-1, span + page, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    assert libc.mprotect(ctypes.c_void_p(base + span), ctypes.c_size_t(page), 0) == 0  # PROT_NONE past the rows
+    guarded = np.frombuffer(buf, np.uint8, w.nbytes, span - w.nbytes)  # the rows end at the guard page
+    guarded[:] = w
+    x = np.random.default_rng(0).standard_normal((1, nb * 32)).astype(np.float32)
+    x16, dx = qk.int8_activations(x) if kind == "int8" else K._quant_rows(x)
+    for NR in (2, 1):
+        got, want = np.zeros((1, rows), np.float32), np.zeros((1, rows), np.float32)
+        _GUARDED[(kind, NR)](guarded, rows, x16, dx, 0, got)
+        _GUARDED[(kind, NR)](w, rows, x16, dx, 0, want)
+        assert np.array_equal(got, want) and np.abs(got).max() > 0
+    del guarded
+    libc.mprotect(ctypes.c_void_p(base + span), ctypes.c_size_t(page), mmap.PROT_READ | mmap.PROT_WRITE)
