@@ -235,7 +235,7 @@ def _masked_load(builder, ptr, ty, mask):
     return builder.call(f, [builder.bitcast(ptr, ty.as_pointer()), ir.Constant(I32, 1), mask, ir.Constant(ty, None)])
 
 
-def offset_sum(builder, lanes):
+def _offset_sum(builder, lanes):
     """Codegen: Q4_0's offset term of a row pair, its 16 lanes at pointer `lanes` ([A0 B0 A1 B1 .. A7 B7], lane j
     the sum over blocks j, j + 8, ..), added by halving (lanes j and j + 4, then j and j + 2, then the two left):
     <2 x f32>, rows A and B."""
@@ -259,7 +259,7 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi:
 
     Blocks go GROUP at a time: a row pair's 16 scales of a group in one register (two masked loads of the rows'
     first 128 bytes, one word permute, one vcvtph2ps, times each token's 8 dx twice), each block's pair broadcast
-    from it (vpermpd), and Q4_0's offset term for the 8 blocks in one multiply and add into 16 lanes (offset_sum).
+    from it (vpermpd), and Q4_0's offset term for the 8 blocks in one multiply and add into 16 lanes (_offset_sum).
     Gathered a block at a time (two 16-bit loads, an insert, a convert, a multiply, a store and a broadcast load
     back) the scales took a quarter of the loop: one core, a 2,048-column matrix in L2, 2 rows, one token 1.15-1.25x
     (`python benchmarks/bench_q4_rows.py`, session 60). A row's last group, of fewer blocks, loads only its blocks'
@@ -460,7 +460,7 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi:
                 s = _fadd(builder, _slice(builder, s, 0, 4), _slice(builder, s, 4, 4))  # lanes 0, 1, 2, 3
                 corr = None
                 if offset:  # the pair's two rows
-                    corr = offset_sum(builder, lanes[t][p])
+                    corr = _offset_sum(builder, lanes[t][p])
                 for i in range(min(2, NR)):  # row 2p + i: lanes i and i + 2
                     k = 2 * p + i
                     v = _fadd(builder, builder.extract_element(s, ir.Constant(I32, i)),
