@@ -9,8 +9,9 @@ time without the prefetch streams at ~15, and at ~8.5 against ~10-11.6 on one th
 llama.cpp decoded `small` at 15.2 GB/s (2 threads) and 8.4 (1): the simulator's llama.cpp plans
 read this rate (`cpu.rowwise_gbs`), the executor's plans the executor's (`cpu.expert_gbs`).
 
-The arithmetic is the executor's (simd.py's single-row kernels, compiled without the prefetch), so
-only the access pattern differs from `executor_expert_job`; the job is the same: k SwiGLU experts of
+The arithmetic is the executor's (simd.py's single-row kernels, compiled without the prefetch; for Q4_0 on an
+AVX-512 VNNI CPU, whose executor rows are vnni.py's, the same integer sums with the offset term added in another
+order), so only the access pattern differs from `executor_expert_job`; the job is the same: k SwiGLU experts of
 one token, gate and up, then down.
 
 `repacked_expert_job` is the same job in the layout llama.cpp copies Q4_0 into at load on AVX2 (8 rows
