@@ -5,9 +5,9 @@ one core:
     python benchmarks/bench_q4_rows.py --root CHECKOUT [--cases q4:2:1 iq4:2:1 q4i8:2:1 q4:1:1 q4:8:2 q4:8:4]
                                        [--rounds 15]
 
-A case is kind:rows a pass:tokens (kind q4, iq4 or q4i8: vnni.py's; avx2: simd.py's Q4_0: 8, 4 or 1 rows, 1 token; 4 rows 2
-tokens; 8 rows 4 tokens). For `small`'s two expert shapes (2,048 and 768 columns) the
-rows of one synthetic matrix run from L2 (512 KiB) and from DRAM (512 MiB), both trees' kernels alternating within a
+A case is kind:rows a pass:tokens (kind q4, iq4 or q4i8: vnni.py's; avx2: simd.py's Q4_0, whose kernels are 8, 4 or 1
+rows of 1 token, 4 rows of 2, 8 rows of 4). For `small`'s two expert shapes (2,048 and 768 columns) the rows of one
+synthetic matrix run from L2 (512 KiB) and from DRAM (512 MiB), both trees' kernels alternating within a
 round so a bus spell falls on both alike; printed: each tree's median GB/s of weight bytes, the median per-round
 ratio, and whether both trees gave the same bits (with the largest difference relative to the largest result).
 The CHECKOUT is e.g. `git worktree add /tmp/old REV`; its executor is imported beside this tree's
@@ -44,9 +44,10 @@ def row_loop(kernel, NR: int):
     return run
 
 
-def activations(V, x, int8: bool):
-    """(X16, DX) of the float tokens x for the rows: quant16 and the split, or (int8) lanes8's."""
-    return (np.zeros(x.shape, np.int16), V.lanes8_rows(x)) if int8 else K._quant_rows(x)
+def activations(x, int8: bool):
+    """(X16, DX) of the float tokens x for the rows (this tree's layout, both trees read it): quant16 and the
+    split, or (int8) lanes8's."""
+    return (np.zeros(x.shape, np.int16), vnni.lanes8_rows(x)) if int8 else K._quant_rows(x)
 
 
 def main() -> None:
@@ -71,7 +72,7 @@ def main() -> None:
             continue
         for cols in (2048, 768):
             nb, rb = cols // 32, cols // 32 * 18
-            X16, DX = activations(vnni, rng.standard_normal((MT, cols)).astype(np.float32), int8)
+            X16, DX = activations(rng.standard_normal((MT, cols)).astype(np.float32), int8)
             for where, nbytes in SHAPES.items():
                 R = nbytes // rb // 8 * 8
                 w = rng.integers(0, 256, R * rb, dtype=np.uint8)

@@ -43,8 +43,8 @@ from .simd import (F32, I8, I16, I32, I64, V, _fadd, _fmul, _fn, _fsub, _qsig, _
                    prefetch_offset, q8_block, token_rows)
 
 _FEATURES = llb.get_host_cpu_features().flatten().split(",")
-# MOE_OFFLOAD_NO_VNNI=1 keeps simd.py's int16 rows on a VNNI CPU (the same results to float rounding; to test or time that
-# path)
+# MOE_OFFLOAD_NO_VNNI=1 keeps simd.py's int16 rows on a VNNI CPU (the same results to float rounding; to test or time
+# that path)
 HAVE_VNNI512 = (all(f"+{f}" in _FEATURES for f in ("avx512f", "avx512bw", "avx512vnni"))
                 and os.environ.get("MOE_OFFLOAD_NO_VNNI") != "1")
 # AVX-512 VBMI (vpermb: a byte lookup in 64 entries by each index's low six bits) takes IQ4_NL's codebook lookup
@@ -222,7 +222,8 @@ def _dpbusd(builder, acc, a, b):
     return builder.call(f, [acc, a, b])
 
 
-GROUP = 8  # blocks whose scales a row gathers at once: the fp16 scales of 8 Q4_0 / IQ4_NL blocks lie in its first 128 bytes
+GROUP = 8  # blocks whose scales a row gathers at once: the fp16 scales of 8 Q4_0 / IQ4_NL blocks lie in its first
+# 128 bytes
 _WORDS = ir.Constant(V(I16, 64), list(range(64)))
 
 
@@ -288,11 +289,12 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi:
         izero = ir.Constant(V(I32, 16), [0] * 16)
         accs = [[cgutils.alloca_once_value(builder, zero16) for _ in range(MT)] for _ in range(NP)]
         R = max(NR, 2)  # scales of a lone row: its own, twice
-        # Q4_0's offset term, [A0 B0 A1 B1 .. A7 B7] a token and row pair: lane 2 j + i row i's sum over blocks j (mod 8)
+        # Q4_0's offset term, [A0 B0 A1 B1 .. A7 B7] a token and row pair: lane 2 j + i row i's sum over blocks
+        # j (mod 8)
         # (several tokens: an array in memory, added to once a group; as vectors LLVM kept all NP x MT in registers
         # beside the accumulators, and 8 rows x 4 tokens spilled)
-        lanes = [[cgutils.alloca_once_value(builder, zero16 if MT == 1 else ir.Constant(ir.ArrayType(F32, 16), [0.0] * 16))
-                  for _ in range(NP)] for _ in range(MT)]
+        lane_zeros = zero16 if MT == 1 else ir.Constant(ir.ArrayType(F32, 16), [0.0] * 16)
+        lanes = [[cgutils.alloca_once_value(builder, lane_zeros) for _ in range(NP)] for _ in range(MT)]
         fma = _fn(builder, "llvm.fma.v16f32", V(F32, 16), [V(F32, 16)] * 3)
         rbk = [builder.mul(rb, i64(k if NR > 1 else 0)) for k in range(R)]
         pfo = prefetch_offset(builder, woff, rb, NR)  # the next row group (or further), as simd.py's
@@ -345,7 +347,8 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi:
                 for t in range(MT):
                     out[t][p] = _fmul(builder, sv, dxs[t])
                     if into is not None:
-                        builder.store(out[t][p], builder.bitcast(gslot(into, t, p, 0), V(F32, 16).as_pointer()), align=4)
+                        at = builder.bitcast(gslot(into, t, p, 0), V(F32, 16).as_pointer())
+                        builder.store(out[t][p], at, align=4)
                     if offset:
                         ln = builder.bitcast(lanes[t][p], V(F32, 16).as_pointer())
                         builder.store(_fadd(builder, builder.load(ln, align=4), _fmul(builder, out[t][p], sums[t])), ln,
@@ -353,7 +356,8 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi:
             return out
 
         def block(b, pair_scales):
-            """Block b of the rows; pair_scales(t, p): token t's scales of row pair p, <16 x f32>, each row's 8 times."""
+            """Block b of the rows; pair_scales(t, p): token t's scales of row pair p, <16 x f32>, each row's 8
+            times."""
             xs, starts = [], []  # each token's split (h, l), and where each lane's sums start: 0, or (iq4) -128 x its
             for t in range(MT):  # four h (l) bytes' sum (split8's)
                 px = builder.bitcast(builder.gep(dds[t], [builder.add(xoff, builder.mul(b, i64(SPLIT_FLOATS)))]),
@@ -386,7 +390,8 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi:
                     mh = _dpbusd(builder, sh, wq, xh)  # sum q h, then times 256 plus sum q l (int8: sum q x8)
                     m = mh if int8 else _dpbusd(builder, builder.add(builder.shl(mh, ir.Constant(V(I32, 16), [8] * 16)),
                                                                      sl), wq, xl)
-                    acc = builder.call(fma, [builder.sitofp(m, V(F32, 16)), pair_scales(t, p), builder.load(accs[p][t])])
+                    acc = builder.call(fma, [builder.sitofp(m, V(F32, 16)), pair_scales(t, p),
+                                             builder.load(accs[p][t])])
                     builder.store(acc, accs[p][t])
 
         def run_group(b0, n_in, pair_of, before=None):
@@ -419,7 +424,8 @@ def _rows_vnni(NR: int, MT: int = 1, book: tuple = (), int8: bool = False, vbmi:
             gbuf = builder.bitcast(cgutils.alloca_once(builder, V(F32, 2 * 16 * NP * MT)), F32.as_pointer())
 
             def gslot(q, t, p, j):  # buffer q's pair p of token t, block j
-                return builder.gep(gbuf, [builder.add(builder.mul(q, i64(16 * NP * MT)), i64(16 * (t * NP + p) + 2 * j))])
+                at = builder.add(builder.mul(q, i64(16 * NP * MT)), i64(16 * (t * NP + p) + 2 * j))
+                return builder.gep(gbuf, [at])
 
             def from_buffer(q):
                 def pair_of(j, t, p):

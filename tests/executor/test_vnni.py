@@ -1,6 +1,7 @@
 """The AVX-512 VNNI Q4_0 rows (executor/vnni.py): int16 activations split into two bytes, two rows a 512-bit
 register; a token gets the same bits from every row group and token group, and simd.py's 256-bit int16 kernel's
-results to float rounding (its offset term summed in another order). IQ4_NL's rows there (a codebook lookup) are checked against the dequantised
+results to float rounding (its offset term summed in another order). IQ4_NL's rows there (a codebook lookup) are
+checked against the dequantised
 product with every other type (test_kernels.py)."""
 from __future__ import annotations
 
@@ -201,7 +202,8 @@ def test_iq4_nl_lookups_by_vpermb_and_vpshufb_give_the_same_bits(qk, nb, seed):
         assert np.array_equal(got[False], got[True]) and np.abs(got[True]).max() > 0
 
 
-_GUARDED = {(kind, NR): _kernel_loop(vnni.vnni_kernel(NR, 1, tuple(KVALUES) if kind == "iq4" else (), int8=kind == "int8"), NR)
+_GUARDED = {(kind, NR): _kernel_loop(vnni.vnni_kernel(NR, 1, tuple(KVALUES) if kind == "iq4" else (),
+                                                    int8=kind == "int8"), NR)
             for kind in ("q4", "iq4", "int8") for NR in (2, 1)} if vnni.HAVE_VNNI512 else {}
 
 
